@@ -1,0 +1,28 @@
+# Two commands: `make demo` and `make test`. Both create .venv and install the pinned
+# dependencies first (once; again whenever setup.py changes).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint clean
+
+$(STAMP): setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=23" "setuptools>=64"
+	$(BIN)/python -m pip install --quiet -e ".[dev,onnx,torch]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/paragraph models
+	$(BIN)/paragraph run squeezenet1_1 --repeat 5
+
+test: $(STAMP)
+	$(BIN)/ruff check paragraph tests benchmarks tutorials
+	$(BIN)/python -m pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check paragraph tests benchmarks tutorials
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,20 @@
+"""Errors that paragraph raises for bad input (models, files, options)."""
+
+
+class ParagraphError(Exception):
+    """Base class of every error paragraph raises on purpose."""
+
+
+class UnsupportedModelError(ParagraphError):
+    """The model uses something paragraph cannot represent (dynamic shapes, control flow, ...).
+
+    The message names the offending variable, operator or construct.
+    """
+
+
+class ModelLoadError(ParagraphError):
+    """A model source could not be read (missing or corrupt file, unknown format)."""
+
+
+class GraphError(ParagraphError):
+    """A paragraph.Graph is malformed (cycle, dangling reference, inconsistent types)."""

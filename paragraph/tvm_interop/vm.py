@@ -1,0 +1,78 @@
+"""Compile a Relax module with TVM's default pipeline and run or time it on the TVM VM."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from paragraph.errors import ParagraphError
+
+
+def local_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
+    """An LLVM target for this machine's CPU (its own ``mcpu``, all its cores by default).
+
+    Uses the JSON-dict form: MetaSchedule refuses string targets in TVM 0.27.
+    """
+    spec = {"kind": "llvm", "num-cores": num_cores or os.cpu_count() or 1}
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    if cpu and tvm.target.codegen.llvm_is_valid_cpu(cpu, ""):
+        spec["mcpu"] = cpu
+    return tvm.target.Target(spec)
+
+
+def build_vm(mod: tvm.IRModule, target: tvm.target.Target | str | None = None,
+             device: tvm.runtime.Device | None = None) -> relax.VirtualMachine:
+    """``tvm.compile`` with the default pipeline, loaded into a VM on ``device`` (CPU)."""
+    target = target or local_cpu_target()
+    executable = tvm.compile(mod, target=target)
+    return relax.VirtualMachine(executable, device or tvm.cpu())
+
+
+def run_vm(vm: relax.VirtualMachine, inputs: Sequence[np.ndarray], func: str = "main",
+           device: tvm.runtime.Device | None = None) -> list[np.ndarray]:
+    """Run ``vm[func]`` on numpy inputs; returns the outputs (a tuple result is flattened)."""
+    device = device or tvm.cpu()
+    out = vm[func](*[tvm.runtime.tensor(a, device) for a in inputs])
+    return flatten_result(out)
+
+
+def flatten_result(out: object) -> list[np.ndarray]:
+    """A VM result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [a for item in out for a in flatten_result(item)]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock samples of repeated runs, in seconds, with summary statistics in ms."""
+
+    samples: tuple[float, ...]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples) * 1e3
+
+    def percentile_ms(self, q: float) -> float:
+        return float(np.percentile(self.samples, q)) * 1e3
+
+
+def time_calls(fn: Callable[[], object], repeat: int, warmup: int = 1) -> Timing:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeat`` times timed one by one."""
+    if repeat < 1:
+        raise ParagraphError(f"repeat must be at least 1, got {repeat}")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return Timing(tuple(samples))

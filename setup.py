@@ -1,0 +1,33 @@
+"""paragraph: graph substitution and inter-operator parallelism for Apache TVM (Relax)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="paragraph",
+    version="0.1.0",
+    description="Verified graph substitutions and multi-stream execution for Apache TVM",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["paragraph", "paragraph.*"]),
+    package_data={"paragraph": ["rules/*.json"]},
+    install_requires=[
+        # apache-tvm-ffi 0.1.15.x segfaults in tvm.ir.save_json, which MetaSchedule calls
+        "apache-tvm==0.27.0.post1",
+        "apache-tvm-ffi==0.1.14.post1",
+        "numpy==2.4.6",
+        "scipy==1.17.1",
+        "networkx==3.6.1",
+        "z3-solver==5.4.0.0",
+        # MetaSchedule's own needs; xgboost-cpu is the 6 MB wheel that provides `xgboost`
+        "psutil==7.2.2",
+        "cloudpickle==3.1.2",
+        "xgboost-cpu==3.2.0",
+    ],
+    extras_require={
+        "dev": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.17.5"],
+        "onnx": ["onnx==1.23.2", "onnxruntime==1.31.1"],
+        "torch": ["torch==2.13.0"],
+    },
+    entry_points={"console_scripts": ["paragraph=paragraph.cli:main"]},
+)
