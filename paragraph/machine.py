@@ -8,6 +8,14 @@ import platform
 from importlib import metadata
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on (respects affinity masks and container CPU sets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -37,7 +45,7 @@ def describe_machine() -> dict:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
+        "cores": cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +12,7 @@ import tvm
 from tvm import relax
 
 from paragraph.errors import ParagraphError
+from paragraph.machine import cpu_count
 
 
 def local_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
@@ -20,7 +20,7 @@ def local_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
 
     Uses the JSON-dict form: MetaSchedule refuses string targets in TVM 0.27.
     """
-    spec = {"kind": "llvm", "num-cores": num_cores or os.cpu_count() or 1}
+    spec = {"kind": "llvm", "num-cores": num_cores or cpu_count()}
     cpu = tvm.target.codegen.llvm_get_system_cpu()
     if cpu and tvm.target.codegen.llvm_is_valid_cpu(cpu, ""):
         spec["mcpu"] = cpu

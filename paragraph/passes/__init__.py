@@ -1,0 +1,1 @@
+"""Graph-level passes: schedules (and later search, cost, partition) and the Relax passes."""

@@ -1,0 +1,180 @@
+"""Schedule algorithms over a kernel graph: sequential, wavefront, Opara, Nimble.
+
+Each takes the kernel graph (`KernelProgram.graph`: ``kernel`` and ``view`` nodes) and returns a
+`paragraph.schedule.Schedule`. On a CPU every stream gets ``cores // streams`` threads (at least
+one); the IOS search (which chooses per stage by measurement) lives beside these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import networkx as nx
+
+from paragraph.graph import Graph
+from paragraph.machine import cpu_count
+from paragraph.schedule import Schedule, kernel_ids, producers
+
+ALGORITHMS = ("sequential", "wavefront", "opara", "nimble")
+
+
+def _consumers(graph: Graph) -> dict[int, list[int]]:
+    kernels = kernel_ids(graph)
+    users: dict[int, list[int]] = {k: [] for k in kernels}
+    for k in kernels:
+        for p in producers(graph, k):
+            users[p].append(k)
+    return users
+
+
+def _threads(num_streams: int, cores: int | None) -> list[int]:
+    cores = cores or cpu_count()
+    return [max(1, cores // max(1, num_streams))] * num_streams
+
+
+def sequential(graph: Graph, *, cores: int | None = None) -> Schedule:
+    """Every kernel on one stream in topological order, all cores for each (the baseline)."""
+    return Schedule.build(graph, [kernel_ids(graph)], threads=_threads(1, cores),
+                          name="sequential")
+
+
+def wavefront(graph: Graph, *, max_per_stage: int = 10, cores: int | None = None) -> Schedule:
+    """Greedy stages (IOS's "greedy" baseline, section 6): each stage runs every ready kernel,
+    at most ``max_per_stage`` of them, the i-th on stream i, with a barrier between stages."""
+    users = _consumers(graph)
+    pending = {k: len(producers(graph, k)) for k in users}
+    ready = [k for k in kernel_ids(graph) if pending[k] == 0]
+    stages = []
+    while ready:
+        stage, ready = ready[:max_per_stage], ready[max_per_stage:]
+        stages.append(stage)
+        for k in stage:
+            for u in users[k]:
+                pending[u] -= 1
+                if pending[u] == 0:
+                    ready.append(u)
+    width = max(map(len, stages), default=1)
+    streams = [[st[i] for st in stages if i < len(st)] for i in range(width)]
+    return Schedule.build(graph, streams, threads=_threads(width, cores), stages=stages,
+                          name="wavefront", info={"max_per_stage": max_per_stage})
+
+
+def arithmetic_intensity(graph: Graph, k: int) -> float:
+    """FLOPs per byte moved (inputs read + outputs written) of a kernel; 0 for views."""
+    node = graph[k]
+    if node.kind != "kernel":
+        return 0.0
+    moved = sum(graph.type_of(r).numel * 4 for r in node.inputs) + node.attrs["out_bytes"]
+    return node.attrs["flops"] / max(moved, 1)
+
+
+def opara_launch_order(graph: Graph, *, demand: Mapping[int, float] | None = None,
+                       compute_bound: Callable[[int], bool] | None = None) -> list[int]:
+    """Opara's resource-aware launch order (Alg. 2): a topological sort with two ready lists,
+    memory- and compute-intensive kernels, alternating between them (compute first) and taking
+    the least-demand kernel of the chosen list (ties: the earlier entry).
+
+    ``demand`` defaults to each kernel's shared memory per block where known (GPU) else its
+    FLOPs; ``compute_bound`` defaults to arithmetic intensity above 8 FLOP/byte.
+    """
+    users = _consumers(graph)
+    if demand is None:
+        demand = {k: float(graph[k].attrs.get("shared_bytes", graph[k].attrs.get("flops", 0.0)))
+                  if graph[k].kind == "kernel" else 0.0 for k in users}
+    if compute_bound is None:
+        def compute_bound(k: int) -> bool:
+            return arithmetic_intensity(graph, k) > 8.0
+    pending = {k: len(producers(graph, k)) for k in users}
+    lists: dict[bool, list[int]] = {True: [], False: []}
+    for k in kernel_ids(graph):
+        if pending[k] == 0:
+            lists[compute_bound(k)].append(k)
+    order, take_compute = [], True
+    while lists[True] or lists[False]:
+        chosen = lists[take_compute] if lists[take_compute] else lists[not take_compute]
+        take_compute = not take_compute
+        best = min(range(len(chosen)), key=lambda i: (demand[chosen[i]], i))
+        k = chosen.pop(best)
+        order.append(k)
+        for u in users[k]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                lists[compute_bound(u)].append(u)
+    return order
+
+
+def opara(graph: Graph, *, cores: int | None = None,
+          demand: Mapping[int, float] | None = None) -> Schedule:
+    """Opara (Chen et al.): launch order by Alg. 2, then stream allocation by Alg. 1: walking the
+    launch order, a kernel inherits the stream of its first predecessor whose stream no other
+    successor has claimed yet, else it opens a new stream (each stream is a path of the DAG)."""
+    order = opara_launch_order(graph, demand=demand)
+    stream_of: dict[int, int] = {}
+    claimed: set[int] = set()
+    streams: list[list[int]] = []
+    for k in order:
+        for p in producers(graph, k):  # argument order, as FX's all_input_nodes
+            if p not in claimed:
+                claimed.add(p)
+                stream_of[k] = stream_of[p]
+                break
+        else:
+            stream_of[k] = len(streams)
+            streams.append([])
+        streams[stream_of[k]].append(k)
+    return Schedule.build(graph, streams, threads=_threads(len(streams), cores),
+                          launch_order=order, name="opara")
+
+
+def _max_matching_cover(nodes: list[int], edges: list[tuple[int, int]]) -> list[list[int]]:
+    """Minimum path cover of a DAG given as ``edges`` (u before v): maximum bipartite matching
+    (left copy -> right copy), then follow matched edges into chains (Nimble's get_mapping)."""
+    bip = nx.Graph()
+    left = [("L", u) for u in nodes]
+    bip.add_nodes_from(left, bipartite=0)
+    bip.add_nodes_from((("R", v) for v in nodes), bipartite=1)
+    bip.add_edges_from((("L", u), ("R", v)) for u, v in edges)
+    matching = nx.bipartite.hopcroft_karp_matching(bip, top_nodes=left)
+    nxt = {u: matching[("L", u)][1] for u in nodes if ("L", u) in matching}
+    has_prev = set(nxt.values())
+    chains = []
+    for u in nodes:
+        if u not in has_prev:
+            chain = [u]
+            while chain[-1] in nxt:
+                chain.append(nxt[chain[-1]])
+            chains.append(chain)
+    return chains
+
+
+def nimble(graph: Graph, *, cores: int | None = None) -> Schedule:
+    """Nimble (Kwon et al., NeurIPS'20) stream assignment: minimum path cover of the transitive
+    reduction (the minimum equivalent graph) by maximum bipartite matching gives chains; a second
+    matching over the chains' reachability puts chains that run one after another on one stream.
+    Streams = maximum logical concurrency; syncs only on MEG edges that cross streams."""
+    kernels = kernel_ids(graph)
+    dag = nx.DiGraph()
+    dag.add_nodes_from(kernels)
+    dag.add_edges_from((p, k) for k in kernels for p in producers(graph, k))
+    meg = nx.transitive_reduction(dag)
+    chains = _max_matching_cover(kernels, list(meg.edges))
+    closure = nx.transitive_closure_dag(dag)
+    chain_edges = [(i, j) for i, a in enumerate(chains) for j, b in enumerate(chains)
+                   if i != j and closure.has_edge(a[-1], b[0])]
+    groups = _max_matching_cover(list(range(len(chains))), chain_edges)
+    position = {k: i for i, k in enumerate(kernels)}
+    streams = [sorted((k for c in group for k in chains[c]), key=position.__getitem__)
+               for group in groups]
+    streams.sort(key=lambda s: position[s[0]])
+    return Schedule.build(graph, streams, threads=_threads(len(streams), cores), name="nimble",
+                          info={"chains": len(chains)})
+
+
+def make_schedule(name: str, graph: Graph, *, cores: int | None = None) -> Schedule:
+    """The schedule ``name`` (one of `ALGORITHMS`) for ``graph``."""
+    table = {"sequential": sequential, "wavefront": wavefront, "opara": opara, "nimble": nimble}
+    if name not in table:
+        from paragraph.errors import ParagraphError
+
+        raise ParagraphError(f"unknown schedule {name!r}; choose from {', '.join(ALGORITHMS)}")
+    return table[name](graph, cores=cores)

@@ -1,0 +1,263 @@
+"""The `Schedule` data type: which stream runs each kernel, in what order, and what it waits for.
+
+A schedule is data, kept next to the graph IR so that the executor can consume one without
+importing the algorithms that produce one (`paragraph.passes.schedule`). Per stream it holds an
+ordered kernel list and (on a CPU) the thread count of that stream's kernels; cross-stream
+dependencies become explicit waits (one event per producer on a GPU); optional stage barriers
+express IOS-style schedules (every kernel of stage i finishes before any of stage i+1 starts).
+The happens-before partial order it induces is what makes a concurrent memory plan safe.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from paragraph.errors import ParagraphError
+from paragraph.graph import Graph
+
+FORMAT = "paragraph-schedule"
+VERSION = 1
+
+
+class ScheduleError(ParagraphError):
+    """A schedule does not fit its graph (missing kernel, broken dependency, deadlock, bad file)."""
+
+
+def kernel_ids(graph: Graph) -> list[int]:
+    """The ids of the nodes a schedule must place: every node that is not an input, weight or
+    constant, in topological order (views included: they cost nothing but order matters)."""
+    return [n.id for n in graph.nodes if not n.is_source]
+
+
+def producers(graph: Graph, node_id: int) -> list[int]:
+    """Ids of the schedulable nodes that ``node_id`` reads (sources excluded), deduplicated."""
+    return list(dict.fromkeys(r.node for r in graph[node_id].inputs
+                              if not graph[r.node].is_source))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Streams of kernels with their launch order, waits, thread counts and optional stages.
+
+    Build one with `Schedule.build`, which derives the minimal cross-stream waits from the
+    graph's data dependencies; ``validate`` checks it against a graph.
+    """
+
+    streams: tuple[tuple[int, ...], ...]
+    threads: tuple[int, ...]
+    waits: Mapping[int, tuple[int, ...]]
+    stages: tuple[tuple[int, ...], ...] | None = None
+    launch_order: tuple[int, ...] = ()
+    name: str = ""
+    graph_hash: str = ""
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    # -- construction
+    @classmethod
+    def build(cls, graph: Graph, streams: Sequence[Sequence[int]], *,
+              threads: Sequence[int] | int = 1, stages: Sequence[Sequence[int]] | None = None,
+              launch_order: Sequence[int] | None = None, name: str = "",
+              info: Mapping[str, Any] | None = None) -> Schedule:
+        """A validated schedule with minimal waits for ``graph``.
+
+        A kernel waits for a producer on another stream unless an earlier kernel of its own
+        stream already waited for that producer or a later kernel of the producer's stream,
+        or (with stages) the producer lies in an earlier stage, whose barrier covers it.
+        ``launch_order`` (the global issue order, e.g. Opara's) defaults to a topological
+        interleaving of the streams.
+        """
+        streams = tuple(tuple(s) for s in streams if len(s))
+        if isinstance(threads, int):
+            threads = (threads,) * len(streams)
+        stream_of = {k: s for s, ks in enumerate(streams) for k in ks}
+        pos = {k: i for ks in streams for i, k in enumerate(ks)}
+        stage_of = ({k: i for i, st in enumerate(stages) for k in st} if stages else {})
+        waits: dict[int, tuple[int, ...]] = {}
+        for s, ks in enumerate(streams):
+            synced = [-1] * len(streams)  # latest position of each stream already waited for
+            for k in ks:
+                latest: dict[int, int] = {}  # stream -> its latest producer of k
+                for p in producers(graph, k) if k in graph else ():
+                    t = stream_of.get(p)
+                    if t is None or t == s or (stage_of and stage_of.get(p, -1)
+                                               < stage_of.get(k, -1)):
+                        continue
+                    if pos[p] > synced[t] and (t not in latest or pos[p] > pos[latest[t]]):
+                        latest[t] = p
+                for t, p in latest.items():
+                    synced[t] = pos[p]
+                if latest:
+                    waits[k] = tuple(latest[t] for t in sorted(latest))
+        sched = cls(streams=streams, threads=tuple(int(t) for t in threads), waits=waits,
+                    stages=None if stages is None else tuple(tuple(st) for st in stages),
+                    launch_order=tuple(launch_order) if launch_order else (),
+                    name=name, graph_hash=graph.structural_hash(), info=dict(info or {}))
+        if not sched.launch_order:
+            sched = sched._with_default_launch_order(graph)
+        sched.validate(graph)
+        return sched
+
+    def _with_default_launch_order(self, graph: Graph) -> Schedule:
+        order = _topological(self._edges(), self.kernels)
+        return Schedule(self.streams, self.threads, self.waits, self.stages, tuple(order),
+                        self.name, self.graph_hash, self.info)
+
+    # -- views
+    @property
+    def kernels(self) -> list[int]:
+        """Every scheduled kernel, stream by stream."""
+        return [k for ks in self.streams for k in ks]
+
+    @property
+    def stream_of(self) -> dict[int, int]:
+        return {k: s for s, ks in enumerate(self.streams) for k in ks}
+
+    @property
+    def num_streams(self) -> int:
+        return len(self.streams)
+
+    def _edges(self) -> dict[int, set[int]]:
+        """Completion-before-start edges: stream order, waits and stage barriers."""
+        preds: dict[int, set[int]] = {k: set() for k in self.kernels}
+        for ks in self.streams:
+            for a, b in zip(ks, ks[1:]):
+                preds[b].add(a)
+        for k, ps in self.waits.items():
+            preds[k].update(ps)
+        if self.stages:
+            for prev, nxt in zip(self.stages, self.stages[1:]):
+                for k in nxt:
+                    preds[k].update(prev)
+        return preds
+
+    def happens_before(self) -> dict[int, int]:
+        """For each kernel, a bitmask (over `kernels` positions) of the kernels that are sure
+        to finish before it starts, under this schedule's streams, waits and barriers."""
+        index = {k: i for i, k in enumerate(self.kernels)}
+        preds = self._edges()
+        before: dict[int, int] = {}
+        for k in _topological(preds, self.kernels):
+            mask = 0
+            for p in preds[k]:
+                mask |= before[p] | (1 << index[p])
+            before[k] = mask
+        return before
+
+    # -- checks
+    def validate(self, graph: Graph) -> None:
+        """Raise `ScheduleError` unless every kernel of ``graph`` is placed once, the thread
+        counts fit, every data dependency is ordered by the schedule, and nothing deadlocks."""
+        expected = set(kernel_ids(graph))
+        placed = self.kernels
+        if len(placed) != len(set(placed)):
+            raise ScheduleError(f"schedule {self.name!r} places a kernel twice")
+        if set(placed) != expected:
+            missing, extra = sorted(expected - set(placed)), sorted(set(placed) - expected)
+            raise ScheduleError(f"schedule {self.name!r} does not fit the graph: "
+                                f"missing {missing[:8]}, unknown {extra[:8]}")
+        if len(self.threads) != len(self.streams) or any(t < 1 for t in self.threads):
+            raise ScheduleError(f"schedule {self.name!r}: one thread count >= 1 per stream "
+                                f"needed, got {list(self.threads)}")
+        if self.stages is not None and sorted(k for st in self.stages for k in st) != sorted(
+                placed):
+            raise ScheduleError(f"schedule {self.name!r}: stages must partition the kernels")
+        if self.launch_order and sorted(self.launch_order) != sorted(placed):
+            raise ScheduleError(f"schedule {self.name!r}: launch order must list every kernel")
+        try:
+            before = self.happens_before()
+        except ScheduleError as e:
+            raise ScheduleError(f"schedule {self.name!r} deadlocks: {e}") from None
+        index = {k: i for i, k in enumerate(placed)}
+        for k in placed:
+            for p in producers(graph, k):
+                if not before[k] >> index[p] & 1:
+                    raise ScheduleError(
+                        f"schedule {self.name!r}: kernel %{k} may start before its producer "
+                        f"%{p} finishes (add a wait or reorder the stream)")
+        if self.launch_order:
+            seen: set[int] = set()
+            preds = self._edges()
+            for k in self.launch_order:
+                if not preds[k] <= seen:
+                    raise ScheduleError(f"schedule {self.name!r}: launch order issues %{k} "
+                                        "before something it waits for")
+                seen.add(k)
+
+    # -- JSON
+    def to_json(self) -> dict:
+        """A JSON-serialisable dict (kernel ids are node ids of the graph whose hash it names)."""
+        return {"format": FORMAT, "version": VERSION, "name": self.name,
+                "graph_hash": self.graph_hash, "streams": [list(s) for s in self.streams],
+                "threads": list(self.threads),
+                "waits": {str(k): list(v) for k, v in sorted(self.waits.items())},
+                "stages": None if self.stages is None else [list(s) for s in self.stages],
+                "launch_order": list(self.launch_order), "info": dict(self.info)}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json())
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | str, graph: Graph | None = None) -> Schedule:
+        """Read a schedule written by `to_json`; with ``graph``, check it was made for it."""
+        try:
+            if isinstance(data, str):
+                data = json.loads(data)
+            if data.get("format") != FORMAT or data.get("version") != VERSION:
+                raise ScheduleError(f"not a {FORMAT} v{VERSION} file (format="
+                                    f"{data.get('format')!r}, version={data.get('version')!r})")
+            sched = cls(streams=tuple(tuple(int(k) for k in s) for s in data["streams"]),
+                        threads=tuple(int(t) for t in data["threads"]),
+                        waits={int(k): tuple(int(p) for p in v)
+                               for k, v in data["waits"].items()},
+                        stages=None if data.get("stages") is None else tuple(
+                            tuple(int(k) for k in s) for s in data["stages"]),
+                        launch_order=tuple(int(k) for k in data.get("launch_order", ())),
+                        name=str(data.get("name", "")),
+                        graph_hash=str(data.get("graph_hash", "")),
+                        info=dict(data.get("info", {})))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ScheduleError(f"corrupt schedule: {type(e).__name__}: {e}") from None
+        if graph is not None:
+            if sched.graph_hash and sched.graph_hash != graph.structural_hash():
+                raise ScheduleError("the schedule was made for a different kernel graph "
+                                    f"(hash {sched.graph_hash[:12]}, this one "
+                                    f"{graph.structural_hash()[:12]})")
+            sched.validate(graph)
+        return sched
+
+    def describe(self) -> str:
+        """One line: name, streams, kernels, waits, stages."""
+        stages = f", {len(self.stages)} stages" if self.stages else ""
+        threads = (f"{self.threads[0]} thread(s) each" if len(set(self.threads)) == 1
+                   else f"threads {list(self.threads)}")
+        return (f"{self.name or 'schedule'}: {len(self.kernels)} kernels on {self.num_streams} "
+                f"stream(s), {sum(map(len, self.waits.values()))} cross-stream waits{stages}, "
+                f"{threads}")
+
+
+def _topological(preds: Mapping[int, set[int]], order: Sequence[int]) -> list[int]:
+    """Kahn's algorithm over ``preds``, preferring the given order; a cycle raises."""
+    rank = {k: i for i, k in enumerate(order)}
+    pending = {k: len(preds[k]) for k in order}
+    succs: dict[int, list[int]] = {k: [] for k in order}
+    for k in order:
+        for p in preds[k]:
+            succs[p].append(k)
+    ready = [(rank[k], k) for k in order if pending[k] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        out.append(k)
+        for s in succs[k]:
+            pending[s] -= 1
+            if pending[s] == 0:
+                heapq.heappush(ready, (rank[s], s))
+    if len(out) != len(order):
+        stuck = sorted(k for k in order if pending[k] > 0)
+        raise ScheduleError(f"circular waits among kernels {stuck[:10]}")
+    return out

@@ -1,0 +1,413 @@
+"""The parallel executor: runs a `KernelProgram` under a `Schedule` (IOS, Nimble, Opara runtimes).
+
+* CPU: one worker thread per stream (stream 0 runs on the calling thread), each waiting for its
+  cross-stream producers; each worker's TVM thread pool is sized by the schedule
+  (``runtime.config_threadpool``), and TVM releases the GIL inside kernels.
+* CUDA: one stream per schedule stream, a persistent event per cross-stream producer, and the
+  whole run captured once into a CUDA Graph (fork from the capture stream, join at the end,
+  Opara section B7) and replayed with inputs copied into static buffers; ``use_cuda_graph=False``
+  issues the same stream program directly (for debugging).
+
+Buffers come from a concurrency-safe memory plan (`memory.plan_memory`) and are bound once, so a
+run only copies inputs in, launches prebound kernels, and copies outputs out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+
+from paragraph.errors import ParagraphError
+from paragraph.graph import TensorRef
+from paragraph.schedule import Schedule
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.memory import MemoryPlan, plan_memory
+
+
+class InputError(ParagraphError):
+    """Wrong number, shape or dtype of inputs (raised before anything runs)."""
+
+
+class KernelError(ParagraphError):
+    """A kernel failed while running; the message names it."""
+
+
+@dataclass
+class Step:
+    """One kernel (or view, ``fn`` None) with its prebound arguments and synchronisation."""
+
+    node: int
+    name: str
+    fn: object | None
+    args: tuple
+    waits: tuple[int, ...]  # producers on other streams (or earlier stages) to wait for
+    signals: bool  # whether another stream waits for this one
+
+
+def sync_points(schedule: Schedule) -> dict[int, tuple[int, ...]]:
+    """Per kernel, what it must wait for: the schedule's waits plus, at each stage barrier, the
+    last kernel of every stream in the previous stage (stream order covers the rest)."""
+    waits = {k: list(v) for k, v in schedule.waits.items()}
+    if schedule.stages:
+        stream_of = schedule.stream_of
+        pos = {k: i for ks in schedule.streams for i, k in enumerate(ks)}
+        for prev, stage in zip(schedule.stages, schedule.stages[1:]):
+            last: dict[int, int] = {}
+            for k in prev:
+                s = stream_of[k]
+                if s not in last or pos[k] > pos[last[s]]:
+                    last[s] = k
+            first: dict[int, int] = {}
+            for k in stage:
+                s = stream_of[k]
+                if s not in first or pos[k] < pos[first[s]]:
+                    first[s] = k
+            for s, k in first.items():
+                waits.setdefault(k, [])
+                waits[k] += [p for t, p in last.items() if t != s and p not in waits[k]]
+    return {k: tuple(v) for k, v in waits.items() if v}
+
+
+class _Base:
+    """What both executors share: validation, the memory plan, bound buffers, input checks."""
+
+    def __init__(self, program: KernelProgram, schedule: Schedule,
+                 plan: MemoryPlan | None = None) -> None:
+        schedule.validate(program.graph)
+        self.program, self.schedule = program, schedule
+        self.graph = program.graph
+        self.device = program.device
+        self.plan = plan or plan_memory(self.graph, schedule)
+        self._bind_buffers()
+        waits = sync_points(schedule)
+        signalled = {p for ps in waits.values() for p in ps}
+        self.steps: dict[int, Step] = {}
+        for k in schedule.kernels:
+            node = self.graph[k]
+            fn, args = None, ()
+            if node.kind == "kernel":
+                fn = program.function(node)
+                outs = [TensorRef(k, i) for i in range(len(node.outputs))]
+                args = tuple(self.tensors[r] for r in (*node.inputs, *outs))
+            self.steps[k] = Step(k, node.name or node.attrs.get("func", node.kind), fn, args,
+                                 waits.get(k, ()), k in signalled)
+
+    def _bind_buffers(self) -> None:
+        dev = self.device
+        self.blocks = [tvm.runtime.empty((max(b.size, 1),), "uint8", dev)
+                       for b in self.plan.blocks]
+        self.tensors: dict[TensorRef, tvm.runtime.Tensor] = {}
+        self.inputs: list[tvm.runtime.Tensor] = []
+        for n in self.graph.nodes:
+            if n.kind == "input":
+                t = tvm.runtime.empty(n.type.shape, n.type.dtype, dev)
+                self.inputs.append(t)
+                self.tensors[n.out] = t
+            elif n.kind in ("weight", "constant"):
+                self.tensors[n.out] = tvm.runtime.tensor(n.value, dev)
+            elif n.kind == "view":
+                self.tensors[n.out] = self.tensors[n.inputs[0]]._create_view(
+                    n.type.shape, n.type.dtype)
+            else:
+                for i, t in enumerate(n.outputs):
+                    ref = TensorRef(n.id, i)
+                    self.tensors[ref] = self.blocks[self.plan.block_of[ref]]._create_view(
+                        t.shape, t.dtype)
+
+    def check_inputs(self, inputs: Sequence[object]) -> None:
+        """Raise `InputError` unless ``inputs`` match the graph's inputs in count, shape, dtype."""
+        expected = [self.graph[i] for i in self.graph.inputs]
+        if len(inputs) != len(expected):
+            raise InputError(f"the model takes {len(expected)} input(s) "
+                             f"({', '.join(repr(n.name) for n in expected)}), got {len(inputs)}")
+        for k, (arr, node) in enumerate(zip(inputs, expected)):
+            shape, dtype = tuple(getattr(arr, "shape", ())), str(getattr(arr, "dtype", "?"))
+            if shape != node.type.shape or dtype != node.type.dtype:
+                raise InputError(f"input {k} ({node.name!r}) must be {node.type.dtype}"
+                                 f"{list(node.type.shape)}, got {dtype}{list(shape)}")
+
+    def _copy_in(self, inputs: Sequence[object]) -> None:
+        self.check_inputs(inputs)
+        for buf, arr in zip(self.inputs, inputs):
+            buf.copyfrom(arr)
+
+    def outputs(self, copy: bool = True) -> list:
+        """The graph outputs of the last run: numpy copies, or the static device tensors."""
+        outs = [self.tensors[r] for r in self.graph.outputs]
+        return [t.numpy() for t in outs] if copy else outs
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release threads, streams and graphs (buffers go with the object)."""
+
+
+# ---------------------------------------------------------------------------- CPU
+_local = threading.local()
+
+
+def _config_threads(n: int) -> None:
+    """Size the calling thread's TVM thread pool (kBig affinity mode), if it changed; warn
+    once if TVM caps it lower (``TVM_NUM_THREADS``)."""
+    if getattr(_local, "threads", None) != n:
+        tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
+        _local.threads = n
+        got = tvm_ffi.get_global_func("runtime.NumThreads")()
+        if got < n and not _warned_cap:
+            _warned_cap.append(n)
+            warnings.warn(f"TVM runs at most {got} thread(s) per pool here, not {n}; set "
+                          "TVM_NUM_THREADS before TVM starts", RuntimeWarning, stacklevel=3)
+
+
+_warned_cap: list[int] = []
+
+
+class CPUExecutor(_Base):
+    """Worker threads over streams; see the module docstring."""
+
+    def __init__(self, program: KernelProgram, schedule: Schedule,
+                 plan: MemoryPlan | None = None) -> None:
+        super().__init__(program, schedule, plan)
+        self.events = {k: threading.Event() for k, st in self.steps.items() if st.signals}
+        self.programs = [[self.steps[k] for k in ks] for ks in schedule.streams]
+        self.timeline: dict[int, tuple[int, int, int]] | None = None
+        self._error: tuple[Step, BaseException] | None = None
+        self._abort = False
+        self._closing = False
+        self._workers = []
+        for s in range(1, schedule.num_streams):
+            w = _Worker(self, s)
+            w.thread.start()
+            self._workers.append(w)
+
+    def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:
+        """Run once; returns the outputs (numpy copies unless ``copy_outputs`` is False).
+
+        With ``profile``, `timeline` maps each kernel to (stream, start ns, end ns).
+        """
+        if self._closing:
+            raise ParagraphError("the executor is closed")
+        self._copy_in(inputs)
+        for ev in self.events.values():
+            ev.clear()
+        self._error, self._abort = None, False
+        self.timeline = {} if profile else None
+        try:
+            for w in self._workers:
+                w.go.set()
+            _config_threads(self.schedule.threads[0])
+            self.run_stream(0)
+            for w in self._workers:
+                while not w.done.wait(0.05):  # short waits keep Ctrl+C responsive
+                    pass
+        except BaseException:
+            self._stop_all()
+            for w in self._workers:
+                w.done.wait()
+            raise
+        finally:
+            for w in self._workers:
+                w.done.clear()
+        if self._error is not None:
+            step, exc = self._error
+            raise KernelError(f"kernel {step.name!r} (node %{step.node}) failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        return self.outputs(copy_outputs)
+
+    def run_stream(self, s: int) -> None:
+        """Run stream ``s``'s kernels in order, waiting for cross-stream producers."""
+        events, timeline = self.events, self.timeline
+        for step in self.programs[s]:
+            for p in step.waits:
+                events[p].wait()
+            if self._abort:
+                return
+            if step.fn is not None:
+                start = time.perf_counter_ns() if timeline is not None else 0
+                try:
+                    step.fn(*step.args)
+                except BaseException as exc:  # stop every stream, report in run()
+                    if self._error is None:
+                        self._error = (step, exc)
+                    self._stop_all()
+                    return
+                if timeline is not None:
+                    timeline[step.node] = (s, start, time.perf_counter_ns())
+            if step.signals:
+                events[step.node].set()
+
+    def _stop_all(self) -> None:
+        self._abort = True
+        for ev in self.events.values():
+            ev.set()
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        for w in self._workers:
+            w.go.set()
+        for w in self._workers:
+            w.thread.join()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class _Worker:
+    """A persistent thread that runs one stream per `CPUExecutor.run`."""
+
+    def __init__(self, executor: CPUExecutor, stream: int) -> None:
+        self.go, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self.loop, args=(executor, stream),
+                                       name=f"paragraph-stream-{stream}", daemon=True)
+        self.threads = executor.schedule.threads[stream]
+
+    def loop(self, executor: CPUExecutor, stream: int) -> None:
+        _config_threads(self.threads)
+        while True:
+            self.go.wait()
+            self.go.clear()
+            if executor._closing:
+                return
+            try:
+                executor.run_stream(stream)
+            finally:
+                self.done.set()
+
+
+# ---------------------------------------------------------------------------- CUDA
+def _cudart():
+    try:
+        from cuda.bindings import runtime
+    except ImportError:
+        raise ParagraphError("the CUDA executor needs cuda-bindings "
+                             "(`pip install paragraph[cuda]`)") from None
+    return runtime
+
+
+def _check(result):
+    """Unwrap a cuda-bindings ``(error, value...)`` tuple, raising on an error."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise ParagraphError(f"CUDA error {err}")
+    return values[0] if len(values) == 1 else (values or None)
+
+
+class CUDAExecutor(_Base):
+    """Streams, events and one captured CUDA Graph; see the module docstring."""
+
+    def __init__(self, program: KernelProgram, schedule: Schedule,
+                 plan: MemoryPlan | None = None, *, use_cuda_graph: bool = True) -> None:
+        super().__init__(program, schedule, plan)
+        rt = self.rt = _cudart()
+        self.streams = [_check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
+                        for _ in schedule.streams]
+        flags = rt.cudaEventDisableTiming
+        self.events = {k: _check(rt.cudaEventCreateWithFlags(flags))
+                       for k, st in self.steps.items() if st.signals}
+        self.fork = _check(rt.cudaEventCreateWithFlags(flags))
+        self.joins = [_check(rt.cudaEventCreateWithFlags(flags)) for _ in self.streams]
+        self.stream_of = schedule.stream_of
+        self.order = schedule.launch_order or tuple(schedule.kernels)
+        self.graph_exec = self.cuda_graph = None
+        self._issue_all()  # warm-up: loads every kernel's module before any capture
+        _check(rt.cudaStreamSynchronize(self.streams[0]))
+        if use_cuda_graph:
+            self._capture()
+
+    def _issue_all(self) -> None:
+        """Fork from stream 0, issue every kernel on its stream with its waits, join back."""
+        rt, s0 = self.rt, self.streams[0]
+        _check(rt.cudaEventRecord(self.fork, s0))
+        for s in self.streams[1:]:
+            _check(rt.cudaStreamWaitEvent(s, self.fork, 0))
+        for k in self.order:
+            step, stream = self.steps[k], self.streams[self.stream_of[k]]
+            for p in step.waits:
+                _check(rt.cudaStreamWaitEvent(stream, self.events[p], 0))
+            if step.fn is not None:
+                self.device.set_raw_stream(int(stream))
+                try:
+                    step.fn(*step.args)
+                except Exception as exc:
+                    raise KernelError(f"kernel {step.name!r} (node %{k}) failed to launch: "
+                                      f"{exc}") from exc
+            if step.signals:
+                _check(rt.cudaEventRecord(self.events[k], stream))
+        for s, ev in zip(self.streams[1:], self.joins[1:]):
+            _check(rt.cudaEventRecord(ev, s))
+            _check(rt.cudaStreamWaitEvent(s0, ev, 0))
+        self.device.set_raw_stream(0)
+
+    def _capture(self) -> None:
+        rt, s0 = self.rt, self.streams[0]
+        mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        _check(rt.cudaStreamBeginCapture(s0, mode))
+        try:
+            self._issue_all()
+        finally:
+            self.cuda_graph = _check(rt.cudaStreamEndCapture(s0))
+        self.graph_exec = _check(rt.cudaGraphInstantiate(self.cuda_graph, 0))
+
+    def run(self, *inputs: object, copy_outputs: bool = True) -> list:
+        """Copy inputs in, replay the CUDA Graph (or issue the streams), wait, return outputs."""
+        self._copy_in(inputs)
+        if self.graph_exec is not None:
+            _check(self.rt.cudaGraphLaunch(self.graph_exec, self.streams[0]))
+        else:
+            self._issue_all()
+        _check(self.rt.cudaStreamSynchronize(self.streams[0]))
+        return self.outputs(copy_outputs)
+
+    def close(self) -> None:
+        rt = getattr(self, "rt", None)
+        if rt is None:
+            return
+        if self.graph_exec is not None:
+            rt.cudaGraphExecDestroy(self.graph_exec)
+            rt.cudaGraphDestroy(self.cuda_graph)
+        for ev in [*self.events.values(), self.fork, *self.joins]:
+            rt.cudaEventDestroy(ev)
+        for s in self.streams:
+            rt.cudaStreamDestroy(s)
+        self.rt = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def make_executor(program: KernelProgram, schedule: Schedule, *, use_cuda_graph: bool = True,
+                  plan: MemoryPlan | None = None) -> CPUExecutor | CUDAExecutor:
+    """The executor for the program's device: `CUDAExecutor` on a GPU, else `CPUExecutor`."""
+    if program.device.dlpack_device_type() == tvm.cuda(0).dlpack_device_type():
+        return CUDAExecutor(program, schedule, plan, use_cuda_graph=use_cuda_graph)
+    return CPUExecutor(program, schedule, plan)
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA GPU is visible to TVM (the GPU executor's tests skip otherwise)."""
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:
+        return False
+
+
+__all__ = ["CPUExecutor", "CUDAExecutor", "KernelError", "InputError", "make_executor",
+           "sync_points", "gpu_available"]

@@ -1,0 +1,283 @@
+"""Measurement and the on-disk cost database.
+
+* `time_steps` times one kernel, or several kernels run concurrently (one group of kernels per
+  worker thread on the CPU, each group in order), on buffers an executor has already bound:
+  warm-ups, then repeats, median.
+* `CostDB` is an SQLite file (``~/.cache/paragraph/costs.sqlite``, or ``$PARAGRAPH_CACHE_DIR``)
+  keyed by target, kernel structural hash, tuning database and kernel source (plus a free-form
+  configuration such as a thread count or a stage signature). Every write is one transaction;
+  a corrupt file is moved aside with a warning and rebuilt.
+* `estimate_seconds` is the analytical fallback when measuring is off: FLOPs and bytes over the
+  device's measured peak rates (a roofline), plus a fixed launch overhead.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from paragraph.graph import Graph, Node
+from paragraph.tvm_interop.vm import Timing
+
+
+def cache_dir() -> Path:
+    """``$PARAGRAPH_CACHE_DIR`` or ``~/.cache/paragraph``."""
+    return Path(os.environ.get("PARAGRAPH_CACHE_DIR") or Path.home() / ".cache" / "paragraph")
+
+
+@dataclass(frozen=True)
+class CostKey:
+    """What a cost depends on: where it ran, which kernel, which tuning, which source, how."""
+
+    target: str
+    kernel: str  # structural hash of the kernel (or of a stage of kernels)
+    tuning: str = ""  # tuning database identity ("" = untuned)
+    source: str = "tvm"  # kernel source: tvm | vendor
+    config: str = ""  # e.g. "threads=2"
+
+
+class CostDB:
+    """SQLite cost cache; see the module docstring."""
+
+    SCHEMA = """CREATE TABLE IF NOT EXISTS costs (
+        target TEXT, kernel TEXT, tuning TEXT, source TEXT, config TEXT,
+        median REAL, p10 REAL, p90 REAL, repeats INTEGER, measured_at REAL,
+        PRIMARY KEY (target, kernel, tuning, source, config))"""
+
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        self.path = Path(path) if path else cache_dir() / "costs.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.conn = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, check_same_thread=False)
+            ok = conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+            if not ok:
+                raise sqlite3.DatabaseError("quick_check failed")
+            conn.execute(self.SCHEMA)
+            conn.execute("SELECT target, kernel, tuning, source, config, median FROM costs "
+                         "LIMIT 1").fetchall()
+            conn.commit()
+            return conn
+        except sqlite3.DatabaseError as e:
+            try:
+                conn.close()
+            except Exception:
+                pass
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            self.path.replace(aside)
+            warnings.warn(f"cost database {self.path} was corrupt ({e}); moved it to {aside} "
+                          "and started a new one", RuntimeWarning, stacklevel=3)
+            conn = sqlite3.connect(self.path, check_same_thread=False)
+            conn.execute(self.SCHEMA)
+            conn.commit()
+            return conn
+
+    def get(self, key: CostKey) -> float | None:
+        """The cached median seconds for ``key``, or None."""
+        with self._lock:
+            row = self.conn.execute(
+                "SELECT median FROM costs WHERE target=? AND kernel=? AND tuning=? AND source=? "
+                "AND config=?", (key.target, key.kernel, key.tuning, key.source, key.config)
+            ).fetchone()
+        return None if row is None else float(row[0])
+
+    def put(self, key: CostKey, timing: Timing) -> None:
+        """Store a measurement (one atomic transaction; replaces an older one)."""
+        s = timing.samples
+        row = (key.target, key.kernel, key.tuning, key.source, key.config,
+               statistics.median(s), float(np.percentile(s, 10)), float(np.percentile(s, 90)),
+               len(s), time.time())
+        with self._lock, self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO costs VALUES (?,?,?,?,?,?,?,?,?,?)", row)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self.conn.execute("SELECT COUNT(*) FROM costs").fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# ---------------------------------------------------------------------------- timing
+def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: int = 2,
+               threads: Sequence[int] | None = None, sync: object = None) -> Timing:
+    """Wall time of running ``groups`` of prebound steps concurrently (one thread per group,
+    each group in order; a single group runs on the calling thread).
+
+    A step is anything with ``fn`` and ``args`` (an executor's `Step`). ``threads`` sizes each
+    group's TVM thread pool; ``sync`` (a callable) is called before the clock stops, for
+    asynchronous devices.
+    """
+    from paragraph.tvm_interop.executor import _config_threads
+
+    threads = list(threads or [1] * len(groups))
+
+    def run_group(steps):
+        for st in steps:
+            if st.fn is not None:
+                st.fn(*st.args)
+
+    if len(groups) == 1:
+        _config_threads(threads[0])
+
+        def once():
+            run_group(groups[0])
+            if sync is not None:
+                sync()
+    else:
+        pool = _GroupPool(groups, threads, run_group)
+
+        def once():
+            pool.run()
+            if sync is not None:
+                sync()
+    try:
+        for _ in range(warmup):
+            once()
+        samples = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            once()
+            samples.append(time.perf_counter() - start)
+    finally:
+        if len(groups) > 1:
+            pool.close()
+    return Timing(tuple(samples))
+
+
+class _GroupPool:
+    """Persistent threads that each run one group per `run` call."""
+
+    def __init__(self, groups, threads, run_group) -> None:
+        from paragraph.tvm_interop.executor import _config_threads
+
+        self.go = [threading.Event() for _ in groups]
+        self.done = [threading.Event() for _ in groups]
+        self.closing = False
+
+        def loop(i):
+            _config_threads(threads[i])
+            while True:
+                self.go[i].wait()
+                self.go[i].clear()
+                if self.closing:
+                    return
+                try:
+                    run_group(groups[i])
+                finally:
+                    self.done[i].set()
+        self.threads = [threading.Thread(target=loop, args=(i,), daemon=True)
+                        for i in range(len(groups))]
+        for t in self.threads:
+            t.start()
+
+    def run(self) -> None:
+        for ev in self.go:
+            ev.set()
+        for ev in self.done:
+            ev.wait()
+            ev.clear()
+
+    def close(self) -> None:
+        self.closing = True
+        for ev in self.go:
+            ev.set()
+        for t in self.threads:
+            t.join()
+
+
+# ---------------------------------------------------------------------------- analytical
+@dataclass(frozen=True)
+class Peaks:
+    """Measured peak rates of a device."""
+
+    flops: float  # FLOP/s
+    bandwidth: float  # bytes/s
+    launch: float = 2e-6  # seconds of fixed cost per kernel
+
+
+def measure_cpu_peaks(db: CostDB | None = None, target: str = "cpu") -> Peaks:
+    """This CPU's FLOP rate (a float32 GEMM through numpy's BLAS) and memory bandwidth (a large
+    copy), measured once and cached in the cost database."""
+    keys = (CostKey(target, "peak:flops"), CostKey(target, "peak:bandwidth"))
+    if db is not None:
+        cached = [db.get(k) for k in keys]
+        if None not in cached:
+            return Peaks(1 / cached[0], 1 / cached[1])
+    n = 1024
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    gemm = min(_timed(lambda: a @ a) for _ in range(5))
+    src = np.ones(64 * 2**20 // 4, np.float32)
+    dst = np.empty_like(src)
+    copy = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    peaks = Peaks(2 * n**3 / gemm, 2 * src.nbytes / copy)
+    if db is not None:  # stored as seconds per unit so CostDB keeps one column
+        db.put(keys[0], Timing((1 / peaks.flops,)))
+        db.put(keys[1], Timing((1 / peaks.bandwidth,)))
+    return peaks
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def kernel_bytes(graph: Graph, node: Node) -> int:
+    """Bytes a kernel reads and writes (every input once, every output once)."""
+    from paragraph.tvm_interop.memory import nbytes
+
+    return sum(nbytes(graph, r) for r in node.inputs) + int(node.attrs.get("out_bytes", 0))
+
+
+def estimate_seconds(graph: Graph, node: Node, peaks: Peaks) -> float:
+    """Roofline estimate of a kernel: max(FLOPs / peak FLOP/s, bytes / bandwidth) + launch."""
+    if node.kind != "kernel":
+        return 0.0
+    flops = float(node.attrs.get("flops", 0.0))
+    return max(flops / peaks.flops, kernel_bytes(graph, node) / peaks.bandwidth) + peaks.launch
+
+
+def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
+                 repeat: int = 10, warmup: int = 2, tuning: str = "",
+                 threads: int | None = None, progress: bool = False) -> dict[int, float]:
+    """Seconds per kernel of an executor's program: cached, else measured (and cached), else
+    (``measure=False``) estimated from FLOPs and bytes. Views cost nothing."""
+    graph, program = executor.graph, executor.program
+    target = str(program.target)
+    threads = threads or executor.schedule.threads[0]
+    peaks = None if measure else measure_cpu_peaks(db, target)
+    costs: dict[int, float] = {}
+    kernels = [k for k in executor.schedule.kernels if graph[k].kind == "kernel"]
+    for i, k in enumerate(kernels):
+        node = graph[k]
+        key = CostKey(target, node.attrs["hash"], tuning, node.attrs["source"],
+                      f"threads={threads}")
+        cached = db.get(key) if db is not None else None
+        if cached is not None:
+            costs[k] = cached
+        elif measure:
+            timing = time_steps([[executor.steps[k]]], repeat=repeat, warmup=warmup,
+                                threads=[threads])
+            if db is not None:
+                db.put(key, timing)
+            costs[k] = timing.median_ms / 1e3
+        else:
+            costs[k] = estimate_seconds(graph, node, peaks)
+        if progress and (i + 1) % 20 == 0:
+            print(f"  measured {i + 1}/{len(kernels)} kernels", flush=True)
+    for k in executor.schedule.kernels:
+        costs.setdefault(k, 0.0)
+    return costs

@@ -1,0 +1,183 @@
+"""A memory plan that is safe under concurrency.
+
+TVM's StaticPlanBlockMemory reuses a buffer as soon as its last reader is done in the *sequential*
+order; with several streams that is a race. Here a storage block is reused for a new tensor only
+when every kernel that touches the block's current tensor (its producer and all readers, through
+views too) happens-before the new tensor's producer in the schedule's partial order (stream
+order, waits and stage barriers). Graph outputs get blocks of their own that are never reused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from paragraph.graph import Graph, TensorRef
+from paragraph.schedule import Schedule, ScheduleError
+
+
+def nbytes(graph: Graph, ref: TensorRef) -> int:
+    """Size in bytes of one tensor."""
+    t = graph.type_of(ref)
+    return t.numel * tvm_ffi.dtype(t.dtype).itemsize
+
+
+@dataclass
+class Block:
+    """One storage allocation; ``users`` are the kernels that touch any tensor it held."""
+
+    size: int
+    dedicated: bool = False
+    users: set[int] = field(default_factory=set)
+    tensors: list[TensorRef] = field(default_factory=list)
+
+
+@dataclass
+class MemoryPlan:
+    """Which block holds each kernel output (views alias their source's block)."""
+
+    blocks: list[Block]
+    block_of: dict[TensorRef, int]  # kernel outputs and views -> block index
+    no_reuse_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(b.size for b in self.blocks)
+
+    def summary(self) -> str:
+        saved = 1 - self.peak_bytes / self.no_reuse_bytes if self.no_reuse_bytes else 0.0
+        return (f"{len(self.blocks)} blocks, {self.peak_bytes / 2**20:.2f} MiB "
+                f"(no reuse {self.no_reuse_bytes / 2**20:.2f} MiB, saves {saved:.0%})")
+
+
+def _storage_roots(graph: Graph) -> dict[TensorRef, TensorRef]:
+    """Every kernel/view tensor -> the tensor that owns its bytes (views follow their input)."""
+    root: dict[TensorRef, TensorRef] = {}
+    for n in graph.nodes:
+        if n.kind == "view":
+            src = n.inputs[0]
+            root[n.out] = root.get(src, src)
+        elif not n.is_source:
+            for i in range(len(n.outputs)):
+                root[TensorRef(n.id, i)] = TensorRef(n.id, i)
+    return root
+
+
+def plan_memory(graph: Graph, schedule: Schedule) -> MemoryPlan:
+    """Greedy best-fit assignment of kernel outputs to blocks, reusing a block only when all
+    its users happen-before the new producer (see the module docstring)."""
+    before = schedule.happens_before()
+    index = {k: i for i, k in enumerate(schedule.kernels)}
+    root = _storage_roots(graph)
+    touches: dict[TensorRef, set[int]] = {}  # owned tensor -> kernels touching its bytes
+    for n in graph.nodes:
+        if n.is_source:
+            continue
+        for r in n.inputs:
+            if r in root:
+                touches.setdefault(root[r], set()).add(n.id)
+        if n.kind != "view":
+            for i in range(len(n.outputs)):
+                touches.setdefault(TensorRef(n.id, i), set()).add(n.id)
+    pinned = {root[r] for r in graph.outputs if r in root}
+    blocks: list[Block] = []
+    block_of: dict[TensorRef, int] = {}
+    order = schedule.launch_order or tuple(schedule.kernels)
+    total = 0
+    for k in order:
+        node = graph[k]
+        if node.kind == "view":
+            continue
+        for i in range(len(node.outputs)):
+            ref = TensorRef(k, i)
+            size = nbytes(graph, ref)
+            total += size
+            if ref in pinned:
+                chosen = _new_block(blocks, size, dedicated=True)
+            else:
+                free = [b for b, blk in enumerate(blocks) if not blk.dedicated and all(
+                    before[k] >> index[u] & 1 for u in blk.users)]
+                fits = [b for b in free if blocks[b].size >= size]
+                if fits:
+                    chosen = min(fits, key=lambda b: blocks[b].size)
+                elif free:
+                    chosen = max(free, key=lambda b: blocks[b].size)
+                    blocks[chosen].size = size  # grow: sizes are final only after planning
+                else:
+                    chosen = _new_block(blocks, size)
+            blocks[chosen].users |= touches.get(ref, {k})
+            blocks[chosen].tensors.append(ref)
+            block_of[ref] = chosen
+    for ref, owner in root.items():
+        if ref != owner and owner in block_of:  # views of graph inputs have no block
+            block_of[ref] = block_of[owner]
+    return MemoryPlan(blocks, block_of, total)
+
+
+def _new_block(blocks: list[Block], size: int, dedicated: bool = False) -> int:
+    blocks.append(Block(size, dedicated))
+    return len(blocks) - 1
+
+
+def check_memory_plan(graph: Graph, schedule: Schedule, plan: MemoryPlan) -> None:
+    """Raise `ScheduleError` if two tensors that may be live at once share a block.
+
+    Independent of `plan_memory`: for every pair of tensors in one block, all kernels touching
+    the earlier must happen-before the producer of the later (in one direction or the other).
+    """
+    before = schedule.happens_before()
+    index = {k: i for i, k in enumerate(schedule.kernels)}
+    root = _storage_roots(graph)
+    touches: dict[TensorRef, set[int]] = {}
+    for n in graph.nodes:
+        for r in n.inputs:
+            if r in root:
+                touches.setdefault(root[r], set()).add(n.id)
+    owned: dict[int, list[TensorRef]] = {}
+    for ref, b in plan.block_of.items():
+        if root[ref] == ref:
+            owned.setdefault(b, []).append(ref)
+            touches.setdefault(ref, set()).add(ref.node)
+    for b, refs in owned.items():
+        for i, x in enumerate(refs):
+            for y in refs[i + 1:]:
+                if not (_all_before(touches[x], y.node, before, index)
+                        or _all_before(touches[y], x.node, before, index)):
+                    raise ScheduleError(f"tensors {x} and {y} share block {b} but may be live "
+                                        "at the same time")
+        need = max(nbytes(graph, r) for r in refs)
+        if plan.blocks[b].size < need:
+            raise ScheduleError(f"block {b} holds {need} bytes in {plan.blocks[b].size}")
+
+
+def _all_before(users: Iterable[int], k: int, before: dict[int, int],
+                index: dict[int, int]) -> bool:
+    return all(u != k and before[k] >> index[u] & 1 for u in users)
+
+
+def vm_planned_bytes(lowered: tvm.IRModule) -> int:
+    """Bytes the TVM VM allocates for ``main`` after StaticPlanBlockMemory (planned storage plus
+    the output tensors it allocates separately): the baseline the memory plan is compared to."""
+    seq = tvm.transform.Sequential([
+        relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),
+        relax.transform.StaticPlanBlockMemory()])
+    planned = seq(lowered)
+    total = 0
+    for block in planned["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+                continue
+            if call.op.name == "relax.memory.alloc_storage":
+                total += int(call.args[0].values[0])
+            elif call.op.name == "relax.builtin.alloc_tensor":
+                shape = [int(d) for d in call.args[0].values]
+                dtype = tvm_ffi.dtype(str(call.args[1].value))
+                total += int(dtype.itemsize) * math.prod(shape)
+    return total

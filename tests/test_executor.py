@@ -1,0 +1,296 @@
+"""The kernel graph, schedules, the concurrency-safe memory plan and the parallel executor."""
+
+import _thread
+import gc
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from paragraph import models
+from paragraph.graph import TensorRef
+from paragraph.passes.schedule import ALGORITHMS, make_schedule, nimble, opara, wavefront
+from paragraph.schedule import Schedule, ScheduleError
+from paragraph.tvm_interop import random_inputs
+from paragraph.tvm_interop.executor import (
+    CPUExecutor,
+    InputError,
+    KernelError,
+    gpu_available,
+    make_executor,
+)
+from paragraph.tvm_interop.kernels import KernelProgram, is_gpu, resolve_target
+from paragraph.tvm_interop.memory import check_memory_plan, plan_memory, vm_planned_bytes
+from paragraph.tvm_interop.vm import run_vm
+
+_PROGRAMS: dict[str, KernelProgram] = {}
+
+
+def program_for(name: str) -> KernelProgram:
+    """Each reduced zoo model is lowered and compiled once per test session."""
+    if name not in _PROGRAMS:
+        _PROGRAMS[name] = KernelProgram.build(models.get(name, reduced=True), "llvm")
+    return _PROGRAMS[name]
+
+
+@pytest.mark.parametrize("name", models.list())
+def test_every_schedule_matches_the_vm(name):
+    program = program_for(name)
+    mod_inputs = random_inputs(program.lowered, seed=1)
+    expected = run_vm(program.vm(), mod_inputs)
+    for algorithm in ALGORITHMS:
+        schedule = make_schedule(algorithm, program.graph)
+        with make_executor(program, schedule) as executor:
+            check_memory_plan(program.graph, schedule, executor.plan)
+            assert executor.plan.peak_bytes <= executor.plan.no_reuse_bytes
+            for _ in range(2):  # a second run reuses every buffer
+                got = executor.run(*mod_inputs)
+                assert len(got) == len(expected)
+                for g, e in zip(got, expected):
+                    np.testing.assert_array_equal(g, e, err_msg=f"{name}/{algorithm}")
+
+
+def test_kernel_graph_is_fused_and_annotated():
+    program = program_for("inception_v3")
+    kinds = {n.kind for n in program.graph.nodes}
+    assert kinds <= {"input", "weight", "constant", "kernel", "view"}
+    kernels = [n for n in program.graph.nodes if n.kind == "kernel"]
+    assert any(n.attrs["func"].startswith("fused_") for n in kernels)
+    assert all(n.attrs["flops"] >= 0 and n.attrs["hash"] for n in kernels)
+    convs = [n for n in kernels if "conv2d" in n.attrs["func"]]
+    assert len(convs) == 94  # every convolution of Inception-v3 is its own (fused) kernel
+    assert all(n.attrs["flops"] > 0 for n in convs)
+
+
+def test_memory_plan_reports_against_vm_and_checker_catches_races():
+    program = program_for("inception_v3")
+    schedule = make_schedule("opara", program.graph)
+    plan = plan_memory(program.graph, schedule)
+    check_memory_plan(program.graph, schedule, plan)
+    assert plan.peak_bytes < plan.no_reuse_bytes
+    assert vm_planned_bytes(program.lowered) > 0
+    # force two tensors that run on different streams without ordering into one block
+    before = schedule.happens_before()
+    index = {k: i for i, k in enumerate(schedule.kernels)}
+    kernels = [n.id for n in program.graph.nodes if n.kind == "kernel"]
+    a, b = next((x, y) for x in kernels for y in kernels if x != y
+                and not before[y] >> index[x] & 1 and not before[x] >> index[y] & 1)
+    plan.block_of[TensorRef(b, 0)] = plan.block_of[TensorRef(a, 0)]
+    with pytest.raises(ScheduleError, match="live at the same time"):
+        check_memory_plan(program.graph, schedule, plan)
+
+
+# ---------------------------------------------------------------------------- schedules
+def weight(*shape):
+    return relax.const(np.random.default_rng(0).standard_normal(shape).astype("float32"))
+
+
+def diamond_program():
+    """x -> three independent matmul branches (one two long) -> concat: a DAG of width 3."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, weight(8, 8)))
+            b = bb.emit(relax.op.matmul(x, weight(8, 8)))
+            c = bb.emit(relax.op.matmul(x, weight(8, 8)))
+            a2 = bb.emit(relax.op.matmul(a, weight(8, 8)))
+            out = bb.emit_output(relax.op.concat([a2, b, c], axis=1))
+        bb.emit_func_output(out)
+    return KernelProgram.build(bb.get(), "llvm")
+
+
+def test_schedule_algorithms_on_a_small_graph():
+    program = diamond_program()
+    g = program.graph
+    assert nimble(g).num_streams == 3  # width of the DAG
+    assert opara(g).num_streams == 3  # one new stream per root, the chain keeps its stream
+    w = wavefront(g)
+    assert [len(s) for s in w.stages] == [3, 1, 1]
+    w2 = wavefront(g, max_per_stage=2)
+    assert max(len(s) for s in w2.stages) == 2
+    for algorithm in ALGORITHMS:
+        s = make_schedule(algorithm, g)
+        again = Schedule.from_json(s.dumps(), g)
+        assert again == s
+
+
+def test_schedule_validation_errors():
+    program = diamond_program()
+    g = program.graph
+    kernels = [n.id for n in g.nodes if not n.is_source]
+    with pytest.raises(ScheduleError, match="missing"):
+        Schedule.build(g, [kernels[:-1]])
+    with pytest.raises(ScheduleError, match="may start before its producer"):
+        Schedule.build(g, [kernels[::-1]])
+    seq = make_schedule("sequential", g)
+    with pytest.raises(ScheduleError, match="twice"):
+        Schedule(seq.streams + ((kernels[0],),), (1, 1), {}).validate(g)
+    # two streams that wait for each other's later kernels deadlock
+    relu, sig = kernels[0], kernels[1]
+    exp_ = next(k for k in kernels if k not in (relu, sig) and g[k].inputs[0].node == relu)
+    rest = [k for k in kernels if k not in (relu, sig, exp_)]
+    bad = Schedule(((exp_, sig), (relu, *rest)), (1, 1), {exp_: (relu,), relu: (sig,)})
+    with pytest.raises(ScheduleError, match="deadlock"):
+        bad.validate(g)
+    with pytest.raises(ScheduleError, match="corrupt schedule"):
+        Schedule.from_json('{"format": "paragraph-schedule", "version": 1}')
+    with pytest.raises(ScheduleError, match="not a paragraph-schedule"):
+        Schedule.from_json('{"format": "other"}')
+    other = program_for("squeezenet1_1").graph
+    with pytest.raises(ScheduleError, match="different kernel graph"):
+        Schedule.from_json(seq.dumps(), other)
+
+
+# ---------------------------------------------------------------------------- errors
+def test_wrong_inputs_are_rejected_before_running():
+    program = diamond_program()
+    with make_executor(program, make_schedule("nimble", program.graph)) as ex:
+        good = np.ones((4, 8), "float32")
+        with pytest.raises(InputError, match="takes 1 input"):
+            ex.run(good, good)
+        with pytest.raises(InputError, match=r"float32\[4, 8\], got float32\[4, 9\]"):
+            ex.run(np.ones((4, 9), "float32"))
+        with pytest.raises(InputError, match="got float64"):
+            ex.run(np.ones((4, 8)))
+        w = np.random.default_rng(0).standard_normal((8, 8)).astype("float32")
+        np.testing.assert_allclose(ex.run(good)[0][:, 8:16], good @ w, rtol=1e-5)
+
+
+def packed_program(name: str):
+    """exp(x @ W) on one branch, the packed function ``name`` on another, then concat."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, weight(8, 8)))
+            a = bb.emit(relax.op.exp(a))
+            b = bb.emit(relax.call_dps_packed(name, (x,), relax.TensorType((4, 8), "float32")))
+            out = bb.emit_output(relax.op.concat([a, b], axis=1))
+        bb.emit_func_output(out)
+    return KernelProgram.build(bb.get(), "llvm")
+
+
+def test_failing_kernel_is_named_and_nothing_hangs():
+    def fail(x, out):
+        raise ValueError("boom")
+
+    tvm_ffi.register_global_func("paragraph_test.fail", fail, override=True)
+    program = packed_program("paragraph_test.fail")
+    for algorithm in ALGORITHMS:
+        with make_executor(program, make_schedule(algorithm, program.graph)) as ex:
+            start = time.time()
+            with pytest.raises(KernelError, match="boom") as info:
+                ex.run(np.ones((4, 8), "float32"))
+            assert "paragraph_test.fail" in str(info.value) or "lv" in str(info.value)
+            assert time.time() - start < 10
+            with pytest.raises(KernelError):  # the executor is still usable afterwards
+                ex.run(np.ones((4, 8), "float32"))
+
+
+def test_keyboard_interrupt_stops_all_workers():
+    calls = []
+
+    def interrupt(x, out):
+        calls.append(1)
+        if len(calls) == 2:  # the first call is a plain run
+            _thread.interrupt_main()
+            time.sleep(0.5)
+        out.copyfrom(x.numpy())
+
+    tvm_ffi.register_global_func("paragraph_test.interrupt", interrupt, override=True)
+    program = packed_program("paragraph_test.interrupt")
+    schedule = make_schedule("nimble", program.graph)
+    assert schedule.num_streams == 2
+    with make_executor(program, schedule) as ex:
+        x = np.ones((4, 8), "float32")
+        ex.run(x)
+        with pytest.raises(KeyboardInterrupt):
+            ex.run(x)
+        np.testing.assert_array_equal(ex.run(x)[0][:, 8:], x)
+    assert not [t for t in threading.enumerate() if t.name.startswith("paragraph-stream")]
+
+
+def test_stream_threads_follow_the_schedule():
+    seen = {}
+
+    def probe(x, out):
+        seen[threading.current_thread().name] = tvm_ffi.get_global_func("runtime.NumThreads")()
+        out.copyfrom(x.numpy())
+
+    tvm_ffi.register_global_func("paragraph_test.probe", probe, override=True)
+    program = packed_program("paragraph_test.probe")
+    g = program.graph
+    s = make_schedule("nimble", g)
+    s = Schedule.build(g, s.streams, threads=[1, 2])
+    with CPUExecutor(program, s) as ex:
+        ex.run(np.ones((4, 8), "float32"))
+    stream = s.stream_of[next(n.id for n in g.nodes if n.kind == "kernel"
+                              and n.attrs["source"] == "vendor")]
+    name = "MainThread" if stream == 0 else f"paragraph-stream-{stream}"
+    assert seen == {name: s.threads[stream]}
+
+
+def test_repeated_runs_do_not_leak():
+    program = program_for("squeezenet1_1")
+    x = random_inputs(program.lowered)
+    with make_executor(program, make_schedule("opara", program.graph)) as ex:
+        for _ in range(50):
+            ex.run(*x)
+        gc.collect()
+        rss = psutil.Process().memory_info().rss
+        for _ in range(500):
+            ex.run(*x)
+        gc.collect()
+        grown = psutil.Process().memory_info().rss - rss
+    assert grown < 8 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 500 runs"
+
+
+def test_profile_timeline_covers_every_kernel():
+    program = program_for("squeezenet1_1")
+    schedule = make_schedule("wavefront", program.graph)
+    with make_executor(program, schedule) as ex:
+        ex.run(*random_inputs(program.lowered), profile=True)
+        kernels = {n.id for n in program.graph.nodes if n.kind == "kernel"}
+        assert set(ex.timeline) == kernels
+        for k, (stream, start, end) in ex.timeline.items():
+            assert stream == schedule.stream_of[k] and end >= start
+        # stage barriers: a kernel starts only after every kernel of earlier stages ended
+        stage_of = {k: i for i, st in enumerate(schedule.stages) for k in st}
+        for a in kernels:
+            for b in kernels:
+                if stage_of[a] < stage_of[b]:
+                    assert ex.timeline[a][2] <= ex.timeline[b][1]
+
+
+# ---------------------------------------------------------------------------- CUDA
+def test_cuda_kernels_compile_here():
+    target = resolve_target("cuda")
+    assert is_gpu(target)
+    mod = models.get("squeezenet1_1", reduced=True)
+    program = KernelProgram.build(mod, target, device=tvm.cpu())  # compile only
+    assert len(program.functions) == len({n.attrs["func"] for n in program.graph.nodes
+                                          if n.kind == "kernel"})
+    sources = program.executable.mod.imports[0].imports
+    assert any(m.kind == "cuda" for m in sources)
+
+
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU visible to TVM on this machine")
+@pytest.mark.parametrize("use_graph", [True, False])
+def test_cuda_executor_matches_the_vm(use_graph):
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
+    mod = models.get("inception_v3", reduced=True)
+    program = KernelProgram.build(mod, "cuda")
+    inputs = random_inputs(program.lowered)
+    expected = run_vm(program.vm(), inputs, device=program.device)
+    for algorithm in ALGORITHMS:
+        schedule = make_schedule(algorithm, program.graph)
+        with make_executor(program, schedule, use_cuda_graph=use_graph) as ex:
+            for _ in range(2):
+                for g, e in zip(ex.run(*inputs), expected):
+                    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
