@@ -23,11 +23,14 @@ setup(
         "psutil==7.2.2",
         "cloudpickle==3.1.2",
         "xgboost-cpu==3.2.0",
+        "matplotlib==3.11.2",  # paragraph inspect draws timelines
     ],
     extras_require={
         "dev": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.17.5"],
         "onnx": ["onnx==1.23.2", "onnxruntime==1.31.1"],
         "torch": ["torch==2.13.0"],
+        # the CUDA executor's streams, events and graph capture
+        "cuda": ["cuda-bindings==13.5.0"],
     },
     entry_points={"console_scripts": ["paragraph=paragraph.cli:main"]},
 )

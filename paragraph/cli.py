@@ -1,4 +1,4 @@
-"""The ``paragraph`` command line (tvmc-like verbs): ``models``, ``run``."""
+"""The ``paragraph`` command line (tvmc-like verbs): ``models``, ``run``, ``bench``, ``inspect``."""
 
 from __future__ import annotations
 
@@ -80,11 +80,40 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import tvm
+def _target(args: argparse.Namespace):
+    from paragraph.tvm_interop.executor import gpu_available
+    from paragraph.tvm_interop.kernels import resolve_target
+    from paragraph.tvm_interop.vm import local_cpu_target
 
+    if args.target == "cuda" and not gpu_available():
+        raise ParagraphError("--target cuda: no CUDA GPU is visible to TVM on this machine")
+    if args.target == "cpu":
+        return local_cpu_target(args.threads)
+    return resolve_target(args.target)
+
+
+def _schedule(args: argparse.Namespace, graph):
+    """The schedule named by --schedule, or the one in --schedule-file (checked against graph)."""
+    from paragraph.passes.schedule import make_schedule
+    from paragraph.schedule import Schedule
+
+    if getattr(args, "schedule_file", None):
+        try:
+            text = Path(args.schedule_file).read_text()
+        except OSError as e:
+            raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
+        return Schedule.from_json(text, graph)
+    return make_schedule(args.schedule, graph, cores=args.threads)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import tvm_ffi
+
+    from paragraph.files import atomic_write_bytes
     from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-    from paragraph.tvm_interop.vm import build_vm, local_cpu_target, run_vm, time_calls
+    from paragraph.tvm_interop.executor import make_executor
+    from paragraph.tvm_interop.kernels import KernelProgram
+    from paragraph.tvm_interop.vm import build_vm, run_vm, time_calls
 
     with _Step(f"importing {args.model}"):
         mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
@@ -95,37 +124,114 @@ def cmd_run(args: argparse.Namespace) -> int:
     opaque = sum(n.kind == "opaque" for n in graph.nodes)
     _say(f"  {graph.summary()}")
     _say(f"  {len(graph.ops)} operators, {opaque} opaque; hash {graph.structural_hash()[:16]}")
-    target = local_cpu_target(args.threads)
-    with _Step(f"compiling both with TVM for {target.attrs.get('mcpu', 'llvm')} "
-               f"({target.attrs['num-cores']} cores)"):
-        both = tvm.IRModule({**{gv: f for gv, f in mod.functions.items()},
-                             tvm.ir.GlobalVar("main_roundtrip"):
-                             roundtrip["main"].without_attr("global_symbol")})
-        vm = build_vm(both, target)
+    target = _target(args)
+    with _Step(f"lowering and compiling for {target.kind.name} "
+               f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}"):
+        program = KernelProgram.build(roundtrip, target, tuning_db=args.tuning_db)
+    _say(f"  {len(program.kernels)} kernels")
+    schedule = _schedule(args, program.graph)
+    _say(f"  schedule {schedule.describe()}")
+    if args.save_schedule:
+        atomic_write_bytes(args.save_schedule, schedule.dumps().encode())
+        _say(f"  wrote {args.save_schedule}")
     inputs = random_inputs(mod, seed=args.seed)
-    with _Step("checking the round trip's outputs against the original's"):
-        expected = run_vm(vm, inputs, "main")
-        got = run_vm(vm, inputs, "main_roundtrip")
-    worst = max(float(np.max(np.abs(a - b))) if a.size else 0.0
-                for a, b in zip(expected, got))
+    vm = program.vm()
+    with _Step("checking outputs against the original model on the TVM VM"):
+        expected = run_vm(vm, inputs, device=program.device)
+        if not tvm_ffi.structural_equal(roundtrip, mod, map_free_vars=True):
+            # the round trip changed the module's form: compare with the original itself
+            expected = run_vm(build_vm(mod, target, program.device), inputs,
+                              device=program.device)
+        executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
+        got = executor.run(*inputs)
+    worst = max((float(np.max(np.abs(a - b))) if a.size else 0.0
+                 for a, b in zip(expected, got)), default=0.0)
     ok = len(expected) == len(got) and all(
         a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5)
         for a, b in zip(expected, got))
     _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
          f"{'equal' if ok else 'DIFFERENT'}")
+    _say(f"  memory: {executor.plan.summary()}")
     if not ok:
+        executor.close()
         return 1
-    args_tvm = [tvm.runtime.tensor(a) for a in inputs]
     with _Step(f"timing {args.repeat} runs"):
-        timing = time_calls(lambda: vm["main_roundtrip"](*args_tvm), args.repeat)
+        timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), args.repeat)
+    executor.close()
     _say(f"{label}: median {timing.median_ms:.2f} ms (p10 {timing.percentile_ms(10):.2f}, "
-         f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, TVM VM on the CPU")
+         f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, paragraph executor, "
+         f"{schedule.name} schedule")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from paragraph.bench import benchmark, format_table
+    from paragraph.files import atomic_write_json
+    from paragraph.passes.schedule import ALGORITHMS
+
+    mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
+                            input_shapes=parse_shapes(args.input_shape))
+    schedules = args.schedules.split(",") if args.schedules else list(ALGORITHMS)
+    unknown = [s for s in schedules if s not in ALGORITHMS]
+    if unknown:
+        raise ParagraphError(f"unknown schedule(s) {unknown}; choose from {list(ALGORITHMS)}")
+    _say(f"benchmarking {label}")
+    result = benchmark(mod, schedules=schedules, repeat=args.repeat, target=_target(args),
+                       tuning_db=args.tuning_db, seed=args.seed, model=args.model, log=_say)
+    result.update(reduced=args.reduced, batch=args.batch)
+    _say(format_table(result))
+    if args.json:
+        atomic_write_json(args.json, result)
+        _say(f"wrote {args.json}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from paragraph.files import atomic_write_bytes
+    from paragraph.timeline import plot_timeline
+    from paragraph.tvm_interop import random_inputs
+    from paragraph.tvm_interop.executor import CPUExecutor
+    from paragraph.tvm_interop.kernels import KernelProgram
+
+    mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
+                            input_shapes=parse_shapes(args.input_shape))
+    target = _target(args)
+    if target.kind.name != "llvm":
+        raise ParagraphError("paragraph inspect records kernel timelines on the CPU executor; "
+                             "use --target cpu")
+    with _Step(f"lowering and compiling {label}"):
+        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db)
+    schedule = _schedule(args, program.graph)
+    _say(f"  schedule {schedule.describe()}")
+    if args.dot:
+        atomic_write_bytes(args.dot, program.graph.to_dot().encode())
+        _say(f"  wrote the kernel graph to {args.dot}")
+    if args.save_schedule:
+        atomic_write_bytes(args.save_schedule, schedule.dumps().encode())
+        _say(f"  wrote {args.save_schedule}")
+    inputs = random_inputs(mod, seed=args.seed)
+    with CPUExecutor(program, schedule) as executor:
+        runs = []
+        for _ in range(max(3, args.repeat)):
+            executor.run(*inputs, copy_outputs=False, profile=True)
+            t = executor.timeline
+            runs.append((max(e for _, _, e in t.values()) - min(s for _, s, _ in t.values()),
+                         dict(t)))
+    span, timeline = sorted(runs, key=lambda r: r[0])[len(runs) // 2]  # the median run
+    busy = sum(e - s for _, s, e in timeline.values())
+    _say(f"  median run {span / 1e6:.2f} ms, kernels busy {busy / 1e6:.2f} ms "
+         f"(average concurrency {busy / max(span, 1):.2f})")
+    out = args.out or f"{Path(args.model).stem}-{schedule.name}-timeline.png"
+    plot_timeline(timeline, program.graph, out,
+                  f"{label}: {schedule.describe()}; {span / 1e6:.2f} ms")
+    _say(f"wrote {out}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``paragraph`` command."""
     from paragraph import __version__
+    from paragraph.passes.schedule import ALGORITHMS
 
     parser = argparse.ArgumentParser(
         prog="paragraph", description="Graph substitution and inter-operator parallelism "
@@ -136,19 +242,51 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the built-in model zoo")
     p.set_defaults(func=cmd_models)
 
+    def model_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="zoo model name (see `paragraph models`) or a .onnx file")
+        p.add_argument("--reduced", action="store_true",
+                       help="zoo model at reduced size (same topology, small channels)")
+        p.add_argument("--batch", type=_positive, default=1, help="batch size (zoo models)")
+        p.add_argument("--input-shape", action="append", metavar="NAME:D1,D2,...",
+                       help="static shape for a dynamic model input (repeatable)")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+        p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                       help="device to compile for and run on (default cpu)")
+        p.add_argument("--threads", type=_positive, default=None,
+                       help="CPU cores to use (default: all this process may use)")
+        p.add_argument("--tuning-db", metavar="DIR",
+                       help="apply this MetaSchedule database (a tuning work dir)")
+
+    def schedule_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--schedule", choices=ALGORITHMS, default="sequential",
+                       help="how to spread kernels over streams (default sequential)")
+        p.add_argument("--schedule-file", metavar="JSON",
+                       help="use a schedule saved with --save-schedule instead")
+        p.add_argument("--save-schedule", metavar="JSON", help="write the schedule as JSON")
+
     p = sub.add_parser("run", help="import a model, round-trip it through paragraph's graph, "
-                       "compile it with TVM, check outputs and time it")
-    p.add_argument("model", help="zoo model name (see `paragraph models`) or a .onnx file")
-    p.add_argument("--reduced", action="store_true",
-                   help="zoo model at reduced size (same topology, small channels)")
-    p.add_argument("--batch", type=_positive, default=1, help="batch size (zoo models)")
+                       "compile it, check outputs and time it on the parallel executor")
+    model_options(p)
+    schedule_options(p)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--threads", type=_positive, default=None,
-                   help="CPU threads for TVM kernels (default: all cores)")
-    p.add_argument("--input-shape", action="append", metavar="NAME:D1,D2,...",
-                   help="static shape for a dynamic model input (repeatable)")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="CUDA: issue the streams directly instead of replaying a CUDA Graph")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="time the TVM baselines and every schedule side by side")
+    model_options(p)
+    p.add_argument("--schedules", metavar="A,B", help=f"subset of {','.join(ALGORITHMS)}")
+    p.add_argument("--repeat", type=_positive, default=20, help="timed rounds (default 20)")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("inspect", help="profile one schedule and draw its timeline (PNG)")
+    model_options(p)
+    schedule_options(p)
+    p.add_argument("--repeat", type=_positive, default=5, help="profiled runs (median shown)")
+    p.add_argument("--out", metavar="PNG", help="timeline file (default MODEL-SCHEDULE-...png)")
+    p.add_argument("--dot", metavar="FILE", help="also write the kernel graph as Graphviz dot")
+    p.set_defaults(func=cmd_inspect)
     return parser
 
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 
@@ -37,6 +39,14 @@ def producers(graph: Graph, node_id: int) -> list[int]:
     """Ids of the schedulable nodes that ``node_id`` reads (sources excluded), deduplicated."""
     return list(dict.fromkeys(r.node for r in graph[node_id].inputs
                               if not graph[r.node].is_source))
+
+
+def bytes_moved(graph: Graph, k: int) -> int:
+    """Bytes kernel ``k`` reads (every input once) and writes (every output once)."""
+    def size(t) -> int:
+        return t.numel * np.dtype(t.dtype).itemsize
+    node = graph[k]
+    return sum(size(graph.type_of(r)) for r in node.inputs) + sum(map(size, node.outputs))
 
 
 @dataclass(frozen=True)

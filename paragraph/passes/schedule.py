@@ -8,12 +8,14 @@ one); the IOS search (which chooses per stage by measurement) lives beside these
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import networkx as nx
 
+from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.machine import cpu_count
-from paragraph.schedule import Schedule, kernel_ids, producers
+from paragraph.schedule import Schedule, bytes_moved, kernel_ids, producers
 
 ALGORITHMS = ("sequential", "wavefront", "opara", "nimble")
 
@@ -61,11 +63,9 @@ def wavefront(graph: Graph, *, max_per_stage: int = 10, cores: int | None = None
 
 def arithmetic_intensity(graph: Graph, k: int) -> float:
     """FLOPs per byte moved (inputs read + outputs written) of a kernel; 0 for views."""
-    node = graph[k]
-    if node.kind != "kernel":
+    if graph[k].kind != "kernel":
         return 0.0
-    moved = sum(graph.type_of(r).numel * 4 for r in node.inputs) + node.attrs["out_bytes"]
-    return node.attrs["flops"] / max(moved, 1)
+    return graph[k].attrs["flops"] / max(bytes_moved(graph, k), 1)
 
 
 def opara_launch_order(graph: Graph, *, demand: Mapping[int, float] | None = None,
@@ -170,11 +170,50 @@ def nimble(graph: Graph, *, cores: int | None = None) -> Schedule:
                           info={"chains": len(chains)})
 
 
-def make_schedule(name: str, graph: Graph, *, cores: int | None = None) -> Schedule:
-    """The schedule ``name`` (one of `ALGORITHMS`) for ``graph``."""
-    table = {"sequential": sequential, "wavefront": wavefront, "opara": opara, "nimble": nimble}
-    if name not in table:
-        from paragraph.errors import ParagraphError
+def estimated_cost(graph: Graph, k: int) -> float:
+    """A unitless cost for balancing without measurements: FLOPs plus 8 per byte moved
+    (about the FLOP/byte balance of a CPU core)."""
+    if graph[k].kind != "kernel":
+        return 0.0
+    return graph[k].attrs["flops"] + 8.0 * bytes_moved(graph, k)
 
+
+def cap_streams(graph: Graph, schedule: Schedule, max_streams: int, *,
+                cost: Mapping[int, float] | None = None, cores: int | None = None) -> Schedule:
+    """The same schedule on at most ``max_streams`` streams: whole streams are packed into bins
+    by longest-processing-time-first on their summed ``cost``, and each bin's kernels keep the
+    original launch order (a topological order, so the result is always valid)."""
+    if schedule.num_streams <= max_streams:
+        return schedule
+    if cost is None:
+        cost = {k: estimated_cost(graph, k) for k in schedule.kernels}
+    load = [0.0] * max_streams
+    bins: list[list[int]] = [[] for _ in range(max_streams)]
+    for ks in sorted(schedule.streams, key=lambda ks: -sum(cost.get(k, 0.0) for k in ks)):
+        b = min(range(max_streams), key=load.__getitem__)
+        bins[b].extend(ks)
+        load[b] += sum(cost.get(k, 0.0) for k in ks)
+    order = schedule.launch_order or tuple(schedule.kernels)
+    rank = {k: i for i, k in enumerate(order)}
+    streams = [sorted(b, key=rank.__getitem__) for b in bins if b]
+    streams.sort(key=lambda ks: rank[ks[0]])
+    return Schedule.build(graph, streams, threads=_threads(len(streams), cores),
+                          launch_order=order, name=f"{schedule.name}/{max_streams}",
+                          info={**schedule.info, "capped_from": schedule.num_streams})
+
+
+def make_schedule(name: str, graph: Graph, *, cores: int | None = None,
+                  max_streams: int | None = None) -> Schedule:
+    """The schedule ``name`` (one of `ALGORITHMS`) for ``graph``, optionally packed onto at most
+    ``max_streams`` streams (wavefront: at most that many kernels per stage)."""
+    table = {"sequential": sequential, "opara": opara, "nimble": nimble}
+    if name == "wavefront":
+        schedule = wavefront(graph, cores=cores, max_per_stage=min(10, max_streams or 10))
+        if max_streams is not None:
+            schedule = replace(schedule, name=f"wavefront/{max_streams}")
+        return schedule
+    if name not in table:
         raise ParagraphError(f"unknown schedule {name!r}; choose from {', '.join(ALGORITHMS)}")
-    return table[name](graph, cores=cores)
+    schedule = table[name](graph, cores=cores)
+    return schedule if max_streams is None else cap_streams(graph, schedule, max_streams,
+                                                            cores=cores)

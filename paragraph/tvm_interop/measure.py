@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from paragraph.graph import Graph, Node
+from paragraph.schedule import bytes_moved
 from paragraph.tvm_interop.vm import Timing
 
 
@@ -235,19 +236,13 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def kernel_bytes(graph: Graph, node: Node) -> int:
-    """Bytes a kernel reads and writes (every input once, every output once)."""
-    from paragraph.tvm_interop.memory import nbytes
-
-    return sum(nbytes(graph, r) for r in node.inputs) + int(node.attrs.get("out_bytes", 0))
-
-
 def estimate_seconds(graph: Graph, node: Node, peaks: Peaks) -> float:
     """Roofline estimate of a kernel: max(FLOPs / peak FLOP/s, bytes / bandwidth) + launch."""
     if node.kind != "kernel":
         return 0.0
     flops = float(node.attrs.get("flops", 0.0))
-    return max(flops / peaks.flops, kernel_bytes(graph, node) / peaks.bandwidth) + peaks.launch
+    moved = bytes_moved(graph, node.id)
+    return max(flops / peaks.flops, moved / peaks.bandwidth) + peaks.launch
 
 
 def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,

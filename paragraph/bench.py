@@ -1,0 +1,151 @@
+"""Build, check and time a model under several configurations, side by side.
+
+A configuration is a way to run the same model: ``tvm_compile_default`` (what ``tvm.compile``
+gives out of the box; on a CPU its default pipeline does not fuse), ``tvm_vm`` (the TVM VM over
+the lowered, fused module the executor runs) and ``executor:<schedule>``. Every configuration's
+outputs are checked against the VM's before anything is timed, and timing goes round-robin (one
+run of each configuration per round), so that drift on a shared machine hits all alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+
+from paragraph.errors import ParagraphError
+from paragraph.machine import describe_machine
+from paragraph.passes.schedule import make_schedule
+from paragraph.schedule import Schedule
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.relax_graph import random_inputs
+from paragraph.tvm_interop.vm import flatten_result
+
+
+@dataclass
+class Config:
+    """One way to run the model: a callable on prepared inputs plus what to report about it."""
+
+    name: str
+    run: Callable[[], list[np.ndarray]]
+    info: dict = field(default_factory=dict)
+    samples: list[float] = field(default_factory=list)
+    close: Callable[[], None] | None = None
+
+    def row(self, baseline_ms: float | None) -> dict:
+        med = statistics.median(self.samples) * 1e3
+        return {"config": self.name, "median_ms": med,
+                "p10_ms": float(np.percentile(self.samples, 10)) * 1e3,
+                "p90_ms": float(np.percentile(self.samples, 90)) * 1e3,
+                "speedup_vs_tvm_vm": baseline_ms / med if baseline_ms else None,
+                "runs": len(self.samples), **self.info}
+
+
+def vm_config(name: str, vm: tvm.relax.VirtualMachine, inputs: Sequence[np.ndarray],
+              device: tvm.runtime.Device) -> Config:
+    """A configuration that runs ``vm["main"]`` on device copies of ``inputs``."""
+    args = [tvm.runtime.tensor(a, device) for a in inputs]
+
+    def run():
+        out = vm["main"](*args)
+        device.sync()
+        return flatten_result(out)
+    return Config(name, run)
+
+
+def executor_config(program: KernelProgram, schedule: Schedule, inputs: Sequence[np.ndarray],
+                    *, use_cuda_graph: bool = True) -> Config:
+    """A configuration that runs the parallel executor under ``schedule``."""
+    executor = make_executor(program, schedule, use_cuda_graph=use_cuda_graph)
+    plan = executor.plan
+    info = {"schedule": schedule.name, "streams": schedule.num_streams,
+            "threads": list(schedule.threads),
+            "waits": sum(map(len, schedule.waits.values())),
+            "stages": len(schedule.stages) if schedule.stages else None,
+            "peak_bytes": plan.peak_bytes, "no_reuse_bytes": plan.no_reuse_bytes}
+    on_cpu = program.device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
+    name = f"executor:{schedule.name}" + ("" if use_cuda_graph or on_cpu else "+nograph")
+    return Config(name, lambda: executor.run(*inputs), info, close=executor.close)
+
+
+def check_outputs(configs: Sequence[Config], expected: Sequence[np.ndarray],
+                  rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """Raise unless every configuration reproduces ``expected``."""
+    for c in configs:
+        got = c.run()
+        if len(got) != len(expected) or not all(
+                g.shape == e.shape and np.allclose(g, e, rtol=rtol, atol=atol)
+                for g, e in zip(got, expected)):
+            worst = max((float(np.max(np.abs(g - e))) for g, e in zip(got, expected)
+                         if g.shape == e.shape), default=float("nan"))
+            raise ParagraphError(f"{c.name} gives different outputs than the TVM VM "
+                                 f"(max abs difference {worst:.3g})")
+
+
+def time_round_robin(configs: Sequence[Config], repeat: int, warmup: int = 2,
+                     progress: Callable[[int], None] | None = None) -> None:
+    """Warm every configuration up, then time ``repeat`` rounds of one run each."""
+    for c in configs:
+        for _ in range(warmup):
+            c.run()
+    for r in range(repeat):
+        for c in configs:
+            start = time.perf_counter()
+            c.run()
+            c.samples.append(time.perf_counter() - start)
+        if progress is not None:
+            progress(r + 1)
+
+
+def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
+              target: object = None, tuning_db: str | None = None, seed: int = 0,
+              model: str = "", include_default: bool = True,
+              log: Callable[[str], None] = print) -> dict:
+    """Build every configuration, check its outputs, time them side by side; returns the JSON
+    result (per configuration ``config``, ``median_ms``, ``p10_ms``, ``p90_ms``,
+    ``speedup_vs_tvm_vm``, plus machine, target and versions)."""
+    log("lowering and compiling the kernels ...")
+    start = time.perf_counter()
+    program = KernelProgram.build(mod, target, tuning_db=tuning_db)
+    log(f"  {len(program.kernels)} kernels, {time.perf_counter() - start:.1f} s")
+    inputs = random_inputs(mod, seed)
+    vm = vm_config("tvm_vm", program.vm(), inputs, program.device)
+    expected = vm.run()
+    configs = [vm]
+    if include_default:
+        log("compiling with tvm.compile's default pipeline ...")
+        default = tvm.relax.VirtualMachine(tvm.compile(mod, target=program.target),
+                                           program.device)
+        configs.append(vm_config("tvm_compile_default", default, inputs, program.device))
+    for name in schedules:
+        schedule = make_schedule(name, program.graph)
+        log(f"  {schedule.describe()}")
+        configs.append(executor_config(program, schedule, inputs))
+    try:
+        check_outputs(configs, expected)
+        log(f"outputs of all {len(configs)} configurations agree; timing {repeat} rounds ...")
+        time_round_robin(configs, repeat, progress=lambda r: log(f"  round {r}/{repeat}")
+                         if r % max(1, repeat // 4) == 0 else None)
+    finally:
+        for c in configs:
+            if c.close is not None:
+                c.close()
+    base = statistics.median(vm.samples) * 1e3
+    return {"benchmark": "executor", "model": model, "target": str(program.target),
+            "kernels": len(program.kernels), "repeat": repeat, "machine": describe_machine(),
+            "configs": [c.row(base) for c in configs]}
+
+
+def format_table(result: dict) -> str:
+    """The configurations of a `benchmark` result as an aligned text table."""
+    lines = [f"{'config':28} {'median ms':>10} {'p10':>9} {'p90':>9} {'vs tvm_vm':>9}"]
+    for r in result["configs"]:
+        speed = r["speedup_vs_tvm_vm"]
+        lines.append(f"{r['config']:28} {r['median_ms']:10.3f} {r['p10_ms']:9.3f} "
+                     f"{r['p90_ms']:9.3f} {speed:8.2f}x")
+    return "\n".join(lines)
