@@ -1,0 +1,115 @@
+"""The ``paragraph`` command: every verb on small models, and clear errors on bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paragraph import models
+from paragraph.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_module_entry_point_lists_models():
+    out = subprocess.run([sys.executable, "-m", "paragraph", "models"], capture_output=True,
+                         text=True, check=True).stdout
+    for name in models.list():
+        assert name in out
+    assert "1x3x299x299" in out and "1x3x75x75" in out
+
+
+def test_run_checks_outputs_and_times(capsys):
+    code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "3",
+                           "--schedule", "nimble")
+    assert code == 0
+    assert "max abs difference 0: equal" in out
+    assert "median" in out and "nimble schedule" in out
+    assert "memory:" in out
+
+
+def test_saved_schedule_runs_again(capsys, tmp_path):
+    path = tmp_path / "sched.json"
+    code, _, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
+                         "--schedule", "opara", "--save-schedule", str(path))
+    assert code == 0 and json.loads(path.read_text())["name"] == "opara"
+    code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
+                           "--schedule-file", str(path))
+    assert code == 0 and "opara schedule" in out
+    code, _, err = run_cli(capsys, "run", "resnet50", "--reduced", "--repeat", "1",
+                           "--schedule-file", str(path))
+    assert code == 2 and "different kernel graph" in err
+
+
+def test_bench_writes_json(capsys, tmp_path):
+    path = tmp_path / "bench.json"
+    code, out, _ = run_cli(capsys, "bench", "squeezenet1_1", "--reduced", "--repeat", "3",
+                           "--schedules", "sequential,wavefront", "--json", str(path))
+    assert code == 0 and "executor:wavefront" in out
+    result = json.loads(path.read_text())
+    names = [c["config"] for c in result["configs"]]
+    assert names == ["tvm_vm", "tvm_compile_default", "executor:sequential",
+                     "executor:wavefront"]
+    for c in result["configs"]:
+        assert {"config", "median_ms", "p10_ms", "p90_ms", "speedup_vs_tvm_vm"} <= set(c)
+        assert c["p10_ms"] <= c["median_ms"] <= c["p90_ms"]
+    assert result["configs"][0]["speedup_vs_tvm_vm"] == 1.0
+    assert result["machine"]["versions"]["apache-tvm"] == "0.27.0.post1"
+    assert "llvm" in result["target"]
+
+
+def test_inspect_draws_a_timeline(capsys, tmp_path):
+    png, dot = tmp_path / "t.png", tmp_path / "g.dot"
+    code, out, _ = run_cli(capsys, "inspect", "squeezenet1_1", "--reduced", "--schedule",
+                           "nimble", "--out", str(png), "--dot", str(dot))
+    assert code == 0 and "average concurrency" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert dot.read_text().startswith("digraph")
+
+
+def test_run_an_onnx_file(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(4, 5))
+    path = tmp_path / "tiny.onnx"
+    torch.onnx.export(net.eval(), (torch.randn(1, 3, 8, 8),), str(path), dynamo=False,
+                      input_names=["image"], dynamic_axes={"image": {0: "batch"}})
+    code, _, err = run_cli(capsys, "run", str(path), "--repeat", "1")
+    assert code == 2 and "'image' is dynamic" in err
+    code, out, _ = run_cli(capsys, "run", str(path), "--repeat", "1", "--input-shape",
+                           "image:2,3,8,8", "--schedule", "wavefront")
+    assert code == 0 and "equal" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "no_such_model"], "unknown model 'no_such_model'"),
+    (["run", "missing.onnx"], "no such file"),
+    (["run", "squeezenet1_1", "--input-shape", "x=1,2"], "expected NAME:D1,D2"),
+    (["run", "squeezenet1_1", "--reduced", "--target", "cuda"], "no CUDA GPU"),
+    (["bench", "squeezenet1_1", "--reduced", "--schedules", "fastest"], "unknown schedule"),
+])
+def test_errors_are_clear(capsys, argv, message):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_corrupt_schedule_file(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--schedule-file",
+                           str(bad))
+    assert code == 2 and "corrupt schedule" in err
+
+
+def test_argument_errors_exit_cleanly():
+    with pytest.raises(SystemExit) as info:
+        main(["run", "squeezenet1_1", "--repeat", "0"])
+    assert info.value.code == 2

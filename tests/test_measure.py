@@ -1,0 +1,106 @@
+"""Measurement: the SQLite cost database, concurrent timing, the analytical estimate."""
+
+import sqlite3
+
+import pytest
+
+from paragraph import models
+from paragraph.passes.schedule import make_schedule
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import (
+    CostDB,
+    CostKey,
+    cache_dir,
+    kernel_costs,
+    measure_cpu_peaks,
+    time_steps,
+)
+from paragraph.tvm_interop.vm import Timing
+
+
+@pytest.fixture(scope="module")
+def executor():
+    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    with make_executor(program, make_schedule("sequential", program.graph)) as ex:
+        yield ex
+
+
+def test_cost_db_round_trip_and_keys(tmp_path):
+    db = CostDB(tmp_path / "costs.sqlite")
+    key = CostKey("llvm", "abc", source="tvm", config="threads=1")
+    assert db.get(key) is None
+    db.put(key, Timing((0.003, 0.001, 0.002)))
+    assert db.get(key) == pytest.approx(0.002)
+    for other in (CostKey("llvm", "abc", source="vendor", config="threads=1"),
+                  CostKey("llvm", "abc", tuning="db1", config="threads=1"),
+                  CostKey("cuda", "abc", config="threads=1"),
+                  CostKey("llvm", "abc", config="threads=2")):
+        assert db.get(other) is None
+    db.put(key, Timing((0.005,)))  # a newer measurement replaces the old one
+    db.close()
+    again = CostDB(tmp_path / "costs.sqlite")
+    assert again.get(key) == pytest.approx(0.005) and len(again) == 1
+
+
+def test_corrupt_cost_db_is_moved_aside_and_rebuilt(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    path.write_bytes(b"this is not an sqlite database" * 100)
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        db = CostDB(path)
+    assert len(db) == 0
+    db.put(CostKey("llvm", "k"), Timing((1.0,)))
+    assert db.get(CostKey("llvm", "k")) == 1.0
+    aside = [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not")
+
+
+def test_wrong_schema_counts_as_corrupt(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE costs (x INTEGER)")
+    conn.commit()
+    conn.close()
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        db = CostDB(path)
+    db.put(CostKey("llvm", "k"), Timing((1.0,)))
+    assert len(db) == 1
+
+
+def test_cache_dir_is_overridable(monkeypatch, tmp_path):
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache"
+    assert CostDB().path == tmp_path / "cache" / "costs.sqlite"
+
+
+def test_time_steps_alone_and_concurrently(executor):
+    steps = [executor.steps[n.id] for n in executor.program.kernels if n.kind == "kernel"]
+    one = time_steps([steps[:4]], repeat=5, warmup=1)
+    assert len(one.samples) == 5 and all(s > 0 for s in one.samples)
+    two = time_steps([steps[:2], steps[2:4]], repeat=5, warmup=1, threads=[1, 1])
+    assert len(two.samples) == 5 and two.median_ms > 0
+
+
+def test_kernel_costs_are_measured_once_then_cached(executor, tmp_path):
+    db = CostDB(tmp_path / "costs.sqlite")
+    first = kernel_costs(executor, db=db, repeat=3, warmup=1)
+    kernels = [n.id for n in executor.program.kernels if n.kind == "kernel"]
+    distinct = {executor.graph[k].attrs["hash"] for k in kernels}
+    assert len(db) == len(distinct)
+    assert all(first[k] > 0 for k in kernels)
+    second = kernel_costs(executor, db=db, repeat=3, warmup=1)
+    assert second == first  # served from the database, not re-measured
+    assert len(db) == len(distinct)
+
+
+def test_analytical_estimate(executor, tmp_path):
+    db = CostDB(tmp_path / "costs.sqlite")
+    peaks = measure_cpu_peaks(db)
+    assert peaks.flops > 1e8 and peaks.bandwidth > 1e8
+    assert measure_cpu_peaks(db) == peaks  # cached
+    est = kernel_costs(executor, db=None, measure=False)
+    graph = executor.graph
+    convs = [k for k in est if graph[k].kind == "kernel" and "conv2d" in graph[k].attrs["func"]]
+    pools = [k for k in est if graph[k].kind == "kernel" and "pool" in graph[k].attrs["func"]]
+    assert min(est[k] for k in convs) > 0
+    assert max(est[k] for k in convs) > max(est[k] for k in pools)
