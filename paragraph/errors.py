@@ -18,3 +18,10 @@ class ModelLoadError(ParagraphError):
 
 class GraphError(ParagraphError):
     """A paragraph.Graph is malformed (cycle, dangling reference, inconsistent types)."""
+
+
+class RuleLibraryError(ParagraphError):
+    """A rule library file is missing, corrupt, hand-edited or holds an unverified rule.
+
+    The message names the file, the rule and what is wrong.
+    """

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from paragraph.graph import Graph, TensorRef, TensorType
+from paragraph.graph import Graph, Node, TensorRef, TensorType
 
 Shape = tuple[int, ...]
 
@@ -105,6 +105,39 @@ def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         for i, v in enumerate(outs):
             values[TensorRef(n.id, i)] = v
     return [values[r] for r in graph.outputs]
+
+
+def fold_weights(graph: Graph, only: Any = None) -> Graph:
+    """Pre-compute operators whose inputs are all weights or constants (TASO section 2.8).
+
+    Each such node (and, transitively, what it feeds) is evaluated with the numpy references
+    and replaced by weight nodes holding its outputs, so a concatenated or zero-padded kernel
+    is computed once. ``only`` (node ids) limits folding to those nodes, e.g. the ones a
+    rewrite added. Opaque nodes are never folded.
+    """
+    values: dict[TensorRef, np.ndarray] = {}
+    for n in graph.nodes:
+        if n.kind in ("weight", "constant"):
+            values[n.out] = n.value
+    removed, added, remap = [], [], {}
+    next_id = graph.next_id
+    for n in graph.nodes:
+        if (n.is_source or n.kind not in SPECS or (only is not None and n.id not in only)
+                or not n.inputs or not all(r in values for r in n.inputs)):
+            continue
+        outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
+        removed.append(n.id)
+        for i, (v, t) in enumerate(zip(outs, n.outputs)):
+            v = np.ascontiguousarray(np.asarray(v).astype(t.dtype, copy=False))
+            w = Node(id=next_id, kind="weight" if v.size > 1 else "constant", outputs=(t,),
+                     value=v, name=f"{n.name}_folded" if n.name else "")
+            next_id += 1
+            added.append(w)
+            values[TensorRef(n.id, i)] = v
+            remap[TensorRef(n.id, i)] = w.out
+    if not removed:
+        return graph
+    return graph.replace_subgraph(removed, added, remap).without_dead_nodes()
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -542,3 +575,24 @@ def _permute_infer(types, attrs):
 
 _register("permute_dims", {"axes": None})(
     (_permute_infer, lambda x, axes: np.ascontiguousarray(np.transpose(x, axes))))
+
+
+def _enlarge_infer(types, attrs):
+    (w,) = types
+    kh, kw = _pair(attrs["kernel_size"])
+    if len(w.shape) != 4 or w.shape[2] > kh or w.shape[3] > kw or (kh - w.shape[2]) % 2 or (
+            kw - w.shape[3]) % 2:
+        raise ValueError(f"enlarge of a {w.shape} kernel to {kh}x{kw}")
+    return [TensorType(w.shape[:2] + (kh, kw), w.dtype)]
+
+
+def _enlarge(w, kernel_size):
+    kh, kw = _pair(kernel_size)
+    dh, dw = (kh - w.shape[2]) // 2, (kw - w.shape[3]) // 2
+    return np.pad(w, ((0, 0), (0, 0), (dh, dh), (dw, dw)))
+
+
+# TASO's enlarge: zero-pad an OIHW kernel to kernel_size, centred (Relax: nn.pad). A rewrite
+# normally folds it into the weight; it survives only where the kernel is computed.
+_CANONICAL["enlarge.kernel_size"] = _pair
+_register("enlarge", {"kernel_size": (1, 1)})((_enlarge_infer, _enlarge))

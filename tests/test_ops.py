@@ -80,6 +80,7 @@ CASES = [
     ("reshape", [(2, 3, 4)], {"shape": (4, -1)}, []),
     ("permute_dims", [(2, 3, 4)], {"axes": (2, 0, 1)}, []),
     ("permute_dims", [(2, 3, 4)], {"axes": None}, []),
+    ("enlarge", [(4, 3, 1, 3)], {"kernel_size": (5, 3)}, []),
 ]
 
 

@@ -1,0 +1,228 @@
+"""The rule library: a versioned JSON data file of verified rules, its loader and its builder.
+
+Format (``"format": "paragraph-rules", "version": 1``): the generator settings and stage
+counts, then one entry per rule with a stable id, a name, the source and target patterns, the
+constraints, the output map, the proof (status ``verified``, the axioms used, the z3 version)
+and a sha256 content hash. Generated rules store their patterns (`paragraph.rules.rule`);
+parametric rules store their schema name and parameters (the code is in
+`paragraph.rules.parametric`) with the proof obligations z3 discharged. The loader refuses,
+with a `RuleLibraryError` naming the file and the rule, a file that is not this format, an
+entry whose hash does not match its content (corrupt or hand-edited), and any rule whose proof
+status is not ``verified``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from paragraph.errors import RuleLibraryError
+from paragraph.files import atomic_write_bytes
+from paragraph.rules.parametric import SCHEMAS, ParametricRule, all_parametric
+from paragraph.rules.rule import Rule, check_structure, rule_from_json
+
+FORMAT, VERSION = "paragraph-rules", 1
+LIBRARY_PATH = Path(__file__).with_name("library.json")
+
+
+@dataclass
+class Library:
+    """The loaded rules: generated pattern rules and parametric rules, by id."""
+
+    path: Path
+    rules: list[Rule] = field(default_factory=list)
+    parametric: list[ParametricRule] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def all(self) -> list[Any]:
+        """Every rule, pattern rules first."""
+        return [*self.rules, *self.parametric]
+
+    def get(self, rule_id: str) -> Any:
+        """The rule with this id (a pattern rule's reverse is ``id~``)."""
+        base = rule_id.rstrip("~")
+        for r in self.all():
+            if r.id == base:
+                return r.reversed() if rule_id.endswith("~") and isinstance(r, Rule) else r
+        raise RuleLibraryError(f"{self.path}: no rule {rule_id!r}")
+
+    def for_search(self) -> list[Any]:
+        """The rules a search applies: each pattern rule both ways (where the reverse can
+        match) and the parametric rules."""
+        from paragraph.rules.match import both_directions
+
+        return both_directions(self.rules) + list(self.parametric)
+
+
+# ---------------------------------------------------------------------------- JSON
+def _entry_hash(entry: dict) -> str:
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def parametric_entry(rule: ParametricRule, proof: dict) -> dict:
+    """The JSON entry of a parametric rule (with its hash)."""
+    from paragraph.rules.parametric import DESCRIPTIONS
+
+    entry = {"id": rule.id, "name": rule.name, "origin": "parametric", "schema": rule.schema,
+             "params": rule.params(), "paper": rule.paper, **DESCRIPTIONS[rule.schema],
+             "description": " ".join((type(rule).__doc__ or "").split()), "proof": proof}
+    entry["hash"] = _entry_hash(entry)
+    return entry
+
+
+def pattern_entry(rule: Rule) -> dict:
+    """The JSON entry of a pattern rule (with its hash)."""
+    entry = {k: v for k, v in rule.to_json().items() if k != "hash"}
+    entry["hash"] = _entry_hash(entry)
+    return entry
+
+
+def write_library(path: str | Path, rules: Sequence[Rule],
+                  parametric: Sequence[tuple[ParametricRule, dict]], meta: dict) -> None:
+    """Write a library file (atomically): rules must all be verified."""
+    for r in rules:
+        if (r.proof or {}).get("status") != "verified":
+            raise RuleLibraryError(f"{path}: refusing to write unverified rule {r.id}")
+    for r, proof in parametric:
+        if proof.get("status") != "verified":
+            raise RuleLibraryError(f"{path}: refusing to write unverified rule {r.id}")
+    entries = ([pattern_entry(r) for r in rules]
+               + [parametric_entry(r, p) for r, p in parametric])
+    head = json.dumps({"format": FORMAT, "version": VERSION, **meta}, indent=1)
+    # one rule per line: small, and a regenerated library diffs rule by rule
+    body = ",\n".join("  " + json.dumps(e, sort_keys=True, separators=(",", ":"))
+                       for e in entries)
+    text = head[:-2] + ',\n "rules": [\n' + body + "\n ]\n}\n"
+    atomic_write_bytes(path, text.encode())
+    os.chmod(path, 0o644)  # package data, readable by all (mkstemp made it private)
+
+
+def load_library(path: str | Path | None = None) -> Library:
+    """Load and check a library file (default: the one shipped with paragraph)."""
+    path = Path(path) if path is not None else LIBRARY_PATH
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RuleLibraryError(f"{path}: no such rule library") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RuleLibraryError(f"{path}: not a readable JSON rule library ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise RuleLibraryError(f"{path}: not a paragraph rule library (format "
+                               f"{data.get('format') if isinstance(data, dict) else None!r})")
+    if data.get("version") != VERSION:
+        raise RuleLibraryError(f"{path}: library version {data.get('version')!r}; this "
+                               f"paragraph reads version {VERSION}")
+    lib = Library(path, meta={k: v for k, v in data.items() if k != "rules"})
+    seen: set[str] = set()
+    for i, entry in enumerate(data.get("rules", [])):
+        rid = entry.get("id", f"#{i}") if isinstance(entry, dict) else f"#{i}"
+        where = f"{path}: rule {rid}"
+        if not isinstance(entry, dict):
+            raise RuleLibraryError(f"{where}: not a JSON object")
+        if rid in seen:
+            raise RuleLibraryError(f"{where}: duplicate id")
+        seen.add(rid)
+        if entry.get("hash") != _entry_hash(entry):
+            raise RuleLibraryError(f"{where}: content hash mismatch (the entry was edited or "
+                                   "corrupted; regenerate with `paragraph rules generate`)")
+        status = (entry.get("proof") or {}).get("status")
+        if status != "verified":
+            raise RuleLibraryError(f"{where}: proof status is {status!r}, not 'verified'; "
+                                   "unverified rules are not loaded")
+        try:
+            if entry.get("origin") == "parametric":
+                cls = SCHEMAS[entry["schema"]]
+                lib.parametric.append(cls(entry["id"], entry["name"], entry["paper"],
+                                          entry["schema"], **entry.get("params", {})))
+            else:
+                rule = rule_from_json(entry)
+                check_structure(rule)
+                lib.rules.append(rule)
+        except (KeyError, ValueError, TypeError) as e:
+            raise RuleLibraryError(f"{where}: malformed entry ({type(e).__name__}: {e})") from None
+    return lib
+
+
+@cache
+def default_library() -> Library:
+    """The shipped library, loaded once."""
+    return load_library()
+
+
+# ---------------------------------------------------------------------------- build, verify
+def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
+                  log: Callable[[str], None] = print) -> dict:
+    """Run the generator, prove the parametric rules, and write the library file.
+
+    Returns the file's metadata (generator settings, stage counts, rule counts).
+    """
+    import time
+
+    from paragraph.rules.generator import generate
+    from paragraph.rules.parametric import prove
+    from paragraph.rules.verify import z3_version
+
+    start = time.perf_counter()
+    log(f"generating substitutions with up to {k} operators ...")
+    report = generate(k, workers=workers, log=log)
+    log("proving the parametric rules ...")
+    parametric = []
+    for rule in all_parametric():
+        proof = prove(rule)
+        log(f"  {rule.id:<28} {proof['status']:<9} axioms {', '.join(proof['axioms'])}")
+        if proof["status"] == "verified":
+            parametric.append((rule, proof))
+    meta = {"z3": z3_version(),
+            "generator": {"k": k, "domains": ["matrix", "image"],
+                          "stages": [{"stage": s, "count": c, "seconds": round(t, 2)}
+                                     for s, c, t in report.stages],
+                          "unproved": [r.describe() for r in report.unproved]},
+            "counts": {"generated": len(report.rules), "parametric": len(parametric)},
+            "seconds": round(time.perf_counter() - start, 1)}
+    path = Path(out) if out is not None else LIBRARY_PATH
+    write_library(path, report.rules, parametric, meta)
+    log(f"wrote {len(report.rules)} generated + {len(parametric)} parametric rules to {path}")
+    return meta
+
+
+def verify_library(path: str | Path | None = None, use_cache: bool = True,
+                   log: Callable[[str], None] = print) -> dict[str, str]:
+    """Re-prove every rule of a library with z3 and check it numerically; maps rule ids to
+    ``"ok"`` or what failed."""
+    from paragraph.rules.parametric import check_numeric, prove
+    from paragraph.rules.rule import random_check
+    from paragraph.rules.verify import prove_rule
+
+    lib = load_library(path)
+    results = {}
+    for rule in lib.rules:
+        proof = prove_rule(rule, use_cache)
+        try:
+            applied = random_check(rule, seed=0)
+            numeric = "ok" if applied else "no random instance applied"
+        except AssertionError as e:
+            numeric = str(e)
+        results[rule.id] = ("ok" if proof.status == "verified" and numeric == "ok"
+                            else f"z3 {proof.status}, numeric: {numeric}")
+    for rule in lib.parametric:
+        proof = prove(rule)
+        try:
+            checked = sum(check_numeric(rule, seed) for seed in range(3))
+            numeric = "ok" if checked else "no match in the examples"
+        except AssertionError as e:
+            numeric = str(e)
+        results[rule.id] = ("ok" if proof["status"] == "verified" and numeric == "ok"
+                            else f"z3 {proof['status']}, numeric: {numeric}")
+    bad = {k: v for k, v in results.items() if v != "ok"}
+    log(f"{path or LIBRARY_PATH}: {len(results) - len(bad)} of {len(results)} rules verified "
+        "by z3 and checked numerically")
+    for k, v in bad.items():
+        log(f"  {k}: {v}")
+    return results

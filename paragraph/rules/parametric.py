@@ -1,0 +1,770 @@
+"""Parametric rules: substitutions over any number of operators or any kernel size, group
+count or shape, which enumeration cannot express (IOS, MetaFlow, TASO sections 2.8-2.9,
+AutoGraph fig. 9).
+
+Each rule finds its matches in a `Graph` and rewrites them itself, and carries
+
+* ``obligations()``: z3 proof obligations over the axioms for its general schema (parameters
+  are z3 variables; a schema over n operators is proved for n = 2 and n = 3, nested binary
+  concat/split being how n-way ones are written), discharged by `prove`;
+* ``example(rng)``: a random small graph where it matches, which `check_numeric` rewrites
+  and compares with `paragraph.ops.run_graph`.
+
+Where a graph operator's meaning goes beyond the rule language (batch norm, an average pool
+that does not count its padding, ``linear``), the obligation states it through its algebraic
+definition (``bn(y) = chmul(y, a) + b``, ``avg_excl(x) = avg(x) * r``) and the numeric check
+covers that step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from paragraph import ops as graph_ops
+from paragraph.graph import Graph, GraphBuilder, Node, TensorRef
+from paragraph.rules.match import Builder, Match, commit
+from paragraph.rules.specs import NONE, SAME, Term, app, var
+
+Obligation = tuple[str, list[Term], list[Term], tuple]
+
+
+# ---------------------------------------------------------------------------- helpers
+def _is_weight(graph: Graph, t: TensorRef) -> bool:
+    return graph[t.node].kind in ("weight", "constant")
+
+
+def _only_reader(graph: Graph, t: TensorRef, reader: int) -> bool:
+    """``t`` is read by ``reader`` alone and is not a graph output."""
+    return graph.users(t.node) == [reader] and t not in graph.outputs
+
+
+def _centred(node: Node, graph: Graph) -> bool:
+    """A conv/pool whose padding is SAME (k // 2 each side, odd k) or none for 1x1."""
+    a = node.attrs
+    if node.kind == "conv2d":
+        kh, kw = graph.type_of(node.inputs[1]).shape[2:]
+    else:
+        kh, kw = a["pool_size"]
+    return kh % 2 == 1 and kw % 2 == 1 and tuple(a["padding"]) == (kh // 2, kw // 2) * 2
+
+
+def _plain_conv(node: Node, graph: Graph) -> bool:
+    a = node.attrs
+    return (node.kind == "conv2d" and len(node.inputs) == 2 and a["dilation"] == (1, 1)
+            and a["out_dtype"] in (None, node.type.dtype) and _is_weight(graph, node.inputs[1]))
+
+
+def _groups_and_pairs(items: list) -> list[list]:
+    """The whole group and, when it has more than two members, every pair of it."""
+    if len(items) < 2:
+        return []
+    out = [items]
+    if len(items) > 2:
+        out += [list(p) for p in itertools.combinations(items, 2)]
+    return out
+
+
+def _conv(x: Term, w: Term, stride="s", pad=SAME, act="c", groups=1) -> Term:
+    return app("conv2d", x, w, stride=stride, pad=pad, act=act, groups=groups)
+
+
+def _nested_split(t: Term, n: int, axis: int) -> list[Term]:
+    """The n pieces of ``t`` that a left-nested n-way concat along ``axis`` made."""
+    if n == 1:
+        return [t]
+    head = _nested_split(app("split", t, axis=axis, out=0), n - 1, axis)
+    return head + [app("split", t, axis=axis, out=1)]
+
+
+def _nested_concat(ts: Sequence[Term], axis: int) -> Term:
+    out = ts[0]
+    for t in ts[1:]:
+        out = app("concat", out, t, axis=axis)
+    return out
+
+
+@dataclass(frozen=True)
+class ParametricRule:
+    """Base class: id, name, the paper it implements; subclasses find, rewrite, prove."""
+
+    id: str
+    name: str
+    paper: str
+    schema: str
+
+    origin = "parametric"
+
+    def find(self, graph: Graph) -> list[Match]:
+        raise NotImplementedError
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        raise NotImplementedError
+
+    def obligations(self) -> list[Obligation]:
+        raise NotImplementedError
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        raise NotImplementedError
+
+    def params(self) -> dict:
+        return {}
+
+
+# ---------------------------------------------------------------------------- merge convs
+@dataclass(frozen=True)
+class MergeConvs(ParametricRule):
+    """n convolutions reading the same input, same stride, SAME padding, any odd kernel
+    sizes -> one convolution: kernels enlarged to the largest, concatenated, output split
+    (IOS operator merge; MetaFlow fig. 1 enlarge + fig. 4a fuse; TASO axioms 21, 39)."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        groups: dict[tuple, list[int]] = {}
+        for node in graph.nodes:
+            if (_plain_conv(node, graph) and node.attrs["groups"] == 1
+                    and node.attrs["strides"][0] == node.attrs["strides"][1]
+                    and _centred(node, graph)):
+                key = (node.inputs[0], node.attrs["strides"], node.type.dtype)
+                groups.setdefault(key, []).append(node.id)
+        return [Match(self, tuple(ids), extra={"convs": tuple(ids)})
+                for ids in groups.values() for ids in _groups_and_pairs(ids)]
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        convs = [graph[i] for i in match.extra["convs"]]
+        shapes = [graph.type_of(c.inputs[1]).shape for c in convs]
+        kh, kw = max(s[2] for s in shapes), max(s[3] for s in shapes)
+        b = Builder(graph)
+        kernels = []
+        for c, s in zip(convs, shapes):
+            w = c.inputs[1]
+            if s[2:] != (kh, kw):
+                w = b.op("enlarge", [w], {"kernel_size": (kh, kw)}).out
+            kernels.append(w)
+        cat = b.op("concat", kernels, {"axis": 0})
+        first = convs[0]
+        conv = b.op("conv2d", [first.inputs[0], cat.out],
+                    {**first.attrs, "padding": (kh // 2, kw // 2) * 2}, name=first.name)
+        cuts = list(itertools.accumulate(s[0] for s in shapes))[:-1]
+        split = b.op("split", [conv.out], {"indices_or_sections": tuple(cuts), "axis": 1})
+        remap = {c.out: TensorRef(split.id, i) for i, c in enumerate(convs)}
+        return commit(graph, [c.id for c in convs], b, remap)
+
+    def obligations(self) -> list[Obligation]:
+        out = []
+        for n in (2, 3):
+            x, ws = var("x"), [var(f"w{i}") for i in range(n)]
+            big = [app("enlarge", w, kh="kh", kw="kw") for w in ws]
+            merged = _conv(x, _nested_concat(big, -4))
+            out.append((f"n={n}", [_conv(x, w) for w in ws], _nested_split(merged, n, -3), ()))
+        return out
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        c, h = int(rng.integers(1, 5)), int(rng.integers(5, 9))
+        x = b.input((int(rng.integers(1, 3)), c, h, h + int(rng.integers(0, 3))))
+        stride = int(rng.integers(1, 3))
+        outs = []
+        for _ in range(int(rng.integers(2, 4))):
+            kh, kw = (int(v) for v in rng.choice([1, 3, 5], 2))
+            w = b.weight(rng.standard_normal((int(rng.integers(1, 5)), c, kh, kw)).astype("f4"))
+            outs.append(b.op("conv2d", [x, w], {"strides": stride,
+                                                 "padding": (kh // 2, kw // 2)}).out)
+        return b.build(outs)
+
+
+# ---------------------------------------------------------------------------- grouped convs
+def block_diagonal(w: np.ndarray, groups: int, factor: int) -> np.ndarray:
+    """The kernel of a ``groups // factor``-group conv equal to a ``groups``-group conv with
+    kernel ``w``: each new group holds ``factor`` old ones on its diagonal, zeros elsewhere."""
+    o, cg = w.shape[:2]
+    og = o // groups
+    out = np.zeros((o, cg * factor) + w.shape[2:], w.dtype)
+    for q in range(groups):
+        pos = q % factor
+        out[q * og:(q + 1) * og, pos * cg:(pos + 1) * cg] = w[q * og:(q + 1) * og]
+    return out
+
+
+def _grouped_terms(g: int) -> tuple[Term, Term, list[Term], list[Term]]:
+    """x and w of a g-group conv written as (balanced) concats of their per-group blocks."""
+    xs = [var(f"x{i}") for i in range(g)]
+    ws = [var(f"w{i}") for i in range(g)]
+    return _balanced_concat(xs, -3), _balanced_concat(ws, -4), xs, ws
+
+
+def _balanced_concat(ts: Sequence[Term], axis: int) -> Term:
+    if len(ts) == 1:
+        return ts[0]
+    half = len(ts) // 2
+    return app("concat", _balanced_concat(ts[:half], axis), _balanced_concat(ts[half:], axis),
+               axis=axis)
+
+
+@dataclass(frozen=True)
+class Regroup(ParametricRule):
+    """A g-group convolution -> a g/factor-group one with a block-diagonal kernel (computed
+    once from the weight): fewer, larger groups (AutoGraph fig. 9; TASO fig. 2.9: ResNeXt's
+    32 groups as 8 or 4)."""
+
+    factor: int = 2
+
+    def params(self) -> dict:
+        return {"factor": self.factor}
+
+    def find(self, graph: Graph) -> list[Match]:
+        return [Match(self, (n.id,)) for n in graph.nodes
+                if _plain_conv(n, graph) and n.attrs["groups"] % self.factor == 0
+                and n.attrs["groups"] >= self.factor]
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        conv = graph[match.nodes[0]]
+        g = conv.attrs["groups"]
+        w = graph[conv.inputs[1].node].value
+        b = Builder(graph)
+        kernel = b.constant(block_diagonal(w, g, self.factor), name=f"{conv.name}_regrouped")
+        new = b.op("conv2d", [conv.inputs[0], kernel.out],
+                   {**conv.attrs, "groups": g // self.factor}, name=conv.name)
+        return commit(graph, [conv.id], b, {conv.out: new.out})
+
+    def obligations(self) -> list[Obligation]:
+        out = []
+        for g in (self.factor, 2 * self.factor):
+            x, w, xs, ws = _grouped_terms(g)
+            # the block-diagonal kernel, new group j = old groups j*f .. j*f+f-1
+            rows = []
+            for q in range(g):
+                base = (q // self.factor) * self.factor
+                blocks = [ws[q] if base + p == q else app("ewmul", ws[q], app("zeros"))
+                          for p in range(self.factor)]
+                rows.append(_balanced_concat(blocks, -3))
+            lhs = _conv(x, w, act=NONE, groups=g)
+            rhs = _conv(x, _balanced_concat(rows, -4), act=NONE, groups=g // self.factor)
+            out.append((f"groups {g} -> {g // self.factor}", [lhs], [rhs], ()))
+        return out
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        g = self.factor * int(rng.choice([1, 2, 4]))
+        cg, og = int(rng.integers(1, 3)), int(rng.integers(1, 3))
+        b = GraphBuilder()
+        x = b.input((1, g * cg, 6, 5))
+        w = b.weight(rng.standard_normal((g * og, cg, 3, 3)).astype("f4"))
+        y = b.op("conv2d", [x, w], {"groups": g, "padding": 1,
+                                    "strides": int(rng.integers(1, 3))})
+        return b.build([b.op("relu", [y.out]).out])
+
+
+@dataclass(frozen=True)
+class SplitGroupedConv(ParametricRule):
+    """A g-group convolution -> ``parts`` parallel convolutions of g/parts groups on slices
+    of the channels, concatenated (AutoGraph fig. 9's parallel branches; TASO's merge of
+    group convs read backwards)."""
+
+    parts: int = 2
+
+    def params(self) -> dict:
+        return {"parts": self.parts}
+
+    def find(self, graph: Graph) -> list[Match]:
+        return [Match(self, (n.id,)) for n in graph.nodes
+                if _plain_conv(n, graph) and n.attrs["groups"] % self.parts == 0
+                and n.attrs["groups"] >= self.parts]
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        conv = graph[match.nodes[0]]
+        g = conv.attrs["groups"]
+        b = Builder(graph)
+        xs = b.op("split", [conv.inputs[0]], {"indices_or_sections": self.parts, "axis": 1})
+        ws = b.op("split", [conv.inputs[1]], {"indices_or_sections": self.parts, "axis": 0})
+        outs = [b.op("conv2d", [TensorRef(xs.id, i), TensorRef(ws.id, i)],
+                     {**conv.attrs, "groups": g // self.parts},
+                     name=f"{conv.name}_{i}" if conv.name else "").out
+                for i in range(self.parts)]
+        cat = b.op("concat", outs, {"axis": 1}, name=conv.name)
+        return commit(graph, [conv.id], b, {conv.out: cat.out})
+
+    def obligations(self) -> list[Obligation]:
+        xs = [var(f"x{i}") for i in range(self.parts)]
+        ws = [var(f"w{i}") for i in range(self.parts)]
+        part = ("//", "g", self.parts)
+        lhs = _conv(_balanced_concat(xs, -3), _balanced_concat(ws, -4), groups="g")
+        rhs = _balanced_concat([_conv(a, b, groups=part) for a, b in zip(xs, ws)], -3)
+        hyps = (("eq", ("%", "g", self.parts), 0), ("ge", "g", self.parts))
+        return [(f"any g divisible by {self.parts}", [lhs], [rhs], hyps)]
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        return Regroup("", "", "", "", self.parts).example(rng)
+
+
+# ---------------------------------------------------------------------------- pools
+def _ratio_map(x_shape: tuple, attrs: dict) -> np.ndarray:
+    """k*k / (window positions inside the input): turns a padding-counting average pool into
+    one that does not (shape (1, 1, OH, OW))."""
+    ones = np.ones((1, 1) + tuple(x_shape[2:]), np.float32)
+    incl = graph_ops.compute("avg_pool2d", [ones], {**attrs, "count_include_pad": True})[0]
+    return (1.0 / incl).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class AvgPoolPair(ParametricRule):
+    """avg_pool(x) + avg_pool(x) (the same pool twice, as in NASNet-A's normal cell) -> one
+    depth-wise conv with kernel 2 * C_pool (TASO fig. 2.8b: pools as convs with C_pool, then
+    conv linearity). For pools that do not count their padding, the conv's output is scaled
+    by a constant map (one more, element-wise, operator)."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        out = []
+        for add in graph.nodes:
+            if add.kind != "add" or add.inputs[0].node == add.inputs[1].node:
+                continue
+            p, q = (graph[r.node] for r in add.inputs)
+            if (p.kind == q.kind == "avg_pool2d" and p.inputs == q.inputs and p.attrs == q.attrs
+                    and not p.attrs["ceil_mode"] and p.attrs["dilation"] == (1, 1)
+                    and p.attrs["layout"] == "NCHW" and p.attrs["out_layout"] == "NCHW"
+                    and _only_reader(graph, p.out, add.id) and _only_reader(graph, q.out,
+                                                                           add.id)):
+                out.append(Match(self, (add.id, p.id, q.id)))
+        return out
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        add, pool = graph[match.nodes[0]], graph[match.nodes[1]]
+        a = pool.attrs
+        x = pool.inputs[0]
+        xt = graph.type_of(x)
+        kh, kw = a["pool_size"]
+        c = xt.shape[1]
+        b = Builder(graph)
+        kernel = b.constant(np.full((c, 1, kh, kw), 2.0 / (kh * kw), xt.dtype), name="c_pool2")
+        conv = b.op("conv2d", [x, kernel.out], {"strides": a["strides"], "padding": a["padding"],
+                                                "groups": c}, name=add.name)
+        result = conv
+        if not a["count_include_pad"] and any(a["padding"]):
+            ratio = b.constant(_ratio_map(xt.shape, dict(a)).astype(xt.dtype), name="pad_ratio")
+            result = b.op("multiply", [conv.out, ratio.out], {}, name=add.name)
+        return commit(graph, match.nodes, b, {add.out: result.out})
+
+    def obligations(self) -> list[Obligation]:
+        x, r = var("x"), var("r")
+        pool = app("pool_avg", x, kh="kh", kw="kw", stride="s", pad="p")
+        conv = app("conv2d", x, app("ewadd", app("c_pool", kh="kh", kw="kw"),
+                                    app("c_pool", kh="kh", kw="kw")),
+                   stride="s", pad="p", act=NONE, groups="g")
+        return [("pools counting their padding", [app("ewadd", pool, pool)], [conv], ()),
+                ("pools not counting it: avg_excl(x) = avg(x) * r",
+                 [app("ewadd", app("ewmul", pool, r), app("ewmul", pool, r))],
+                 [app("ewmul", conv, r)], ())]
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        x = b.input((1, int(rng.integers(1, 5)), 7, 6))
+        k = int(rng.choice([3, 5]))
+        attrs = {"pool_size": k, "strides": int(rng.integers(1, 3)), "padding": k // 2,
+                 "count_include_pad": bool(rng.integers(0, 2))}
+        p1, p2 = b.op("avg_pool2d", [x], attrs), b.op("avg_pool2d", [x], attrs)
+        return b.build([b.op("add", [p1.out, p2.out]).out])
+
+
+# ---------------------------------------------------------------------------- matmuls
+@dataclass(frozen=True)
+class MergeMatmuls(ParametricRule):
+    """n matmuls (or linears) reading the same input with weight matrices -> one with the
+    weights concatenated, output split (TASO fig. 2.2b; axiom 36, and 35/32 for linear)."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        groups: dict[tuple, list[int]] = {}
+        for n in graph.nodes:
+            if n.kind == "matmul" and len(graph.type_of(n.inputs[1]).shape) == 2 and _is_weight(
+                    graph, n.inputs[1]) and len(n.type.shape) >= 2:
+                groups.setdefault(("matmul", n.inputs[0], n.attrs), []).append(n.id)
+            elif n.kind == "linear" and all(_is_weight(graph, r) for r in n.inputs[1:]):
+                groups.setdefault(("linear", n.inputs[0], len(n.inputs), n.attrs),
+                                  []).append(n.id)
+        return [Match(self, tuple(ids), extra={"ops": tuple(ids)})
+                for ids in groups.values() for ids in _groups_and_pairs(ids)]
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        nodes = [graph[i] for i in match.extra["ops"]]
+        b = Builder(graph)
+        first = nodes[0]
+        if first.kind == "matmul":
+            w = b.op("concat", [n.inputs[1] for n in nodes], {"axis": 1})
+            merged = b.op("matmul", [first.inputs[0], w.out], first.attrs, name=first.name)
+        else:
+            w = b.op("concat", [n.inputs[1] for n in nodes], {"axis": 0})
+            args = [first.inputs[0], w.out]
+            if len(first.inputs) == 3:
+                args.append(b.op("concat", [n.inputs[2] for n in nodes], {"axis": 0}).out)
+            merged = b.op("linear", args, first.attrs, name=first.name)
+        cuts = list(itertools.accumulate(n.type.shape[-1] for n in nodes))[:-1]
+        split = b.op("split", [merged.out], {"indices_or_sections": tuple(cuts),
+                                              "axis": len(first.type.shape) - 1})
+        remap = {n.out: TensorRef(split.id, i) for i, n in enumerate(nodes)}
+        return commit(graph, [n.id for n in nodes], b, remap)
+
+    def obligations(self) -> list[Obligation]:
+        out = []
+        x = var("x")
+        for n in (2, 3):
+            ws = [var(f"w{i}") for i in range(n)]
+            merged = app("matmul", x, _nested_concat(ws, -1))
+            out.append((f"matmul n={n}", [app("matmul", x, w) for w in ws],
+                        _nested_split(merged, n, -1), ()))
+        ws, bs = [var("w0"), var("w1")], [var("b0"), var("b1")]
+        lin = [app("ewadd", app("matmul", x, app("transpose", w)), bias)
+               for w, bias in zip(ws, bs)]
+        merged = app("ewadd", app("matmul", x, app("transpose", _nested_concat(ws, -2))),
+                     _nested_concat(bs, -1))
+        out.append(("linear n=2: x W^T + b", lin, _nested_split(merged, 2, -1), ()))
+        return out
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        k = int(rng.integers(2, 6))
+        x = b.input((int(rng.integers(1, 4)), k))
+        outs = []
+        linear = bool(rng.integers(0, 2))
+        for _ in range(int(rng.integers(2, 4))):
+            m = int(rng.integers(1, 5))
+            if linear:
+                w = b.weight(rng.standard_normal((m, k)).astype("f4"))
+                bias = b.weight(rng.standard_normal((m,)).astype("f4"))
+                outs.append(b.op("linear", [x, w, bias]).out)
+            else:
+                w = b.weight(rng.standard_normal((k, m)).astype("f4"))
+                outs.append(b.op("matmul", [x, w]).out)
+        return b.build(outs)
+
+
+# ---------------------------------------------------------------------------- batch norm
+@dataclass(frozen=True)
+class FoldBatchNorm(ParametricRule):
+    """conv -> inference batch norm  =>  conv with scaled kernel + per-channel bias (the
+    fusion every framework does; MetaFlow's fuse_conv_batch; axiom ``cs``)."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        out = []
+        for bn in graph.nodes:
+            if bn.kind != "batch_norm" or bn.attrs["training"] or bn.attrs["axis"] not in (1, -3):
+                continue
+            conv = graph[bn.inputs[0].node]
+            if (not _plain_conv(conv, graph) or not _only_reader(graph, conv.out, bn.id)
+                    or not all(_is_weight(graph, r) for r in bn.inputs[1:])):
+                continue
+            readers = [r for u in graph.users(bn.id) for r in graph[u].inputs] + list(
+                graph.outputs)
+            if any(r.node == bn.id and r.index > 0 for r in readers):
+                continue  # the running mean/var outputs are read
+            out.append(Match(self, (bn.id, conv.id)))
+        return out
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        bn, conv = graph[match.nodes[0]], graph[match.nodes[1]]
+        gamma, beta, mean, var_ = (graph[r.node].value.astype(np.float64) for r in bn.inputs[1:])
+        a = bn.attrs
+        scale = 1.0 / np.sqrt(var_ + a["epsilon"])
+        if a["scale"]:
+            scale = scale * gamma
+        shift = -mean * scale + (beta if a["center"] else 0.0)
+        w = graph[conv.inputs[1].node].value
+        dtype = w.dtype
+        b = Builder(graph)
+        kernel = b.constant((w * scale.reshape(-1, 1, 1, 1)).astype(dtype), name="folded_bn_w")
+        bias = b.constant(shift.reshape(1, -1, 1, 1).astype(dtype), name="folded_bn_b")
+        new = b.op("conv2d", [conv.inputs[0], kernel.out], conv.attrs, name=conv.name)
+        add = b.op("add", [new.out, bias.out], {}, name=bn.name)
+        return commit(graph, [bn.id, conv.id], b, {TensorRef(bn.id, 0): add.out})
+
+    def obligations(self) -> list[Obligation]:
+        x, w, a, bias = var("x"), var("w"), var("a"), var("b")
+        conv = app("conv2d", x, w, stride="s", pad="p", act=NONE, groups="g")
+        folded = app("conv2d", x, app("chmul", w, a, axis=-4), stride="s", pad="p", act=NONE,
+                     groups="g")
+        return [("bn(y) = chmul(y, a) + b", [app("ewadd", app("chmul", conv, a, axis=-3), bias)],
+                 [app("ewadd", folded, bias)], ())]
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        c, o = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        x = b.input((int(rng.integers(1, 3)), c, 6, 6))
+        w = b.weight(rng.standard_normal((o, c, 3, 3)).astype("f4"))
+        y = b.op("conv2d", [x, w], {"padding": 1, "strides": int(rng.integers(1, 3))})
+        params = [b.weight(rng.uniform(0.5, 1.5, o).astype("f4")) for _ in range(2)]
+        mean = b.weight(rng.standard_normal(o).astype("f4"))
+        var_ = b.weight(rng.uniform(0.5, 1.5, o).astype("f4"))
+        bn = b.op("batch_norm", [y.out, params[0], params[1], mean, var_],
+                  {"training": False, "epsilon": 1e-3})
+        return b.build([bn.out])
+
+
+# ---------------------------------------------------------------------------- conv + add
+@dataclass(frozen=True)
+class ConvAddIdentity(ParametricRule):
+    """conv(x, W) (+ bias) + z  =>  conv(concat(x, z), concat(W, I_conv)) (+ bias): the add
+    folded into the convolution through an identity kernel (MetaFlow fig. 4b, section 3;
+    TASO axioms 40 and 25). Stride 1, SAME padding, one group."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        out = []
+        for add in graph.nodes:
+            if add.kind != "add":
+                continue
+            for u, z in (add.inputs, add.inputs[::-1]):
+                node, bias = graph[u.node], None
+                if (node.kind == "add" and _is_weight(graph, node.inputs[1])
+                        and _only_reader(graph, node.out, add.id)):
+                    bias, u = node, node.inputs[0]
+                    node = graph[u.node]
+                reader = bias.id if bias else add.id
+                if (_plain_conv(node, graph) and node.attrs["groups"] == 1
+                        and node.attrs["strides"] == (1, 1) and _centred(node, graph)
+                        and _only_reader(graph, node.out, reader)
+                        and graph.type_of(z) == node.type == add.type
+                        and (bias is None or bias.type == node.type)):
+                    ids = (add.id, node.id) + ((bias.id,) if bias else ())
+                    out.append(Match(self, ids, extra={"z": z}))
+                    break
+        return out
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        add, conv = graph[match.nodes[0]], graph[match.nodes[1]]
+        z = match.extra["z"]
+        w = graph[conv.inputs[1].node].value
+        o, _, kh, kw = w.shape
+        ident = np.zeros((o, o, kh, kw), w.dtype)
+        ident[np.arange(o), np.arange(o), kh // 2, kw // 2] = 1
+        b = Builder(graph)
+        x = b.op("concat", [conv.inputs[0], z], {"axis": 1})
+        kernel = b.constant(np.concatenate([w, ident], axis=1), name="w_and_identity")
+        result = b.op("conv2d", [x.out, kernel.out], conv.attrs, name=add.name)
+        if len(match.nodes) == 3:
+            bias = graph[match.nodes[2]]
+            result = b.op("add", [result.out, bias.inputs[1]], {}, name=bias.name)
+        return commit(graph, match.nodes, b, {add.out: result.out})
+
+    def obligations(self) -> list[Obligation]:
+        x, w, z, bias = var("x"), var("w"), var("z"), var("b")
+
+        def conv(xx, ww):
+            return app("conv2d", xx, ww, stride=1, pad=SAME, act=NONE, groups=1)
+        merged = conv(app("concat", x, z, axis=-3),
+                      app("concat", w, app("i_conv", kh="kh", kw="kw"), axis=-3))
+        return [("conv + add", [app("ewadd", conv(x, w), z)], [merged], ()),
+                ("conv + bias + add", [app("ewadd", app("ewadd", conv(x, w), bias), z)],
+                 [app("ewadd", merged, bias)], ())]
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        c, o, k = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.choice([1, 3]))
+        x = b.input((1, c, 5, 6))
+        z = b.input((1, o, 5, 6))
+        w = b.weight(rng.standard_normal((o, c, k, k)).astype("f4"))
+        y = b.op("conv2d", [x, w], {"padding": k // 2}).out
+        if rng.integers(0, 2):
+            y = b.op("add", [y, b.weight(rng.standard_normal((1, o, 1, 1)).astype("f4"))]).out
+        return b.build([b.op("add", [z, y]).out])
+
+
+# ---------------------------------------------------------------------------- SRU
+@dataclass(frozen=True)
+class SruDistribute(ParametricRule):
+    """x*y + (1-x)*z  =>  x*(y-z) + z: 4 element-wise operators to 3 (MetaFlow section 6,
+    the SRU rewrite TensorRT missed; axioms ``sub``, 5, 4, 8, 27, 1, 2)."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        out = []
+        for add in graph.nodes:
+            if add.kind != "add":
+                continue
+            for m1_ref, m2_ref in (add.inputs, add.inputs[::-1]):
+                m1, m2 = graph[m1_ref.node], graph[m2_ref.node]
+                if m1.kind != "multiply" or m2.kind != "multiply" or m1.id == m2.id:
+                    continue
+                for s_ref, z in (m2.inputs, m2.inputs[::-1]):
+                    s = graph[s_ref.node]
+                    if s.kind != "subtract" or not _is_ones(graph, s.inputs[0]):
+                        continue
+                    x = s.inputs[1]
+                    for a, y in (m1.inputs, m1.inputs[::-1]):
+                        if a != x or not (graph.type_of(x) == graph.type_of(y)
+                                          == graph.type_of(z) == add.type):
+                            continue
+                        if (_only_reader(graph, m1.out, add.id)
+                                and _only_reader(graph, m2.out, add.id)
+                                and _only_reader(graph, s.out, m2.id)):
+                            out.append(Match(self, (add.id, m1.id, m2.id, s.id),
+                                             extra={"x": x, "y": y, "z": z}))
+        return _unique(out)
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        x, y, z = (match.extra[k] for k in "xyz")
+        add = graph[match.nodes[0]]
+        b = Builder(graph)
+        d = b.op("subtract", [y, z], {})
+        m = b.op("multiply", [x, d.out], {})
+        new = b.op("add", [m.out, z], {}, name=add.name)
+        return commit(graph, match.nodes, b, {add.out: new.out})
+
+    def obligations(self) -> list[Obligation]:
+        x, y, z = var("x"), var("y"), var("z")
+        lhs = app("ewadd", app("ewmul", x, y), app("ewmul", app("ewsub", app("ones"), x), z))
+        rhs = app("ewadd", app("ewmul", x, app("ewsub", y, z)), z)
+        return [("x*y + (1-x)*z = x*(y-z) + z", [lhs], [rhs], ())]
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 6)))
+        x, y, z = (b.input(shape) for _ in range(3))
+        f = b.op("sigmoid", [x]).out
+        one = b.constant(np.float32(1.0))
+        left = b.op("multiply", [f, y]).out
+        right = b.op("multiply", [b.op("subtract", [one, f]).out, z]).out
+        return b.build([b.op("add", [left, right]).out])
+
+
+def _is_ones(graph: Graph, t: TensorRef) -> bool:
+    node = graph[t.node]
+    return node.kind in ("weight", "constant") and bool(np.all(node.value == 1))
+
+
+def _unique(matches: list[Match]) -> list[Match]:
+    seen, out = set(), []
+    for m in matches:
+        key = frozenset(m.nodes)
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
+
+
+# ---------------------------------------------------------------------------- registry
+# What each schema matches, what it builds, under which conditions, and how outputs map.
+DESCRIPTIONS = {
+    "merge_convs": {
+        "source": "conv2d(x, W_i) for i = 1..n, n >= 2, the same x",
+        "target": "split(conv2d(x, concat_0(enlarge(W_i, K))), cumulative out channels)",
+        "constraints": ["groups 1", "equal strides", "SAME padding (odd kernels)",
+                        "W_i weights", "K = the largest kernel height and width"],
+        "outputs": "conv2d_i -> split piece i"},
+    "regroup": {
+        "source": "conv2d(x, W, groups=g)",
+        "target": "conv2d(x, blockdiag(W), groups=g/factor)",
+        "constraints": ["g divisible by factor", "W a weight (the new kernel is folded)"],
+        "outputs": "conv2d -> conv2d"},
+    "split_grouped_conv": {
+        "source": "conv2d(x, W, groups=g)",
+        "target": "concat_1(conv2d(split_1(x)_i, split_0(W)_i, groups=g/parts))",
+        "constraints": ["g divisible by parts", "W a weight"],
+        "outputs": "conv2d -> concat"},
+    "avg_pool_pair": {
+        "source": "add(avg_pool2d(x), avg_pool2d(x)), the same pool twice",
+        "target": "conv2d(x, 2*C_pool, groups=C) [* constant ratio map if the pools do not "
+                  "count their padding]",
+        "constraints": ["equal pool attributes", "ceil_mode false", "dilation 1",
+                        "each pool read by the add only"],
+        "outputs": "add -> conv2d (or the multiply)"},
+    "merge_matmuls": {
+        "source": "matmul(x, W_i) (or linear(x, W_i, b_i)) for i = 1..n, n >= 2, the same x",
+        "target": "split(matmul(x, concat_1(W_i))) (linear: concat_0 of W_i and b_i)",
+        "constraints": ["W_i (and b_i) weights", "W_i of rank 2"],
+        "outputs": "op_i -> split piece i"},
+    "fold_batch_norm": {
+        "source": "batch_norm(conv2d(x, W), gamma, beta, mean, var), inference",
+        "target": "add(conv2d(x, W * a), b) with a = gamma / sqrt(var + eps), "
+                  "b = beta - mean * a",
+        "constraints": ["training false", "channel axis 1", "all parameters weights",
+                        "the conv read by the batch norm only", "mean/var outputs unused"],
+        "outputs": "batch_norm.0 -> add"},
+    "conv_add_identity": {
+        "source": "add(conv2d(x, W) [+ bias], z)",
+        "target": "conv2d(concat_1(x, z), concat_1(W, I_conv)) [+ bias]",
+        "constraints": ["stride 1", "SAME padding", "groups 1", "z of the conv's output shape",
+                        "the conv (and bias add) read only inside the match"],
+        "outputs": "add -> conv2d (or the bias add)"},
+    "sru_distribute": {
+        "source": "add(multiply(x, y), multiply(subtract(1, x), z))",
+        "target": "add(multiply(x, subtract(y, z)), z)",
+        "constraints": ["x, y, z of the output's shape", "the constant is all ones",
+                        "intermediates read only inside the match"],
+        "outputs": "add -> add"},
+}
+
+SCHEMAS = {"merge_convs": MergeConvs, "regroup": Regroup, "split_grouped_conv": SplitGroupedConv,
+           "avg_pool_pair": AvgPoolPair, "merge_matmuls": MergeMatmuls,
+           "fold_batch_norm": FoldBatchNorm, "conv_add_identity": ConvAddIdentity,
+           "sru_distribute": SruDistribute}
+
+
+def all_parametric() -> list[ParametricRule]:
+    """Every parametric rule paragraph ships, with its id, name and the paper it follows."""
+    return [
+        MergeConvs("ios-merge-convs", "merge convs sharing an input (enlarge + concat + split)",
+                   "IOS section 4 operator merge; MetaFlow fig. 1, 4a", "merge_convs"),
+        Regroup("autograph-regroup-2", "grouped conv: g groups -> g/2", "AutoGraph fig. 9",
+                "regroup", 2),
+        Regroup("autograph-regroup-4", "grouped conv: g groups -> g/4", "AutoGraph fig. 9",
+                "regroup", 4),
+        SplitGroupedConv("autograph-split-groups-2", "grouped conv -> 2 parallel convs",
+                         "AutoGraph fig. 9", "split_grouped_conv", 2),
+        SplitGroupedConv("autograph-split-groups-4", "grouped conv -> 4 parallel convs",
+                         "AutoGraph fig. 9", "split_grouped_conv", 4),
+        AvgPoolPair("taso-avgpool-pair-dwconv", "avg_pool(x) + avg_pool(x) -> depth-wise conv",
+                    "TASO fig. 2.8b", "avg_pool_pair"),
+        MergeMatmuls("taso-merge-matmuls", "merge matmuls sharing an operand (concat + split)",
+                     "TASO fig. 2.2b", "merge_matmuls"),
+        FoldBatchNorm("metaflow-fold-bn", "fold inference batch norm into the conv",
+                      "MetaFlow artifact fuse_conv_batch", "fold_batch_norm"),
+        ConvAddIdentity("metaflow-conv-add", "conv + add -> conv through an identity kernel",
+                        "MetaFlow fig. 4b", "conv_add_identity"),
+        SruDistribute("metaflow-sru", "x*y + (1-x)*z -> x*(y-z) + z", "MetaFlow section 6",
+                      "sru_distribute"),
+    ]
+
+
+# ---------------------------------------------------------------------------- checks
+def prove(rule: ParametricRule, prover=None) -> dict:
+    """Discharge every obligation with z3; the proof record for the library."""
+    from paragraph.rules.verify import Prover, z3_version
+
+    prover = prover or Prover()
+    axioms: set[str] = set()
+    instances = []
+    status = "verified"
+    for desc, lhs, rhs, hyps in rule.obligations():
+        p = prover.prove(lhs, rhs, hyps)
+        instances.append({"case": desc, "status": p.status,
+                          "source": [repr(t) for t in lhs], "target": [repr(t) for t in rhs]})
+        axioms.update(p.axioms)
+        if p.status != "verified":
+            status = p.status
+    from paragraph.rules.axioms import all_axioms
+
+    order = [a.name for a in all_axioms()]
+    return {"status": status, "axioms": sorted(axioms, key=order.index), "z3": z3_version(),
+            "obligations": instances}
+
+
+def check_numeric(rule: ParametricRule, seed: int = 0, tol: float = 1e-4) -> int:
+    """Rewrite every match in a random example graph; compare outputs with numpy.
+
+    Returns the number of rewrites checked; raises AssertionError on a difference.
+    """
+    rng = np.random.default_rng(seed)
+    graph = rule.example(rng)
+    inputs = [rng.standard_normal(graph[i].type.shape).astype(graph[i].type.dtype)
+              for i in graph.inputs]
+    expected = graph_ops.run_graph(graph, inputs)
+    checked = 0
+    for match in rule.find(graph):
+        new = rule.rewrite(graph, match)
+        if new is None:
+            continue
+        new.validate()
+        got = graph_ops.run_graph(new, inputs)
+        for e, g in zip(expected, got):
+            assert e.shape == g.shape, f"{rule.id}: shape {g.shape} != {e.shape}"
+            err = float(np.max(np.abs(e - g))) if e.size else 0.0
+            assert np.allclose(e, g, rtol=tol, atol=tol), f"{rule.id}: max error {err}"
+        checked += 1
+    return checked

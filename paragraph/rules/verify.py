@@ -1,0 +1,157 @@
+"""The substitution verifier (TASO section 2.4): z3 entailment from the operator axioms.
+
+A rule is verified when the axioms, with its parameter constraints as hypotheses, entail that
+every source output equals its mapped target tensor for all inputs and all values of the
+parameter variables: z3 must find ``axioms /\\ constraints /\\ not (src == tgt)``
+unsatisfiable. The unsat core names the axioms the proof used. Proofs are cached on disk by a
+hash of the goal, the axioms and the z3 version (`cache_dir`), so re-verifying a library costs
+a lookup per rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from paragraph.files import atomic_write_json
+from paragraph.rules.axioms import Axiom, all_axioms, hypothesis_z3
+from paragraph.rules.rule import Rule
+from paragraph.rules.specs import Term, term_vars, to_z3, z3_sorts
+
+DEFAULT_RLIMIT = 20_000_000  # z3 resource units (about 10 s here); deterministic, unlike time
+
+
+@dataclass(frozen=True)
+class Proof:
+    """The verifier's answer: ``verified`` (with the axioms used), ``failed`` or ``unknown``."""
+
+    status: str
+    axioms: tuple[str, ...] = ()
+    seconds: float = 0.0
+    z3: str = ""
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "axioms": list(self.axioms), "z3": self.z3}
+
+
+def z3_version() -> str:
+    import z3
+
+    return z3.get_version_string()
+
+
+def cache_dir() -> Path:
+    """Where proofs are cached: ``$PARAGRAPH_CACHE_DIR`` or ``~/.cache/paragraph``."""
+    root = os.environ.get("PARAGRAPH_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "paragraph"
+
+
+@cache
+def _axiom_digest(names: tuple[str, ...]) -> str:
+    text = "\n".join(str(a.formula().sexpr()) for a in all_axioms() if a.name in names)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Prover:
+    """One z3 solver holding the axioms (tracked for unsat cores), reused for many goals."""
+
+    def __init__(self, axioms: Sequence[Axiom] | None = None,
+                 rlimit: int = DEFAULT_RLIMIT) -> None:
+        import z3
+
+        self.axioms = tuple(all_axioms() if axioms is None else axioms)
+        self.rlimit = rlimit
+        self.solver = z3.Solver()
+        self.solver.set("rlimit", rlimit)
+        self.solver.set("timeout", max(2000, rlimit // 500))  # a backstop: rlimit can slip
+        self.solver.set("unsat_core", True)
+        self.tracks = {}
+        for a in self.axioms:
+            track = z3.Bool(f"axiom_{a.name}")
+            self.tracks[str(track)] = a.name
+            self.solver.assert_and_track(a.formula(), track)
+        self.key = _axiom_digest(tuple(a.name for a in self.axioms)) + z3_version()
+
+    def prove(self, lhs: Sequence[Term], rhs: Sequence[Term],
+              hypotheses: Sequence[tuple] = ()) -> Proof:
+        """Prove ``lhs[i] == rhs[i]`` for all i, for all variables, under ``hypotheses``."""
+        import z3
+
+        tensor_sort, _ = z3_sorts()
+        tv, pv = set(), set()
+        for t in (*lhs, *rhs):
+            term_vars(t, tv, pv)
+        tensors = {n: z3.Const(f"in_{n}", tensor_sort) for n in sorted(tv)}
+        params = {n: z3.Int(f"p_{n}") for n in sorted(pv)}
+        memo: dict = {}
+        goal = z3.And(*[to_z3(a, tensors, params, memo) == to_z3(b, tensors, params, memo)
+                        for a, b in zip(lhs, rhs)])
+        start = time.perf_counter()
+        self.solver.push()
+        try:
+            for h in hypotheses:
+                self.solver.add(hypothesis_z3(h, params))
+            self.solver.add(z3.Not(goal))
+            answer = self.solver.check()
+            used: tuple[str, ...] = ()
+            if answer == z3.unsat:
+                used = tuple(sorted({self.tracks[str(c)] for c in self.solver.unsat_core()
+                                     if str(c) in self.tracks}, key=_axiom_order))
+        finally:
+            self.solver.pop()
+        status = ("verified" if answer == z3.unsat else "failed" if answer == z3.sat
+                  else "unknown")
+        return Proof(status, used, time.perf_counter() - start, z3_version())
+
+    def prove_rule(self, rule: Rule, use_cache: bool = True) -> Proof:
+        """`prove` the rule's output map under its constraints, through the on-disk cache."""
+        path = cache_dir() / "proofs" / f"{rule.formula_key()[:40]}-{self.key[:16]}.json"
+        if use_cache and path.exists():
+            try:
+                d = json.loads(path.read_text())
+                return Proof(d["status"], tuple(d["axioms"]), 0.0, d["z3"])
+            except (OSError, ValueError, KeyError):
+                pass
+        proof = self.prove(rule.terms("source"), rule.terms("target"), rule.constraints)
+        if use_cache and proof.status != "unknown":
+            try:
+                atomic_write_json(path, proof.to_json())
+            except OSError:
+                pass
+        return proof
+
+
+def _axiom_order(name: str) -> tuple[int, str]:
+    order = {a.name: i for i, a in enumerate(all_axioms())}
+    return order.get(name, 10**6), name
+
+
+@cache
+def default_prover() -> Prover:
+    """A shared `Prover` over every axiom."""
+    return Prover()
+
+
+def prove_rule(rule: Rule, use_cache: bool = True) -> Proof:
+    """Verify ``rule`` with z3 (cached by rule hash).
+
+    A rule from the library names the axioms its proof used: a fresh solver holding just
+    those re-proves it quickly and deterministically (z3's search over all axioms depends on
+    the solver's history). Otherwise, or if that fails, every axiom is used.
+    """
+    from paragraph.rules.axioms import by_name
+
+    used = (rule.proof or {}).get("axioms")
+    if used:
+        axioms = by_name(used)
+        if len(axioms) == len(set(used)):
+            proof = Prover(axioms).prove_rule(rule, use_cache)
+            if proof.status == "verified":
+                return proof
+    return Prover().prove_rule(rule, use_cache)
