@@ -14,12 +14,15 @@ run only copies inputs in, launches prebound kernels, and copies outputs out.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
+import numpy as np
 import tvm
 import tvm_ffi
 
@@ -74,6 +77,17 @@ def sync_points(schedule: Schedule) -> dict[int, tuple[int, ...]]:
     return {k: tuple(v) for k, v in waits.items() if v}
 
 
+def _view(base: tvm.runtime.Tensor, t, offset: int) -> tvm.runtime.Tensor:
+    """A tensor of type ``t`` over ``base``'s bytes from ``offset`` on. TVM's kernels insist on
+    byte_offset 0, so an offset view is made by DLPack over host memory (64-byte aligned)."""
+    if not offset:
+        return base._create_view(t.shape, t.dtype)
+    host = np.from_dlpack(base).reshape(-1).view(np.uint8)
+    size = int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+    window = host[offset:offset + size].view(t.dtype).reshape(t.shape)
+    return tvm.runtime.from_dlpack(window)
+
+
 class _Base:
     """What both executors share: validation, the memory plan, bound buffers, input checks."""
 
@@ -95,7 +109,7 @@ class _Base:
                 fn = program.function(node)
                 outs = [TensorRef(k, i) for i in range(len(node.outputs))]
                 args = tuple(self.tensors[r] for r in (*node.inputs, *outs))
-            self.steps[k] = Step(k, node.name or node.attrs.get("func", node.kind), fn, args,
+            self.steps[k] = Step(k, node.attrs.get("func") or node.name or node.kind, fn, args,
                                  waits.get(k, ()), k in signalled)
 
     def _bind_buffers(self) -> None:
@@ -111,9 +125,9 @@ class _Base:
                 self.tensors[n.out] = t
             elif n.kind in ("weight", "constant"):
                 self.tensors[n.out] = tvm.runtime.tensor(n.value, dev)
-            elif n.kind == "view":
-                self.tensors[n.out] = self.tensors[n.inputs[0]]._create_view(
-                    n.type.shape, n.type.dtype)
+            elif n.kind == "view":  # a reshape, or a contiguous slice (byte offset)
+                self.tensors[n.out] = _view(self.tensors[n.inputs[0]], n.type,
+                                            n.attrs.get("offset", 0))
             else:
                 for i, t in enumerate(n.outputs):
                     ref = TensorRef(n.id, i)
@@ -172,6 +186,49 @@ def _config_threads(n: int) -> None:
 _warned_cap: list[int] = []
 
 
+class Worker:
+    """A persistent thread that runs the tasks given to it, one at a time.
+
+    TVM gives each thread that runs a parallel kernel (or sizes its pool) a thread pool that
+    outlives the thread, so paragraph never ends a worker: executors and measurements borrow
+    workers from a process-wide pool (`acquire_workers`) and give them back.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=f"paragraph-worker-{index}",
+                                       daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self.tasks.get()()
+
+    def submit(self, task) -> None:
+        self.tasks.put(task)
+
+
+_IDLE: list[Worker] = []
+_ALL: list[Worker] = []
+_POOL_LOCK = threading.Lock()
+
+
+def acquire_workers(n: int) -> list[Worker]:
+    """``n`` workers for this caller alone until `release_workers`."""
+    with _POOL_LOCK:
+        while len(_IDLE) < n:
+            w = Worker(len(_ALL))
+            _ALL.append(w)
+            _IDLE.append(w)
+        taken, _IDLE[:] = _IDLE[:n], _IDLE[n:]
+    return taken
+
+
+def release_workers(workers: list[Worker]) -> None:
+    with _POOL_LOCK:
+        _IDLE.extend(workers)
+
+
 class CPUExecutor(_Base):
     """Worker threads over streams; see the module docstring."""
 
@@ -183,19 +240,16 @@ class CPUExecutor(_Base):
         self.timeline: dict[int, tuple[int, int, int]] | None = None
         self._error: tuple[Step, BaseException] | None = None
         self._abort = False
-        self._closing = False
-        self._workers = []
-        for s in range(1, schedule.num_streams):
-            w = _Worker(self, s)
-            w.thread.start()
-            self._workers.append(w)
+        self._closed = False
+        self._workers = acquire_workers(schedule.num_streams - 1)
+        self._done = [threading.Event() for _ in self._workers]
 
     def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:
         """Run once; returns the outputs (numpy copies unless ``copy_outputs`` is False).
 
         With ``profile``, `timeline` maps each kernel to (stream, start ns, end ns).
         """
-        if self._closing:
+        if self._closed:
             raise ParagraphError("the executor is closed")
         self._copy_in(inputs)
         for ev in self.events.values():
@@ -203,26 +257,33 @@ class CPUExecutor(_Base):
         self._error, self._abort = None, False
         self.timeline = {} if profile else None
         try:
-            for w in self._workers:
-                w.go.set()
+            for s, (w, done) in enumerate(zip(self._workers, self._done), start=1):
+                w.submit(partial(self._stream_task, s, done))
             _config_threads(self.schedule.threads[0])
             self.run_stream(0)
-            for w in self._workers:
-                while not w.done.wait(0.05):  # short waits keep Ctrl+C responsive
+            for done in self._done:
+                while not done.wait(0.05):  # short waits keep Ctrl+C responsive
                     pass
         except BaseException:
             self._stop_all()
-            for w in self._workers:
-                w.done.wait()
+            for done in self._done:
+                done.wait()
             raise
         finally:
-            for w in self._workers:
-                w.done.clear()
+            for done in self._done:
+                done.clear()
         if self._error is not None:
             step, exc = self._error
             raise KernelError(f"kernel {step.name!r} (node %{step.node}) failed: "
                               f"{type(exc).__name__}: {exc}") from exc
         return self.outputs(copy_outputs)
+
+    def _stream_task(self, s: int, done: threading.Event) -> None:
+        try:
+            _config_threads(self.schedule.threads[s])
+            self.run_stream(s)
+        finally:
+            done.set()
 
     def run_stream(self, s: int) -> None:
         """Run stream ``s``'s kernels in order, waiting for cross-stream producers."""
@@ -236,11 +297,14 @@ class CPUExecutor(_Base):
                 start = time.perf_counter_ns() if timeline is not None else 0
                 try:
                     step.fn(*step.args)
-                except BaseException as exc:  # stop every stream, report in run()
+                except Exception as exc:  # stop every stream, report in run()
                     if self._error is None:
                         self._error = (step, exc)
                     self._stop_all()
                     return
+                except BaseException:  # Ctrl+C in the calling thread: stop, then re-raise
+                    self._stop_all()
+                    raise
                 if timeline is not None:
                     timeline[step.node] = (s, start, time.perf_counter_ns())
             if step.signals:
@@ -252,41 +316,17 @@ class CPUExecutor(_Base):
             ev.set()
 
     def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        for w in self._workers:
-            w.go.set()
-        for w in self._workers:
-            w.thread.join()
+        """Give the workers back (they stay alive for the next executor)."""
+        if not self._closed:
+            self._closed = True
+            release_workers(self._workers)
+            self._workers = []
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
-
-
-class _Worker:
-    """A persistent thread that runs one stream per `CPUExecutor.run`."""
-
-    def __init__(self, executor: CPUExecutor, stream: int) -> None:
-        self.go, self.done = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=self.loop, args=(executor, stream),
-                                       name=f"paragraph-stream-{stream}", daemon=True)
-        self.threads = executor.schedule.threads[stream]
-
-    def loop(self, executor: CPUExecutor, stream: int) -> None:
-        _config_threads(self.threads)
-        while True:
-            self.go.wait()
-            self.go.clear()
-            if executor._closing:
-                return
-            try:
-                executor.run_stream(stream)
-            finally:
-                self.done.set()
 
 
 # ---------------------------------------------------------------------------- CUDA
@@ -410,4 +450,4 @@ def gpu_available() -> bool:
 
 
 __all__ = ["CPUExecutor", "CUDAExecutor", "KernelError", "InputError", "make_executor",
-           "sync_points", "gpu_available"]
+           "sync_points", "gpu_available", "acquire_workers", "release_workers"]

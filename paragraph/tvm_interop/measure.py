@@ -21,6 +21,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -114,36 +115,44 @@ class CostDB:
 # ---------------------------------------------------------------------------- timing
 def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: int = 2,
                threads: Sequence[int] | None = None, sync: object = None) -> Timing:
-    """Wall time of running ``groups`` of prebound steps concurrently (one thread per group,
-    each group in order; a single group runs on the calling thread).
+    """Wall time of running ``groups`` of prebound steps concurrently (one worker thread per
+    group, each group in order; a single group runs on the calling thread).
 
     A step is anything with ``fn`` and ``args`` (an executor's `Step`). ``threads`` sizes each
     group's TVM thread pool; ``sync`` (a callable) is called before the clock stops, for
     asynchronous devices.
     """
-    from paragraph.tvm_interop.executor import _config_threads
+    from paragraph.tvm_interop.executor import (
+        _config_threads,
+        acquire_workers,
+        release_workers,
+    )
 
     threads = list(threads or [1] * len(groups))
 
-    def run_group(steps):
-        for st in steps:
-            if st.fn is not None:
-                st.fn(*st.args)
+    def run_group(i, done=None):
+        try:
+            _config_threads(threads[i])
+            for st in groups[i]:
+                if st.fn is not None:
+                    st.fn(*st.args)
+        finally:
+            if done is not None:
+                done.set()
 
-    if len(groups) == 1:
-        _config_threads(threads[0])
+    workers = acquire_workers(len(groups) - 1)
+    done = [threading.Event() for _ in workers]
 
-        def once():
-            run_group(groups[0])
-            if sync is not None:
-                sync()
-    else:
-        pool = _GroupPool(groups, threads, run_group)
+    def once():
+        for i, (w, ev) in enumerate(zip(workers, done), start=1):
+            w.submit(partial(run_group, i, ev))
+        run_group(0)
+        for ev in done:
+            ev.wait()
+            ev.clear()
+        if sync is not None:
+            sync()
 
-        def once():
-            pool.run()
-            if sync is not None:
-                sync()
     try:
         for _ in range(warmup):
             once()
@@ -153,50 +162,8 @@ def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: 
             once()
             samples.append(time.perf_counter() - start)
     finally:
-        if len(groups) > 1:
-            pool.close()
+        release_workers(workers)
     return Timing(tuple(samples))
-
-
-class _GroupPool:
-    """Persistent threads that each run one group per `run` call."""
-
-    def __init__(self, groups, threads, run_group) -> None:
-        from paragraph.tvm_interop.executor import _config_threads
-
-        self.go = [threading.Event() for _ in groups]
-        self.done = [threading.Event() for _ in groups]
-        self.closing = False
-
-        def loop(i):
-            _config_threads(threads[i])
-            while True:
-                self.go[i].wait()
-                self.go[i].clear()
-                if self.closing:
-                    return
-                try:
-                    run_group(groups[i])
-                finally:
-                    self.done[i].set()
-        self.threads = [threading.Thread(target=loop, args=(i,), daemon=True)
-                        for i in range(len(groups))]
-        for t in self.threads:
-            t.start()
-
-    def run(self) -> None:
-        for ev in self.go:
-            ev.set()
-        for ev in self.done:
-            ev.wait()
-            ev.clear()
-
-    def close(self) -> None:
-        self.closing = True
-        for ev in self.go:
-            ev.set()
-        for t in self.threads:
-            t.join()
 
 
 # ---------------------------------------------------------------------------- analytical

@@ -119,6 +119,18 @@ def plan_memory(graph: Graph, schedule: Schedule) -> MemoryPlan:
     return MemoryPlan(blocks, block_of, total)
 
 
+def no_reuse_plan(graph: Graph) -> MemoryPlan:
+    """Every kernel output in a block of its own (for measuring kernels in any combination)."""
+    root = _storage_roots(graph)
+    owners = [r for r, o in root.items() if r == o]
+    block_of = {r: i for i, r in enumerate(owners)}
+    for ref, owner in root.items():
+        if owner in block_of:
+            block_of[ref] = block_of[owner]
+    blocks = [Block(nbytes(graph, r), tensors=[r]) for r in owners]
+    return MemoryPlan(blocks, block_of, sum(b.size for b in blocks))
+
+
 def _new_block(blocks: list[Block], size: int, dedicated: bool = False) -> int:
     blocks.append(Block(size, dedicated))
     return len(blocks) - 1

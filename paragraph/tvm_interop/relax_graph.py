@@ -50,6 +50,7 @@ MODELED: dict[str, tuple[str, tuple[str, ...]]] = {
     "relax.strided_slice": ("strided_slice", ("assume_inbound",)),
     "relax.reshape": ("reshape", ()),
     "relax.permute_dims": ("permute_dims", ("axes",)),
+    "relax.nn.pad": ("enlarge", ("pad_width", "pad_mode", "pad_value")),
 }
 
 _NN = relax.op.nn
@@ -75,7 +76,15 @@ _BUILD: dict[str, Callable[..., relax.Expr]] = {
         assume_inbound),
     "reshape": lambda x, shape: relax.op.reshape(x, shape),
     "permute_dims": lambda x, axes: relax.op.permute_dims(x, None if axes is None else list(axes)),
+    "enlarge": lambda w, kernel_size: _NN.pad(w, _enlarge_pads(w, kernel_size)),
 }
+
+
+def _enlarge_pads(w: relax.Expr, kernel_size: tuple[int, int]) -> list[int]:
+    """nn.pad widths that grow an OIHW kernel to ``kernel_size``, centred (TASO's enlarge)."""
+    kh, kw = w.ty.shape.values[2].value, w.ty.shape.values[3].value
+    dh, dw = (kernel_size[0] - kh) // 2, (kernel_size[1] - kw) // 2
+    return [0, 0, 0, 0, dh, dh, dw, dw]
 
 
 class _NotModeled(Exception):
@@ -279,6 +288,15 @@ class _Importer:
             attrs.update(zip(("axes", "begin", "end", "strides"), fields))
             attrs.setdefault("strides", None)
             return kind, [self.tensor_arg(args[0])], attrs
+        if kind == "enlarge":  # only the centred zero padding of a kernel's window
+            width = attrs["pad_width"]
+            if (attrs["pad_mode"] != "constant" or float(attrs["pad_value"]) != 0.0
+                    or len(width) != 8 or any(width[:4]) or width[4] != width[5]
+                    or width[6] != width[7] or min(width) < 0):
+                raise _NotModeled
+            x = self.tensor_arg(args[0])
+            _, _, kh, kw = self.b.type_of(x).shape
+            return kind, [x], {"kernel_size": (kh + 2 * width[4], kw + 2 * width[6])}
         if kind == "reshape":
             shape = _py(args[1]) if isinstance(args[1], relax.ShapeExpr) else None
             if shape is None or not all(isinstance(d, int) for d in shape):
@@ -378,11 +396,13 @@ def _relax_type(t: TensorType) -> relax.TensorType:
     return relax.TensorType(t.shape, t.dtype)
 
 
-def to_relax(graph: Graph, func_name: str | None = None) -> tvm.IRModule:
+def to_relax(graph: Graph, func_name: str | None = None, *,
+             constants: dict | None = None) -> tvm.IRModule:
     """Build a Relax module whose ``main`` (or ``func_name``) computes ``graph``.
 
     Other functions of the module the graph came from (those its opaque calls may reference)
-    are carried over unchanged.
+    are carried over unchanged. ``constants``, when given, is filled with the Relax constant
+    made for each weight or constant node (id -> expression), to trace them through passes.
     """
     func_name = func_name or graph.meta.get("relax_func_name", "main")
     bb = relax.BlockBuilder()
@@ -414,6 +434,8 @@ def to_relax(graph: Graph, func_name: str | None = None) -> tvm.IRModule:
                 emit = bb.emit_output if direct and n is last else bb.emit
                 if n.kind in ("weight", "constant"):
                     exprs[n.id] = relax.const(n.value, str(n.value.dtype))
+                    if constants is not None:
+                        constants[n.id] = exprs[n.id]
                 elif n.kind == "opaque":
                     exprs[n.id] = emit(_rebuild_opaque(n, expr_of), name_hint=n.name)
                 elif n.kind != "input":

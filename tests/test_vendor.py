@@ -1,0 +1,400 @@
+"""Vendor kernels (oneDNN/MKL on the CPU, cuDNN/cuBLAS on CUDA through PyTorch): every dispatched
+pattern against TVM's own kernels, zero-copy calls, per-stream threads, every reduced zoo model
+through the executor, the `auto` choice and its cost records, compiled programs, and the path
+without PyTorch."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from paragraph import models
+from paragraph.cli import main
+from paragraph.errors import ParagraphError
+from paragraph.ops import run_graph
+from paragraph.passes.schedule import ALGORITHMS, make_schedule
+from paragraph.tvm_interop import from_relax, random_inputs
+from paragraph.tvm_interop.executor import _config_threads, gpu_available, make_executor
+from paragraph.tvm_interop.kernels import KernelProgram, load_program
+from paragraph.tvm_interop.measure import CostDB
+from paragraph.tvm_interop.vendor import (
+    VendorOp,
+    cost_name,
+    dispatch_to_vendor,
+    ensure_registered,
+    vendor_names,
+)
+from paragraph.tvm_interop.vm import local_cpu_target, run_vm
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(0)
+
+
+def const(*shape, scale=0.5):
+    return relax.const((RNG.standard_normal(shape) * scale).astype("float32"))
+
+
+def module(shape, body):
+    """``main(x)`` whose dataflow block is ``body(bb, x)`` (returns the output var)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def conv_block(*, channels=8, out=12, kernel=3, stride=1, padding=1, groups=1, dilation=1,
+               bn=False, bias=False, residual=False, relu=False):
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, const(out, channels // groups, kernel, kernel),
+                                       strides=stride, padding=padding, dilation=dilation,
+                                       groups=groups))
+        if bias:
+            y = bb.emit(relax.op.add(y, const(1, out, 1, 1)))
+        if bn:  # what prepare leaves of a batch norm: (y - mean) / std * gamma + beta
+            y = bb.emit(relax.op.subtract(y, const(1, out, 1, 1)))
+            y = bb.emit(relax.op.divide(y, relax.const(
+                np.abs(RNG.standard_normal((1, out, 1, 1))).astype("float32") + 0.5)))
+            y = bb.emit(relax.op.multiply(y, const(1, out, 1, 1)))
+            y = bb.emit(relax.op.add(y, const(1, out, 1, 1)))
+        if residual:
+            shortcut = bb.emit(relax.op.nn.conv2d(x, const(out, channels, 1, 1),
+                                                  strides=stride))
+            y = bb.emit(relax.op.add(y, shortcut))
+        if relu:
+            y = bb.emit(relax.op.nn.relu(y))
+        return y
+    return module((2, channels, 15, 15), body)
+
+
+def matmul_block(a_shape, b_shape, *, weight=True, bias=False, act=None):
+    def body(bb, x):
+        b = const(*b_shape) if weight else bb.emit(relax.op.multiply(x, relax.const(
+            np.float32(0.5))))
+        y = bb.emit(relax.op.matmul(x, b))
+        if bias:
+            y = bb.emit(relax.op.add(y, const(b_shape[-1])))
+        if act:
+            y = bb.emit(getattr(relax.op.nn, act)(y))
+        return y
+    return module(a_shape, body)
+
+
+CONVS = {
+    "conv3x3": (conv_block(), "conv2d.NHWC.s1x1.p1x1.d1x1.g1"),
+    "conv1x1_bias_relu": (conv_block(kernel=1, padding=0, bias=True, relu=True),
+                          "conv2d.NHWC.s1x1.p0x0.d1x1.g1.bias.relu"),
+    "conv_bn_relu": (conv_block(bn=True, relu=True), "conv2d.NHWC.s1x1.p1x1.d1x1.g1.bias.relu"),
+    "conv_stride2_bn_residual_relu": (
+        conv_block(stride=2, bn=True, residual=True, relu=True),
+        ["conv2d.NHWC.s2x2.p1x1.d1x1.g1.bias.res.relu", "conv2d.NHWC.s2x2.p0x0.d1x1.g1"]),
+    "conv_asymmetric_padding": (conv_block(stride=2, padding=(1, 1, 2, 2)),
+                                "conv2d.NHWC.s2x2.p1x1x2x2.d1x1.g1"),
+    "depthwise_dilated": (conv_block(out=8, groups=8, dilation=2, padding=2, bias=True),
+                          "conv2d.NHWC.s1x1.p2x2.d2x2.g8.bias"),
+    "conv_1x7": (module((1, 8, 9, 9), lambda bb, x: bb.emit(relax.op.nn.conv2d(
+        x, const(6, 8, 1, 7), padding=(0, 3)))), "conv2d.NHWC.s1x1.p0x3.d1x1.g1"),
+}
+MATMULS = {
+    "linear": (matmul_block((4, 16), (16, 8)), "matmul"),
+    "linear3d_bias_relu": (matmul_block((2, 5, 16), (16, 8), bias=True, act="relu"),
+                           "matmul.bias.relu"),
+    "linear_bias_gelu": (matmul_block((5, 16), (16, 8), bias=True, act="gelu"),
+                         "matmul.bias.gelu"),
+    "linear_bias_gelu_tanh": (matmul_block((5, 16), (16, 8), bias=True, act="gelu_tanh"),
+                              "matmul.bias.gelu_tanh"),
+    "bmm4d": (matmul_block((2, 3, 6, 6), (2, 3, 6, 6), weight=False), "bmm"),
+}
+
+
+@pytest.fixture(autouse=True)
+def private_cost_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def vm_outputs(program, inputs):
+    return run_vm(program.vm(), inputs, device=program.device)
+
+
+@pytest.mark.parametrize("case", [*CONVS, *MATMULS])
+def test_every_pattern_matches_tvm_kernels(case):
+    mod, expected = {**CONVS, **MATMULS}[case]
+    expected = [expected] if isinstance(expected, str) else expected
+    dispatched = dispatch_to_vendor(mod, local_cpu_target())
+    names = vendor_names(dispatched)
+    assert sorted(map(cost_name, names)) == sorted(f"paragraph.vendor.{e}" for e in expected)
+    # on the CPU each constant weight is named by its digest (its packed form is cached by it)
+    assert all(bool(VendorOp.from_name(n).weight) == (".bmm" not in n) for n in names)
+    inputs = random_inputs(mod, seed=3)
+    vendor = KernelProgram.build(mod, "llvm", kernels="vendor")
+    assert vendor.sources().get("vendor") == len(expected)
+    tvm_kernels = KernelProgram.build(mod, "llvm")
+    for got, want in zip(vm_outputs(vendor, inputs), vm_outputs(tvm_kernels, inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
+
+
+def test_nchw_layout_and_what_is_not_dispatched():
+    mod, _ = CONVS["conv_bn_relu"]
+    nchw = dispatch_to_vendor(mod, local_cpu_target(), layout="NCHW")
+    assert [cost_name(n) for n in vendor_names(nchw)] == [
+        "paragraph.vendor.conv2d.NCHW.s1x1.p1x1.d1x1.g1.bias.relu"]
+    inputs = random_inputs(mod, seed=4)
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    program = KernelProgram.build(nchw, "llvm")
+    np.testing.assert_allclose(vm_outputs(program, inputs)[0], want[0], rtol=1e-4, atol=1e-4)
+    # broadcasting matmuls and 1-D operands stay with TVM; so does an affine op after relu
+    broadcast = matmul_block((2, 5, 16), (16,))
+    assert vendor_names(dispatch_to_vendor(broadcast, local_cpu_target())) == []
+
+    def relu_then_scale(bb, x):
+        y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, const(4, 8, 1, 1)))))
+        return bb.emit(relax.op.multiply(y, const(1, 4, 1, 1)))
+    names = vendor_names(dispatch_to_vendor(module((1, 8, 5, 5), relu_then_scale),
+                                            local_cpu_target()))
+    assert [cost_name(n) for n in names] == ["paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu"]
+
+
+def test_vendor_op_names_round_trip():
+    names = [n for _, e in [*CONVS.values(), *MATMULS.values()]
+             for n in ([e] if isinstance(e, str) else e)]
+    for name in names:
+        full = f"paragraph.vendor.{name}"
+        assert VendorOp.from_name(full).name == full
+        if name.startswith("conv2d"):
+            tagged = VendorOp.from_name(f"{full}.w0123abcd")
+            assert tagged.weight == "0123abcd" and tagged.cost_name == full
+    for bad in ["paragraph.vendor.pool", "paragraph.vendor.conv2d.NHWC.s1.p0x0.d1x1.g1",
+                "paragraph.vendor.matmul.sigmoid", "tvm.contrib.cudnn.conv2d"]:
+        with pytest.raises(ParagraphError):
+            VendorOp.from_name(bad)
+
+
+def _profiled(fn, *args):
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*args)  # warm-up: oneDNN builds its primitive outside the profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args)
+    events = prof.key_averages()
+    return {e.key for e in events}, sum(max(e.self_cpu_memory_usage, 0) for e in events)
+
+
+def test_calls_are_zero_copy():
+    """Inputs are DLPack views of the TVM tensors and results are computed in the output
+    buffer: no torch allocation and no copy of the result during a call."""
+    op = VendorOp("conv2d", "NHWC", (1, 1), (1, 1), (1, 1), 1, bias=True, act="relu",
+                  weight="feedc0de")  # a tagged weight: packed on the first call, then reused
+    ensure_registered(op.name)
+    x = tvm.runtime.tensor(RNG.random((1, 16, 16, 8), dtype="float32"))
+    w = tvm.runtime.tensor(RNG.random((12, 3, 3, 8), dtype="float32"))
+    b = tvm.runtime.tensor(RNG.random(12, dtype="float32"))
+    out = tvm.runtime.empty((1, 16, 16, 12), "float32")
+    names, allocated = _profiled(tvm.get_global_func(op.name), x, w, b, out)
+    assert allocated == 0 and "aten::copy_" not in names, names
+    assert "mkldnn::_convolution_pointwise_" in names  # oneDNN's in-place form
+    want = torch.relu(torch.nn.functional.conv2d(
+        torch.from_dlpack(x).permute(0, 3, 1, 2), torch.from_dlpack(w).permute(0, 3, 1, 2),
+        torch.from_dlpack(b), padding=1)).permute(0, 2, 3, 1)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+    a = tvm.runtime.tensor(RNG.random((2, 5, 16), dtype="float32"))
+    m = tvm.runtime.tensor(RNG.random((16, 8), dtype="float32"))
+    want = np.maximum(a.numpy() @ m.numpy(), 0)
+    # a constant matrix (tagged): oneDNN's GEMM as an in-place 1x1 convolution; else MKL
+    for op, engine in [(VendorOp("matmul", act="relu", weight="0ddba11"),
+                        "mkldnn::_convolution_pointwise_"), (VendorOp("matmul", act="relu"),
+                                                             "aten::mm")]:
+        ensure_registered(op.name)
+        out = tvm.runtime.empty((2, 5, 8), "float32")
+        names, allocated = _profiled(tvm.get_global_func(op.name), a, m, out)
+        assert allocated == 0 and "aten::copy_" not in names and engine in names, names
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_each_stream_thread_gets_its_schedule_thread_count():
+    """torch.set_num_threads is per calling thread (OpenMP/MKL), so a vendor call sizes torch's
+    pool from the thread count the executor gave its stream, without touching other threads."""
+    op = VendorOp("matmul")
+    ensure_registered(op.name)
+    fn = tvm.get_global_func(op.name)
+    a = tvm.runtime.tensor(RNG.random((8, 8), dtype="float32"))
+    before = torch.get_num_threads()
+    seen = {}
+
+    def worker(n):
+        _config_threads(n)
+        out = tvm.runtime.empty((8, 8), "float32")
+        fn(a, a, out)
+        seen[n] = torch.get_num_threads()
+
+    for n in (1, 2):
+        t = threading.Thread(target=worker, args=(n,))
+        t.start()
+        t.join()
+    assert seen == {1: 1, 2: 2}
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("name", models.list())
+def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
+    mod = models.get(name, reduced=True)
+    inputs = random_inputs(mod, seed=1)
+    want = run_graph(from_relax(mod), inputs)  # paragraph's numpy reference of every operator
+    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    assert program.sources().get("vendor", 0) > 0
+    vm = vm_outputs(program, inputs)
+    for got, ref in zip(vm, want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=name)
+    for algorithm in ALGORITHMS:
+        with make_executor(program, make_schedule(algorithm, program.graph)) as executor:
+            for got, ref in zip(executor.run(*inputs), vm):
+                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{name}/{algorithm}")
+
+
+def test_auto_measures_each_kernel_once_and_records_its_source(tmp_path):
+    mod = models.get("squeezenet1_1", reduced=True)
+    logged = []
+    from paragraph.tvm_interop.vendor import select_kernels
+
+    db = CostDB(tmp_path / "costs.sqlite")
+    target = local_cpu_target()
+    from paragraph.tvm_interop.importers import prepare
+
+    chosen = select_kernels(prepare(mod), target, "auto", cost_db=db, log=logged.append)
+    rows = db.conn.execute("SELECT source, COUNT(*) FROM costs GROUP BY source").fetchall()
+    counts = dict(rows)
+    assert counts.get("vendor", 0) >= 3 and counts.get("tvm", 0) >= 3  # 3 distinct calls here
+    assert any("timing" in line for line in logged)
+    logged.clear()
+    again = select_kernels(prepare(mod), target, "auto", cost_db=db, log=logged.append)
+    assert not any("timing" in line for line in logged)  # every cost came from the database
+    assert vendor_names(again) == vendor_names(chosen)
+    inputs = random_inputs(mod, seed=2)
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    program = KernelProgram.build(mod, "llvm", kernels="auto")
+    np.testing.assert_allclose(vm_outputs(program, inputs)[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_compile_then_run_in_a_fresh_process(tmp_path, capsys):
+    out = tmp_path / "squeezenet"
+    assert main(["compile", "squeezenet1_1", "--reduced", "--kernels", "vendor",
+                 "--schedule", "opara", "-o", str(out)]) == 0
+    assert {"kernels.so", "lowered.json", "schedule.json", "paragraph-program.json"} <= {
+        p.name for p in out.iterdir()}
+    program, meta = load_program(out)
+    assert meta["kernels"] == "vendor" and program.sources()["vendor"] > 0
+    run = subprocess.run([sys.executable, "-m", "paragraph", "run", str(out), "--repeat", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "equal" in run.stdout and "opara" in run.stdout
+    with pytest.raises(ParagraphError, match="not a compiled paragraph program"):
+        load_program(tmp_path)
+
+
+def test_without_pytorch_the_pass_says_so_and_tvm_kernels_run(tmp_path):
+    script = textwrap.dedent("""
+        import sys, warnings
+        sys.modules["torch"] = None  # import torch now raises ImportError
+        import numpy as np
+        from paragraph import models
+        from paragraph.tvm_interop.kernels import KernelProgram
+        from paragraph.tvm_interop.vendor import VendorUnavailableError, ensure_registered
+        mod = models.get("squeezenet1_1", reduced=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            program = KernelProgram.build(mod, "llvm", kernels="vendor")
+        print("WARNED", [str(w.message) for w in caught])
+        print("SOURCES", program.sources())
+        try:
+            ensure_registered("paragraph.vendor.matmul")
+        except VendorUnavailableError as e:
+            print("ERROR", e)
+    """)
+    env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "vendor kernels need PyTorch" in run.stdout
+    assert "SOURCES {'tvm':" in run.stdout and "'vendor'" not in run.stdout.split("SOURCES")[1]
+    assert "ERROR vendor kernels need PyTorch" in run.stdout
+
+
+# ---------------------------------------------------------------------------- CUDA
+def _cuda_ready() -> bool:
+    return gpu_available() and torch.cuda.is_available()
+
+
+cuda = pytest.mark.skipif(not _cuda_ready(), reason="no CUDA GPU visible to TVM and PyTorch: "
+                          "the cuDNN/cuBLAS paths compile but cannot run here")
+
+
+@cuda
+@pytest.mark.parametrize("case", ["conv_bn_relu", "conv_stride2_bn_residual_relu",
+                                  "linear3d_bias_relu", "bmm4d"])
+def test_cuda_patterns_match_tvm_kernels(case):
+    mod, _ = {**CONVS, **MATMULS}[case]
+    inputs = random_inputs(mod, seed=3)
+    vendor = KernelProgram.build(mod, "cuda", kernels="vendor")
+    assert vendor.sources().get("vendor") == 1
+    want = vm_outputs(KernelProgram.build(mod, "cuda"), inputs)
+    np.testing.assert_allclose(vm_outputs(vendor, inputs)[0], want[0], rtol=1e-3, atol=1e-3)
+
+
+@cuda
+@pytest.mark.parametrize("name", ["inception_v3", "bert"])
+def test_cuda_multistream_graph_capture_with_vendor_kernels(name):
+    """Each vendor call runs on the executor's stream for its schedule stream (else capture
+    would miss it or fail), and the whole multi-stream run is one CUDA Graph."""
+    mod = models.get(name, reduced=True)
+    inputs = random_inputs(mod, seed=1)
+    program = KernelProgram.build(mod, "cuda", kernels="vendor")
+    want = vm_outputs(program, inputs)
+    for algorithm in ("sequential", "opara", "nimble"):
+        schedule = make_schedule(algorithm, program.graph)
+        with make_executor(program, schedule, use_cuda_graph=True) as executor:
+            assert executor.graph_exec is not None
+            for _ in range(3):  # replays reuse the captured workspaces
+                got = executor.run(*inputs)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3, err_msg=algorithm)
+
+
+def test_cli_verbs_take_the_kernel_source(capsys, tmp_path):
+    assert main(["run", "squeezenet1_1", "--reduced", "--kernels", "vendor", "--schedule",
+                 "nimble", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "vendor kernels" in out and "equal" in out
+    assert main(["bench", "squeezenet1_1", "--reduced", "--kernels", "vendor", "--schedules",
+                 "sequential", "--repeat", "2", "--json", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("tvm_", "executor:"))]
+    assert {r[0]: r[1] for r in rows} == {"tvm_vm": "vendor", "tvm_compile_default": "tvm",
+                                          "executor:sequential": "vendor"}
+
+
+def test_cuda_dispatch_compiles_here(monkeypatch):
+    """The CUDA form of the pass (NCHW, float16 allowed, no weight packing) and a CUDA build of
+    its result, without a GPU; without a CUDA PyTorch the pass keeps TVM's kernels."""
+    from paragraph.tvm_interop.kernels import CUDA_COMPILE_ONLY
+
+    target = tvm.target.Target(CUDA_COMPILE_ONLY)
+    mod, _ = CONVS["conv_stride2_bn_residual_relu"]
+    if not torch.cuda.is_available():
+        with pytest.warns(RuntimeWarning, match="no CUDA"):
+            assert vendor_names(dispatch_to_vendor(mod, target)) == []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    names = vendor_names(dispatch_to_vendor(mod, target))
+    assert sorted(names) == ["paragraph.vendor.conv2d.NCHW.s2x2.p0x0.d1x1.g1",
+                             "paragraph.vendor.conv2d.NCHW.s2x2.p1x1.d1x1.g1.bias.res.relu"]
+    program = KernelProgram.build(mod, target, kernels="vendor")
+    assert program.sources() == {"vendor": 2}
