@@ -1,4 +1,5 @@
-"""The ``paragraph`` command line (tvmc-like verbs): ``models``, ``run``, ``bench``, ``inspect``."""
+"""The ``paragraph`` command line (tvmc-like verbs): ``models``, ``run``, ``bench``, ``inspect``,
+``tune``, ``compile``."""
 
 from __future__ import annotations
 
@@ -92,9 +93,11 @@ def _target(args: argparse.Namespace):
     return resolve_target(args.target)
 
 
-def _schedule(args: argparse.Namespace, graph):
-    """The schedule named by --schedule, or the one in --schedule-file (checked against graph)."""
-    from paragraph.passes.schedule import make_schedule
+def _schedule(args: argparse.Namespace, program):
+    """``(program, schedule)``: the schedule named by --schedule (IOS searches on the device
+    and may rebuild the program with merged convolutions), or the one in --schedule-file
+    (checked against the program's kernel graph)."""
+    from paragraph.passes.ios import plan_schedule
     from paragraph.schedule import Schedule
 
     if getattr(args, "schedule_file", None):
@@ -102,8 +105,55 @@ def _schedule(args: argparse.Namespace, graph):
             text = Path(args.schedule_file).read_text()
         except OSError as e:
             raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
-        return Schedule.from_json(text, graph)
-    return make_schedule(args.schedule, graph, cores=args.threads)
+        return program, Schedule.from_json(text, program.graph)
+    return plan_schedule(args.schedule or "sequential", program, options=_ios_options(args),
+                         tuning_db=args.tuning_db, cores=args.threads, log=_say)
+
+
+def _ios_options(args: argparse.Namespace):
+    from paragraph.passes.ios import IOSOptions
+
+    warmup, repeat, number = args.ios_protocol
+    return IOSOptions(mode=args.ios_mode, r=args.ios_r, s=args.ios_s,
+                      max_part_size=args.ios_part_size, warmup=warmup, repeat=repeat,
+                      number=number, budget_s=args.ios_budget, progress=True)
+
+
+def _protocol(text: str) -> tuple[int, int, int]:
+    try:
+        warmup, repeat, number = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected WARMUP,REPEAT,NUMBER (three integers), got {text!r}") from None
+    if warmup < 0 or repeat < 1 or number < 1:
+        raise argparse.ArgumentTypeError(f"need WARMUP >= 0, REPEAT >= 1, NUMBER >= 1: {text!r}")
+    return warmup, repeat, number
+
+
+def _merges(schedule) -> bool:
+    """Whether an IOS schedule may have merged convolutions (rounding differs slightly)."""
+    return schedule.name in ("ios-merge", "ios-both")
+
+
+def _equal(expected, got, *, loose: bool = False) -> bool:
+    """Outputs equal within float32 tolerance (looser for vendor kernels and merges, which
+    accumulate in another order)."""
+    tol = 1e-4 if loose else 1e-5
+    return len(expected) == len(got) and all(
+        a.shape == b.shape and np.allclose(a, b, rtol=tol, atol=tol)
+        for a, b in zip(expected, got))
+
+
+def _kernel_summary(program) -> str:
+    """``95 vendor + 27 tvm kernels`` for progress lines."""
+    counts = program.sources()
+    return " + ".join(f"{n} {s}" for s, n in sorted(counts.items())) + " kernels"
+
+
+def _is_compiled(path: str) -> bool:
+    from paragraph.tvm_interop.kernels import PROGRAM_FILE
+
+    return (Path(path) / PROGRAM_FILE).is_file()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -115,6 +165,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from paragraph.tvm_interop.kernels import KernelProgram
     from paragraph.tvm_interop.vm import build_vm, run_vm, time_calls
 
+    if _is_compiled(args.model):
+        return _run_compiled(args)
     with _Step(f"importing {args.model}"):
         mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                                 input_shapes=parse_shapes(args.input_shape))
@@ -126,29 +178,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say(f"  {len(graph.ops)} operators, {opaque} opaque; hash {graph.structural_hash()[:16]}")
     target = _target(args)
     with _Step(f"lowering and compiling for {target.kind.name} "
-               f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}"):
-        program = KernelProgram.build(roundtrip, target, tuning_db=args.tuning_db)
-    _say(f"  {len(program.kernels)} kernels")
-    schedule = _schedule(args, program.graph)
+               f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} kernels"):
+        program = KernelProgram.build(roundtrip, target, tuning_db=args.tuning_db,
+                                      kernels=args.kernels)
+    _say(f"  {_kernel_summary(program)}")
+    inputs = random_inputs(mod, seed=args.seed)
+    with _Step("running the original model on the TVM VM"):
+        if tvm_ffi.structural_equal(roundtrip, mod, map_free_vars=True):
+            expected = run_vm(program.vm(), inputs, device=program.device)
+        else:  # the round trip changed the module's form: compare with the original itself
+            expected = run_vm(build_vm(mod, target, program.device), inputs,
+                              device=program.device)
+    program, schedule = _schedule(args, program)
     _say(f"  schedule {schedule.describe()}")
     if args.save_schedule:
         atomic_write_bytes(args.save_schedule, schedule.dumps().encode())
         _say(f"  wrote {args.save_schedule}")
-    inputs = random_inputs(mod, seed=args.seed)
-    vm = program.vm()
-    with _Step("checking outputs against the original model on the TVM VM"):
-        expected = run_vm(vm, inputs, device=program.device)
-        if not tvm_ffi.structural_equal(roundtrip, mod, map_free_vars=True):
-            # the round trip changed the module's form: compare with the original itself
-            expected = run_vm(build_vm(mod, target, program.device), inputs,
-                              device=program.device)
+    with _Step("checking the executor's outputs against the original model's"):
         executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
         got = executor.run(*inputs)
     worst = max((float(np.max(np.abs(a - b))) if a.size else 0.0
                  for a, b in zip(expected, got)), default=0.0)
-    ok = len(expected) == len(got) and all(
-        a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-5)
-        for a, b in zip(expected, got))
+    ok = _equal(expected, got, loose=args.kernels != "tvm" or _merges(schedule))
     _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
          f"{'equal' if ok else 'DIFFERENT'}")
     _say(f"  memory: {executor.plan.summary()}")
@@ -160,24 +211,98 @@ def cmd_run(args: argparse.Namespace) -> int:
     executor.close()
     _say(f"{label}: median {timing.median_ms:.2f} ms (p10 {timing.percentile_ms(10):.2f}, "
          f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, paragraph executor, "
-         f"{schedule.name} schedule")
+         f"{schedule.name} schedule, {args.kernels} kernels")
+    return 0
+
+
+def _run_compiled(args: argparse.Namespace) -> int:
+    """``paragraph run DIR``: a program written by ``paragraph compile``, under its saved
+    schedule (or --schedule/--schedule-file), checked against the TVM VM and timed."""
+    from paragraph.schedule import Schedule
+    from paragraph.tvm_interop import random_inputs
+    from paragraph.tvm_interop.executor import make_executor
+    from paragraph.tvm_interop.kernels import load_program
+    from paragraph.tvm_interop.vm import run_vm, time_calls
+
+    with _Step(f"loading the compiled program {args.model}"):
+        program, meta = load_program(args.model)
+    _say(f"  {meta.get('model', '?')}, {_kernel_summary(program)}")
+    saved = Path(args.model) / "schedule.json"
+    if args.schedule is None and not args.schedule_file and saved.exists():
+        schedule = Schedule.from_json(saved.read_text(), program.graph)
+    inputs = random_inputs(program.lowered, seed=args.seed)
+    with _Step("running the program on the TVM VM"):
+        expected = run_vm(program.vm(), inputs, device=program.device)
+    if args.schedule is not None or args.schedule_file or not saved.exists():
+        program, schedule = _schedule(args, program)
+    _say(f"  schedule {schedule.describe()}")
+    with _Step("checking the executor's outputs against the TVM VM's"):
+        executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
+        got = executor.run(*inputs)
+    ok = _equal(expected, got, loose=args.kernels != "tvm" or _merges(schedule))
+    _say(f"  {len(got)} output(s): {'equal' if ok else 'DIFFERENT'}")
+    if not ok:
+        executor.close()
+        return 1
+    with _Step(f"timing {args.repeat} runs"):
+        timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), args.repeat)
+    executor.close()
+    _say(f"{args.model}: median {timing.median_ms:.2f} ms (p10 {timing.percentile_ms(10):.2f}, "
+         f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, {schedule.name} schedule")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from paragraph.files import atomic_write_bytes
+    from paragraph.tvm_interop.kernels import KernelProgram, save_program
+
+    mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
+                            input_shapes=parse_shapes(args.input_shape))
+    target = _target(args)
+    with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
+        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+                                      kernels=args.kernels)
+    _say(f"  {_kernel_summary(program)}")
+    program, schedule = _schedule(args, program)
+    _say(f"  schedule {schedule.describe()}")
+    with _Step(f"writing {args.output}"):
+        out = save_program(program, args.output, info={"model": label, "kernels": args.kernels})
+        atomic_write_bytes(out / "schedule.json", schedule.dumps().encode())
+    _say(f"wrote {out}: run it with `paragraph run {out}`")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from paragraph.tvm_interop.tune import format_summary, tune
+
+    mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
+                            input_shapes=parse_shapes(args.input_shape))
+    _say(f"tuning {label} ({args.kernels} kernels)")
+    results = tune(mod, _target(args), args.work_dir, args.trials, kernels=args.kernels,
+                   max_tasks=args.max_tasks, log=_say)
+    if results:
+        _say(format_summary(results))
+    _say(f"tuning database: {args.work_dir} (use it with --tuning-db {args.work_dir})")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from paragraph.bench import benchmark, format_table
     from paragraph.files import atomic_write_json
+    from paragraph.passes.ios import IOS_SCHEDULES
     from paragraph.passes.schedule import ALGORITHMS
 
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
+    choices = (*ALGORITHMS, "ios", *IOS_SCHEDULES)
     schedules = args.schedules.split(",") if args.schedules else list(ALGORITHMS)
-    unknown = [s for s in schedules if s not in ALGORITHMS]
+    unknown = [s for s in schedules if s not in choices]
     if unknown:
-        raise ParagraphError(f"unknown schedule(s) {unknown}; choose from {list(ALGORITHMS)}")
+        raise ParagraphError(f"unknown schedule(s) {unknown}; choose from {list(choices)}")
     _say(f"benchmarking {label}")
     result = benchmark(mod, schedules=schedules, repeat=args.repeat, target=_target(args),
-                       tuning_db=args.tuning_db, seed=args.seed, model=args.model, log=_say)
+                       tuning_db=args.tuning_db, seed=args.seed, model=args.model, log=_say,
+                       kernels=args.kernels, ios=_ios_options(args), cores=args.threads)
     result.update(reduced=args.reduced, batch=args.batch)
     _say(format_table(result))
     if args.json:
@@ -199,9 +324,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if target.kind.name != "llvm":
         raise ParagraphError("paragraph inspect records kernel timelines on the CPU executor; "
                              "use --target cpu")
-    with _Step(f"lowering and compiling {label}"):
-        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db)
-    schedule = _schedule(args, program.graph)
+    with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
+        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+                                      kernels=args.kernels)
+    program, schedule = _schedule(args, program)
     _say(f"  schedule {schedule.describe()}")
     if args.dot:
         atomic_write_bytes(args.dot, program.graph.to_dot().encode())
@@ -231,7 +357,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``paragraph`` command."""
     from paragraph import __version__
+    from paragraph.passes.ios import IOS_SCHEDULES, MODES
     from paragraph.passes.schedule import ALGORITHMS
+    from paragraph.tvm_interop.vendor import KERNEL_SOURCES
 
     parser = argparse.ArgumentParser(
         prog="paragraph", description="Graph substitution and inter-operator parallelism "
@@ -242,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the built-in model zoo")
     p.set_defaults(func=cmd_models)
 
-    def model_options(p: argparse.ArgumentParser) -> None:
+    def model_options(p: argparse.ArgumentParser, tuning_db: bool = True) -> None:
         p.add_argument("model", help="zoo model name (see `paragraph models`) or a .onnx file")
         p.add_argument("--reduced", action="store_true",
                        help="zoo model at reduced size (same topology, small channels)")
@@ -254,20 +382,45 @@ def build_parser() -> argparse.ArgumentParser:
                        help="device to compile for and run on (default cpu)")
         p.add_argument("--threads", type=_positive, default=None,
                        help="CPU cores to use (default: all this process may use)")
-        p.add_argument("--tuning-db", metavar="DIR",
-                       help="apply this MetaSchedule database (a tuning work dir)")
+        if tuning_db:
+            p.add_argument("--tuning-db", metavar="DIR",
+                           help="apply this MetaSchedule database (a `paragraph tune` work dir)")
+        p.add_argument("--kernels", choices=KERNEL_SOURCES, default="tvm",
+                       help="kernel source: TVM codegen, vendor libraries through PyTorch "
+                       "(oneDNN/cuDNN/cuBLAS), or auto (per kernel the faster, measured; "
+                       "default tvm)")
 
-    def schedule_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--schedule", choices=ALGORITHMS, default="sequential",
-                       help="how to spread kernels over streams (default sequential)")
+    def ios_options(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("IOS search (--schedule ios)")
+        g.add_argument("--ios-mode", choices=MODES, default="both",
+                       help="stage kinds: concurrent groups, merged convolutions, or both "
+                       "(default both)")
+        g.add_argument("--ios-r", type=_positive, default=3,
+                       help="at most this many kernels per group (default 3)")
+        g.add_argument("--ios-s", type=_positive, default=8,
+                       help="at most this many groups per stage (default 8)")
+        g.add_argument("--ios-part-size", type=_positive, default=50,
+                       help="split blocks larger than this into parts (default 50)")
+        g.add_argument("--ios-budget", type=float, default=None, metavar="SECONDS",
+                       help="search time budget; parts not solved in time run sequentially")
+        g.add_argument("--ios-protocol", type=_protocol, default=(2, 6, 6),
+                       metavar="W,R,N", help="stage measurement: W warm-ups, R repeats of N "
+                       "runs, median (default 2,6,6 as in IOS)")
+
+    def schedule_options(p: argparse.ArgumentParser, default: str | None = "sequential") -> None:
+        p.add_argument("--schedule", choices=(*ALGORITHMS, "ios"), default=default,
+                       help="how to spread kernels over streams (default sequential; ios "
+                       "searches stages by measurement, cached in the cost database)")
         p.add_argument("--schedule-file", metavar="JSON",
                        help="use a schedule saved with --save-schedule instead")
         p.add_argument("--save-schedule", metavar="JSON", help="write the schedule as JSON")
+        ios_options(p)
 
     p = sub.add_parser("run", help="import a model, round-trip it through paragraph's graph, "
-                       "compile it, check outputs and time it on the parallel executor")
+                       "compile it, check outputs and time it on the parallel executor (or "
+                       "run a directory written by `paragraph compile`)")
     model_options(p)
-    schedule_options(p)
+    schedule_options(p, default=None)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="CUDA: issue the streams directly instead of replaying a CUDA Graph")
@@ -275,9 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="time the TVM baselines and every schedule side by side")
     model_options(p)
-    p.add_argument("--schedules", metavar="A,B", help=f"subset of {','.join(ALGORITHMS)}")
+    p.add_argument("--schedules", metavar="A,B",
+                   help=f"subset of {','.join((*ALGORITHMS, *IOS_SCHEDULES))} (ios = "
+                   f"ios-MODE with --ios-mode; default: all but IOS)")
     p.add_argument("--repeat", type=_positive, default=20, help="timed rounds (default 20)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    ios_options(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("inspect", help="profile one schedule and draw its timeline (PNG)")
@@ -287,6 +443,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PNG", help="timeline file (default MODEL-SCHEDULE-...png)")
     p.add_argument("--dot", metavar="FILE", help="also write the kernel graph as Graphviz dot")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("tune", help="tune the model's fused kernels with MetaSchedule "
+                       "(resumable: run it again to continue)")
+    model_options(p, tuning_db=False)
+    p.add_argument("--trials", type=_positive, required=True, help="trials per kernel")
+    p.add_argument("--work-dir", required=True, metavar="DIR",
+                   help="the tuning database (give it to other verbs as --tuning-db)")
+    p.add_argument("--max-tasks", type=_positive, default=None,
+                   help="tune only the N kernels with the most FLOPs in the model")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("compile", help="compile a model (kernels, kernel graph, weights, "
+                       "schedule) into a directory that `paragraph run DIR` runs")
+    model_options(p)
+    schedule_options(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    p.set_defaults(func=cmd_compile)
+    from paragraph.rules.cli import register as register_rules
+
+    register_rules(sub)
     return parser
 
 

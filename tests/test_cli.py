@@ -72,6 +72,44 @@ def test_inspect_draws_a_timeline(capsys, tmp_path):
     assert dot.read_text().startswith("digraph")
 
 
+QUICK_IOS = ("--ios-protocol", "0,1,1")  # one run per stage: tests check wiring, not speed
+
+
+def test_ios_in_run_bench_and_inspect(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
+                           "--schedule", "ios", "--ios-mode", "parallel", "--ios-r", "2",
+                           "--ios-s", "4", *QUICK_IOS)
+    assert code == 0 and "ios-parallel schedule" in out and "equal" in out
+    assert "IOS [####################] part" in out and "stages measured" in out
+    assert (tmp_path / "cache" / "costs.sqlite").exists()
+    path = tmp_path / "bench.json"
+    code, out, _ = run_cli(capsys, "bench", "squeezenet1_1", "--reduced", "--repeat", "2",
+                           "--schedules", "sequential,ios-merge,ios-both", "--json",
+                           str(path), *QUICK_IOS)
+    assert code == 0, out
+    rows = {c["config"]: c for c in json.loads(path.read_text())["configs"]}
+    assert {"executor:ios-merge", "executor:ios-both"} <= set(rows)
+    assert rows["executor:ios-both"]["search_s"] > 0
+    assert "states" in rows["executor:ios-both"]["search"]
+    png = tmp_path / "ios.png"
+    code, out, _ = run_cli(capsys, "inspect", "squeezenet1_1", "--reduced", "--schedule",
+                           "ios", "--out", str(png), *QUICK_IOS)
+    assert code == 0 and png.exists() and "ios-both" in out
+    out_dir = tmp_path / "compiled"
+    code, _, _ = run_cli(capsys, "compile", "squeezenet1_1", "--reduced", "--schedule", "ios",
+                         "-o", str(out_dir), *QUICK_IOS)
+    assert code == 0
+    code, out, _ = run_cli(capsys, "run", str(out_dir), "--repeat", "1")
+    assert code == 0 and "ios-both schedule" in out
+
+
+def test_ios_protocol_is_checked():
+    with pytest.raises(SystemExit) as info:
+        main(["run", "squeezenet1_1", "--schedule", "ios", "--ios-protocol", "2,six,6"])
+    assert info.value.code == 2
+
+
 def test_run_an_onnx_file(capsys, tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnx")

@@ -1,0 +1,105 @@
+"""Schedule benchmark (the layout of the IOS README table): every schedule on each model.
+
+Usage: python benchmarks/schedules.py [--models a,b] [--kernels vendor] [--repeat N]
+           [--reduced] [--ios-protocol 2,6,6] [--json benchmarks/results/schedules-cpu.json]
+
+Per model: sequential, wavefront ("greedy" in IOS), opara, nimble, IOS-parallel, IOS-merge,
+IOS-both, each a median latency from one round-robin timing run, plus each IOS search's time.
+Targets (issue 4): IOS-both no slower than the best other schedule on every model; search under
+10 minutes per model on 2 cores. Stage costs are cached in the cost database (``--db``), so a
+second run of the benchmark re-uses them (the search time reported is that run's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from paragraph import models
+from paragraph.bench import check_outputs, executor_config, time_round_robin, vm_config
+from paragraph.files import atomic_write_json
+from paragraph.machine import describe_machine
+from paragraph.passes.ios import IOSOptions, ios_schedule
+from paragraph.passes.schedule import make_schedule
+from paragraph.tvm_interop import random_inputs
+from paragraph.tvm_interop.kernels import KernelProgram, resolve_target
+from paragraph.tvm_interop.measure import CostDB
+
+MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "squeezenet1_1")
+HEURISTICS = ("sequential", "wavefront", "opara", "nimble")
+
+
+def bench_model(name: str, args, db: CostDB, log) -> dict:
+    """Every schedule of one model, the IOS ones searched first, then all timed side by side."""
+    mod = models.get(name, reduced=args.reduced)
+    start = time.perf_counter()
+    program = KernelProgram.build(mod, resolve_target(args.target), kernels=args.kernels)
+    log(f"{name}: {len(program.kernels)} kernels, built in {time.perf_counter() - start:.0f} s")
+    inputs = random_inputs(mod)
+    vm = vm_config("tvm_vm", program.vm(), inputs, program.device)
+    expected = vm.run()
+    configs = [vm] + [executor_config(program, make_schedule(h, program.graph), inputs)
+                      for h in HEURISTICS]
+    searches = {}
+    warmup, repeat, number = (int(v) for v in args.ios_protocol.split(","))
+    for mode in ("parallel", "merge", "both"):
+        options = IOSOptions(mode=mode, warmup=warmup, repeat=repeat, number=number,
+                             budget_s=args.budget, progress=True)
+        t = time.perf_counter()
+        result = ios_schedule(program, options, db=db, log=log)
+        searches[f"ios-{mode}"] = {"search_s": time.perf_counter() - t,
+                                   "summary": result.stats.summary(),
+                                   "predicted_ms": result.schedule.info["predicted_ms"]}
+        log(f"  ios-{mode}: {result.stats.summary()}")
+        configs.append(executor_config(result.program, result.schedule, inputs))
+    try:
+        check_outputs(configs, expected, rtol=1e-4, atol=1e-4)
+        time_round_robin(configs, args.repeat)
+    finally:
+        for c in configs:
+            if c.close is not None:
+                c.close()
+    base = statistics.median(vm.samples) * 1e3
+    rows = [c.row(base) for c in configs]
+    for r in rows:
+        r.update(searches.get(r.get("schedule", ""), {}))
+        log(f"  {r['config']:28} {r['median_ms']:9.3f} ms")
+    best_other = min(r["median_ms"] for r in rows if r["config"].startswith("executor:")
+                     and not r["config"].startswith("executor:ios"))
+    both = next(r["median_ms"] for r in rows if r["config"] == "executor:ios-both")
+    return {"model": name, "kernels": len(program.kernels), "configs": rows,
+            "ios_both_vs_best_other": best_other / both,
+            "target_met": both <= best_other * 1.0 and all(
+                s["search_s"] < 600 for s in searches.values())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--kernels", default="tvm", choices=("tvm", "vendor", "auto"))
+    parser.add_argument("--target", default="cpu")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--reduced", action="store_true")
+    parser.add_argument("--ios-protocol", default="2,6,6", help="warmup,repeat,number")
+    parser.add_argument("--budget", type=float, default=None, help="IOS time budget (s)")
+    parser.add_argument("--db", default=None, help="cost database (default: the user cache)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    kind = "cpu" if args.target == "cpu" else "gpu"
+    out = args.json or f"benchmarks/results/schedules-{kind}{'-reduced' * args.reduced}.json"
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    db = CostDB(args.db)
+    results = [bench_model(m, args, db, log) for m in args.models.split(",")]
+    atomic_write_json(out, {"benchmark": "schedules", "kernels": args.kernels,
+                            "target": args.target, "machine": describe_machine(),
+                            "repeat": args.repeat, "ios_protocol": args.ios_protocol,
+                            "models": results})
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,725 @@
+"""IOS: inter-operator scheduling by dynamic programming over stages (Ding et al., MLSys'21).
+
+The kernel graph is cut into blocks at the kernels every input-to-output path crosses
+(post-dominator cut nodes, as RAF's port of IOS does), and blocks larger than ``max_part_size``
+into consecutive parts. For each part a memoised DP over states (bitmask of kernels not yet
+scheduled) takes, at each state S, the best ending S' (no edge leaves S' into S - S'):
+
+    cost[S] = min over endings S' of cost[S - S'] + stage_latency(S')      (IOS section 4)
+
+with stage_latency = min(concurrent execution of S''s groups, operator merge where mergeable).
+Groups are the weakly connected components of the ending; pruning keeps at most ``s`` groups
+per stage and ``r`` kernels per group (defaults 8 and 3). Stage latencies are measured on the
+device (IOS protocol: 2 warm-ups, 6 repeats of 6 runs), each distinct stage once, cached in the
+cost database. Beyond IOS, on a CPU a stage may instead run its kernels one after another with
+all threads; the DP picks per stage by measurement.
+
+The DP runs over abstract stage costs (`schedule_part`); `ios_schedule` binds it to a
+`KernelProgram`: measured stage costs, convolution merging (`paragraph.passes.merge`) and the
+final `Schedule`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from itertools import combinations
+
+import networkx as nx
+import numpy as np
+
+from paragraph.errors import ParagraphError
+from paragraph.graph import Graph, TensorRef
+from paragraph.schedule import kernel_ids, producers
+
+MODES = ("parallel", "merge", "both")
+CONCURRENT, SEQUENTIAL, MERGE = "concurrent", "sequential", "merge"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage: groups of unit indices (each group runs in order on one stream)."""
+
+    groups: tuple[tuple[int, ...], ...]
+    strategy: str
+    cost: float
+
+
+@dataclass
+class SearchStats:
+    """What the search did: states, transitions, stages costed and measured, seconds."""
+
+    states: int = 0
+    transitions: int = 0
+    stages_costed: int = 0
+    stages_measured: int = 0
+    seconds: float = 0.0
+    budget_hit: bool = False
+    parts: int = 0
+
+    def summary(self) -> str:
+        cut = ", time budget hit: rest sequential" if self.budget_hit else ""
+        return (f"{self.parts} parts, {self.states} states, {self.transitions} transitions, "
+                f"{self.stages_costed} distinct stages ({self.stages_measured} measured), "
+                f"{self.seconds:.1f} s{cut}")
+
+
+# ---------------------------------------------------------------------------- blocks
+def cut_nodes(graph: Graph) -> list[int]:
+    """Kernels that every path from the graph inputs to its outputs goes through, in order."""
+    kernels = [k for k in kernel_ids(graph) if graph[k].kind == "kernel"]
+    g = _kernel_dag(graph, kernels)
+    g.add_nodes_from(("source", "sink"))
+    for k in kernels:
+        if not any(p in g for p in g.predecessors(k)):
+            g.add_edge("source", k)
+    outs = {_producing_kernel(graph, r.node) for r in graph.outputs}
+    for k in kernels:
+        if g.out_degree(k) == 0 or k in outs:
+            g.add_edge(k, "sink")
+    dom = nx.immediate_dominators(g, "source")
+    chain, v = [], dom.get("sink")
+    while v is not None and v != "source":
+        chain.append(v)
+        v = dom[v]
+    position = {k: i for i, k in enumerate(kernels)}
+    return sorted(chain, key=position.__getitem__)
+
+
+def _producing_kernel(graph: Graph, node: int) -> int:
+    """Follow views back to the kernel that wrote the bytes (or the source)."""
+    while graph[node].kind == "view":
+        node = graph[node].inputs[0].node
+    return node
+
+
+def _kernel_dag(graph: Graph, kernels: Sequence[int]) -> nx.DiGraph:
+    """Kernel-to-kernel dependencies, looking through views."""
+    g = nx.DiGraph()
+    g.add_nodes_from(kernels)
+    members = set(kernels)
+    for k in kernels:
+        for p in producers(graph, k):
+            p = _producing_kernel(graph, p)
+            if p in members:
+                g.add_edge(p, k)
+    return g
+
+
+def blocks(graph: Graph, max_part_size: int = 50) -> list[list[int]]:
+    """The kernels (views excluded) cut into blocks at the cut nodes (each cut node ends its
+    block), each block split into consecutive parts of at most ``max_part_size`` kernels."""
+    kernels = [k for k in kernel_ids(graph) if graph[k].kind == "kernel"]
+    cuts = set(cut_nodes(graph))
+    out: list[list[int]] = []
+    current: list[int] = []
+    for k in kernels:  # topological order: a block is what lies between two cut nodes
+        current.append(k)
+        if k in cuts:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return [b[i:i + max_part_size] for b in out for i in range(0, len(b), max_part_size)]
+
+
+# ---------------------------------------------------------------------------- endings
+@dataclass
+class PartGraph:
+    """A part as bitmasks over its units (0..n-1 in topological order)."""
+
+    n: int
+    succ: list[int]
+    pred: list[int]
+    desc: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_edges(cls, n: int, edges: Sequence[tuple[int, int]]) -> PartGraph:
+        succ, pred = [0] * n, [0] * n
+        for u, v in edges:
+            succ[u] |= 1 << v
+            pred[v] |= 1 << u
+        desc = [0] * n
+        for u in reversed(range(n)):  # units are in topological order
+            d = succ[u]
+            m = succ[u]
+            while m:
+                low = m & -m
+                d |= desc[low.bit_length() - 1]
+                m ^= low
+            desc[u] = d
+        return cls(n, succ, pred, desc)
+
+    def connected(self, mask: int) -> bool:
+        """Whether the units of ``mask`` are weakly connected among themselves."""
+        if not mask:
+            return False
+        seen = mask & -mask
+        frontier = seen
+        while frontier:
+            low = frontier & -frontier
+            frontier ^= low
+            u = low.bit_length() - 1
+            new = (self.succ[u] | self.pred[u]) & mask & ~seen
+            seen |= new
+            frontier |= new
+        return seen == mask
+
+    def neighbours(self, mask: int) -> int:
+        out, m = 0, mask
+        while m:
+            low = m & -m
+            u = low.bit_length() - 1
+            out |= self.succ[u] | self.pred[u]
+            m ^= low
+        return out
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def group_atoms(part: PartGraph, state: int, r: int) -> list[int]:
+    """Connected sets of at most ``r`` units of ``state`` that contain their own successors
+    within ``state``: the possible groups of an ending (IOS: weakly connected components)."""
+    closure = {u: (part.desc[u] | 1 << u) & state for u in _bits(state)}
+    seeds = {c for c in closure.values() if c.bit_count() <= r}
+    atoms, frontier = set(seeds), list(seeds)
+    while frontier:
+        t = frontier.pop()
+        for u in _bits(state & ~t):
+            grown = t | closure[u]
+            if grown not in atoms and grown.bit_count() <= r and part.connected(grown):
+                atoms.add(grown)
+                frontier.append(grown)
+    return sorted(a for a in atoms if part.connected(a))
+
+
+def enumerate_endings(part: PartGraph, state: int, r: int, s: int) -> Iterator[tuple[int, ...]]:
+    """Every ending of ``state`` with at most ``s`` groups of at most ``r`` units, as a tuple
+    of group masks (pairwise disjoint, with no edge between two of them)."""
+    atoms = group_atoms(part, state, r)
+    reach = [part.neighbours(a) | a for a in atoms]
+
+    def extend(start: int, chosen: tuple[int, ...], blocked: int):
+        for i in range(start, len(atoms)):
+            if atoms[i] & blocked:
+                continue
+            combo = (*chosen, atoms[i])
+            yield combo
+            if len(combo) < s:
+                yield from extend(i + 1, combo, blocked | reach[i])
+    yield from extend(0, (), 0)
+
+
+def is_ending(part: PartGraph, state: int, sub: int) -> bool:
+    """The definition: ``sub`` is a non-empty subset of ``state`` and no edge goes from
+    ``sub`` to ``state - sub``."""
+    if not sub or sub & ~state:
+        return False
+    return all(not (part.succ[u] & (state & ~sub)) for u in _bits(sub))
+
+
+# ---------------------------------------------------------------------------- the DP
+StageCost = Callable[[tuple[tuple[int, ...], ...], str], float]
+
+
+def schedule_part(part: PartGraph, stage_cost: StageCost, *, r: int = 3, s: int = 8,
+                  mode: str = "both", strategies: Sequence[str] = (CONCURRENT,),
+                  mergeable: Callable[[tuple[int, ...]], bool] | None = None,
+                  stats: SearchStats | None = None, deadline: float | None = None,
+                  fallback: Callable[[int], list[Stage]] | None = None,
+                  ) -> tuple[float, list[Stage]]:
+    """The IOS DP on one part: minimum total stage cost and its stages in execution order.
+
+    ``stage_cost(groups, strategy)`` prices a stage; ``strategies`` lists the ways a non-merge
+    stage may run (concurrent groups; on a CPU also sequential with all threads). In ``merge``
+    mode the endings are single units and mergeable sets of sinks; in ``parallel`` mode the
+    pruned concurrent endings; ``both`` takes the union. After ``deadline`` (time.monotonic) the
+    states not yet solved are finished by ``fallback(state)`` (e.g. sequential stages).
+    """
+    if mode not in MODES:
+        raise ParagraphError(f"unknown IOS mode {mode!r}; choose from {MODES}")
+    stats = stats or SearchStats()
+    memo: dict[int, tuple[float, Stage | None]] = {0: (0.0, None)}
+    price: dict[tuple, Stage] = {}
+
+    def best_stage(groups: tuple[tuple[int, ...], ...], merge: bool) -> Stage:
+        options = [MERGE] if merge else list(strategies)
+        best = None
+        for strategy in options:
+            key = (groups, strategy)
+            if key not in price:
+                stats.stages_costed += 1
+                price[key] = Stage(groups, strategy, stage_cost(groups, strategy))
+            if best is None or price[key].cost < best.cost:
+                best = price[key]
+        return best
+
+    def transitions(state: int) -> Iterator[tuple[int, Stage]]:
+        if mode in ("parallel", "both"):
+            for combo in enumerate_endings(part, state, r, s):
+                groups = tuple(tuple(_bits(g)) for g in combo)
+                yield sum(combo), best_stage(groups, merge=False)
+        if mode in ("merge", "both"):
+            sinks = [u for u in _bits(state) if not part.succ[u] & state]
+            if mode == "merge":  # single units: the only non-merge stages of IOS-Merge
+                for u in sinks:
+                    yield 1 << u, best_stage(((u,),), merge=False)
+            if mergeable is not None:
+                for subset in _subsets(sinks, min_size=2):
+                    if mergeable(subset):
+                        yield sum(1 << u for u in subset), best_stage((subset,), merge=True)
+
+    def solve(state: int) -> float:
+        if state in memo:
+            return memo[state][0]
+        if deadline is not None and fallback is not None and time.monotonic() > deadline:
+            stats.budget_hit = True
+            stages = fallback(state)
+            memo[state] = (sum(st.cost for st in stages), ("fallback", stages))
+            return memo[state][0]
+        stats.states += 1
+        best: tuple[float, Stage | None] = (float("inf"), None)
+        for ending, stage in transitions(state):
+            stats.transitions += 1
+            total = solve(state & ~ending) + stage.cost
+            if total < best[0] - 1e-12:  # ties: the first found wins (deterministic)
+                best = (total, (ending, stage))
+        memo[state] = best
+        return best[0]
+
+    full = (1 << part.n) - 1
+    cost = solve(full)
+    if cost == float("inf"):
+        raise ParagraphError("the IOS search found no schedule (no ending passed the pruning)")
+    stages: list[Stage] = []
+    state = full
+    while state:
+        choice = memo[state][1]
+        if choice[0] == "fallback":
+            stages = choice[1] + stages
+            break
+        ending, stage = choice
+        stages.insert(0, stage)
+        state &= ~ending
+    return cost, stages
+
+
+def _subsets(items: Sequence[int], min_size: int) -> Iterator[tuple[int, ...]]:
+    """Subsets of ``items`` with at least ``min_size`` members (of the first 12), smallest
+    first."""
+    items = list(items)[:12]
+    for size in range(min_size, len(items) + 1):
+        yield from combinations(items, size)
+
+
+def brute_force(part: PartGraph, stage_cost: StageCost, *, r: int = 3, s: int = 8,
+                strategies: Sequence[str] = (CONCURRENT,)) -> float:
+    """The optimum over every schedule, by trying every subset as the next ending and checking
+    the definitions directly (for tests on small graphs only)."""
+    @cache
+    def best(state: int) -> float:
+        if not state:
+            return 0.0
+        result = float("inf")
+        sub = state
+        while sub:  # every non-empty subset of state
+            if is_ending(part, state, sub):
+                groups = _components(part, sub)
+                if len(groups) <= s and all(len(g) <= r for g in groups):
+                    stage = min(stage_cost(groups, st) for st in strategies)
+                    result = min(result, best(state & ~sub) + stage)
+            sub = (sub - 1) & state
+        return result
+
+    return best((1 << part.n) - 1)
+
+
+def _components(part: PartGraph, mask: int) -> tuple[tuple[int, ...], ...]:
+    """Weakly connected components of the units in ``mask``, each sorted, ordered by first."""
+    comps, left = [], mask
+    while left:
+        seen = left & -left
+        frontier = seen
+        while frontier:
+            low = frontier & -frontier
+            frontier ^= low
+            u = low.bit_length() - 1
+            new = (part.succ[u] | part.pred[u]) & left & ~seen
+            seen |= new
+            frontier |= new
+        comps.append(tuple(_bits(seen)))
+        left &= ~seen
+    return tuple(sorted(comps))
+
+
+# ---------------------------------------------------------------------------- on a device
+@dataclass(frozen=True)
+class IOSOptions:
+    """Search settings: IOS's pruning (r, s), mode, part size and measurement protocol."""
+
+    mode: str = "both"
+    r: int = 3
+    s: int = 8
+    max_part_size: int = 50
+    warmup: int = 2
+    repeat: int = 6
+    number: int = 6
+    budget_s: float | None = None  # after this, unsolved states run sequentially
+    progress: bool = False
+    cores: int | None = None  # CPU threads of sequential and merged stages (default: all)
+
+
+@dataclass
+class IOSResult:
+    """The program the schedule runs (merges rebuild it), the schedule, and search stats."""
+
+    program: object  # KernelProgram
+    schedule: object  # Schedule
+    stats: SearchStats
+    stages: list[tuple[tuple[tuple[int, ...], ...], str, float]]
+
+
+class StageMeter:
+    """Measures stages of a `KernelProgram` on its device; each distinct stage once, cached in
+    the cost database under a key made of its kernels' hashes and the strategy."""
+
+    def __init__(self, program, options: IOSOptions, db=None, tuning: str = "") -> None:
+        from paragraph.machine import cpu_count
+        from paragraph.passes.schedule import sequential
+        from paragraph.tvm_interop.executor import make_executor
+        from paragraph.tvm_interop.memory import no_reuse_plan
+
+        self.program, self.options, self.db, self.tuning = program, options, db, tuning
+        self.on_cpu = program.target.kind.name == "llvm"
+        self.cores = (options.cores or cpu_count()) if self.on_cpu else 1
+        graph = program.graph
+        self.executor = make_executor(program, sequential(graph), plan=no_reuse_plan(graph),
+                                      use_cuda_graph=False)
+        self.executor.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype)
+                            for i in graph.inputs], copy_outputs=False)  # load every kernel
+        self.measured = 0
+        self._merged: dict[tuple[int, ...], float] = {}
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def key(self, groups, strategy: str) -> str:
+        graph = self.program.graph
+        sig = "|".join(",".join(graph[k].attrs["hash"] for k in g) for g in groups)
+        return f"ios:{strategy}:{sig}"
+
+    def cost(self, groups: tuple[tuple[int, ...], ...], strategy: str) -> float:
+        """Seconds for one run of the stage (kernel ids), measured or from the database."""
+        from paragraph.tvm_interop.measure import CostKey
+
+        source = ",".join(sorted({self.program.graph[k].attrs["source"]
+                                  for g in groups for k in g}))
+        key = CostKey(str(self.program.target), self.key(groups, strategy), self.tuning, source,
+                      f"protocol={self.options.warmup}/{self.options.repeat}x"
+                      f"{self.options.number}")
+        cached = self.db.get(key) if self.db is not None else None
+        if cached is not None:
+            return cached
+        seconds = self._measure(groups, strategy)
+        self.measured += 1
+        if self.db is not None:
+            from paragraph.tvm_interop.vm import Timing
+
+            self.db.put(key, Timing((seconds,)))
+        return seconds
+
+    def _measure(self, groups, strategy: str) -> float:
+        from paragraph.tvm_interop.measure import time_steps
+
+        steps = self.executor.steps
+        if strategy == MERGE:
+            return self._merged_cost(tuple(k for g in groups for k in g))
+        if strategy == SEQUENTIAL:
+            run = [[steps[k] for g in groups for k in g]]
+            threads = [self.cores]
+        else:
+            run = [[steps[k] for k in g] for g in groups]
+            threads = [1] * len(groups)
+        opts = self.options
+        if not self.on_cpu:
+            return self._measure_gpu(run)
+        timing = time_steps([_repeated(g, opts.number) for g in run], repeat=opts.repeat,
+                            warmup=opts.warmup, threads=threads)
+        return timing.median_ms / 1e3 / opts.number
+
+    def _measure_gpu(self, run) -> float:
+        """Groups issued on their own CUDA streams, timed between device synchronisations."""
+        from paragraph.tvm_interop.executor import _check, _cudart
+
+        rt, dev, opts = _cudart(), self.program.device, self.options
+        streams = self.executor.streams
+        samples = []
+        for i in range(opts.warmup + opts.repeat):
+            dev.sync()
+            start = time.perf_counter()
+            for _ in range(opts.number):
+                for group, stream in zip(run, streams):
+                    dev.set_raw_stream(int(stream))
+                    for step in group:
+                        step.fn(*step.args)
+                for stream in streams[:len(run)]:
+                    _check(rt.cudaStreamSynchronize(stream))
+            if i >= opts.warmup:
+                samples.append((time.perf_counter() - start) / opts.number)
+        dev.set_raw_stream(0)
+        return sorted(samples)[len(samples) // 2]
+
+    def _merged_cost(self, kernels: tuple[int, ...]) -> float:
+        """Build the merged convolution alone, compile it, and time it with all threads."""
+        from paragraph.graph import GraphBuilder
+        from paragraph.passes.merge import merge_rewrite, relabel
+        from paragraph.passes.schedule import sequential
+        from paragraph.tvm_interop.executor import make_executor
+        from paragraph.tvm_interop.kernels import KernelProgram
+        from paragraph.tvm_interop.measure import time_steps
+
+        ops = self.program.ops
+        units = [self.unit(k) for k in kernels]
+        data = ops.type_of(units[0].data)
+        b = GraphBuilder()  # the shared input, then the units' operators, then the merge
+        x = b.input(data.shape, data.dtype, name="x")
+        nodes = {units[0].data.node: x.node}
+        for u in units:
+            for i in (u.conv, *u.chain):
+                node = ops[i]
+                ins = []
+                for r in node.inputs:
+                    if r.node not in nodes:
+                        nodes[r.node] = b.weight(ops[r.node].value, kind=ops[r.node].kind).node
+                    ins.append(TensorRef(nodes[r.node], r.index))
+                nodes[i] = b.op(node.kind, ins, node.attrs).id
+        mini = b.build([TensorRef(nodes[u.last]) for u in units])
+        removed, added, remap = merge_rewrite(mini, [relabel(u, nodes) for u in units])
+        merged = mini.replace_subgraph(removed, added, remap).without_dead_nodes()
+        program = KernelProgram.build(merged, self.program.target, device=self.program.device,
+                                      tuning_db=self.tuning or None,
+                                      kernels=self.program.kernel_source)
+        opts = self.options
+        with make_executor(program, sequential(program.graph, cores=self.cores),
+                           use_cuda_graph=False) as ex:
+            ex.run(np.zeros(data.shape, data.dtype), copy_outputs=False)
+            steps = [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
+            if not self.on_cpu:
+                return self._measure_gpu_steps(ex, steps)
+            timing = time_steps([_repeated(steps, opts.number)], repeat=opts.repeat,
+                                warmup=opts.warmup, threads=[self.cores])
+        return timing.median_ms / 1e3 / opts.number
+
+    def _measure_gpu_steps(self, ex, steps) -> float:
+        opts, dev = self.options, self.program.device
+        samples = []
+        for i in range(opts.warmup + opts.repeat):
+            dev.sync()
+            start = time.perf_counter()
+            for _ in range(opts.number):
+                for st in steps:
+                    st.fn(*st.args)
+            dev.sync()
+            if i >= opts.warmup:
+                samples.append((time.perf_counter() - start) / opts.number)
+        return sorted(samples)[len(samples) // 2]
+
+    def unit(self, kernel: int):
+        from paragraph.passes.merge import conv_unit
+
+        if self.program.kernel_ops is None:
+            return None
+        return conv_unit(self.program.ops, kernel, self.program.kernel_ops[kernel])
+
+    def mergeable(self, kernels: Sequence[int]) -> bool:
+        from paragraph.passes.merge import can_merge
+
+        return can_merge([self.unit(k) for k in kernels])
+
+
+def _repeated(steps, number: int) -> list:
+    return [st for _ in range(number) for st in steps]
+
+
+# a planned stage: strategy, cost, and stream -> kernels in order
+Planned = tuple[str, float, dict[int, list[int]]]
+
+
+def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning_db=None,
+                 log: Callable[[str], None] | None = None) -> IOSResult:
+    """Search the IOS schedule of ``program`` (a `KernelProgram`): DP per part with measured
+    stages; where merges win, rebuild the program with them; return program and schedule."""
+    start = time.monotonic()
+    deadline = start + options.budget_s if options.budget_s else None
+    graph = program.graph
+    meter = StageMeter(program, options, db, tuning="" if tuning_db is None else str(tuning_db))
+    stats = SearchStats()
+    strategies = (CONCURRENT, SEQUENTIAL) if meter.on_cpu else (CONCURRENT,)
+    parts = blocks(graph, options.max_part_size)
+    stats.parts = len(parts)
+    stages: list[Stage] = []  # groups of kernel ids
+    last_log = start
+    try:
+        for i, part in enumerate(parts):
+            dag = _kernel_dag(graph, part)
+            index = {k: j for j, k in enumerate(part)}
+            pg = PartGraph.from_edges(len(part), [(index[u], index[v]) for u, v in dag.edges])
+
+            def cost(groups, strategy, part=part):
+                return meter.cost(tuple(tuple(part[u] for u in g) for g in groups), strategy)
+
+            def fallback(state, part=part):
+                units = tuple(_bits(state))
+                return [Stage((units,), SEQUENTIAL, cost((units,), SEQUENTIAL))]
+
+            _, found = schedule_part(
+                pg, cost, r=options.r, s=options.s, mode=options.mode, strategies=strategies,
+                mergeable=lambda units, part=part: meter.mergeable([part[u] for u in units]),
+                stats=stats, deadline=deadline, fallback=fallback)
+            stages += [Stage(tuple(tuple(part[u] for u in g) for g in st.groups), st.strategy,
+                             st.cost) for st in found]
+            quarter = 4 * (i + 1) // len(parts) > 4 * i // len(parts)
+            if log is not None and (i + 1 == len(parts) or options.progress and (
+                    quarter or time.monotonic() - last_log > 10)):
+                last_log = time.monotonic()
+                bar = "#" * (20 * (i + 1) // len(parts))
+                log(f"  IOS [{bar:20}] part {i + 1}/{len(parts)}: {len(part)} kernels, "
+                    f"{stats.states} states, {meter.measured} stages measured, "
+                    f"{time.monotonic() - start:.0f} s")
+    finally:
+        meter.close()
+    stats.stages_measured = meter.measured
+    planned: list[Planned] = []
+    for st in stages:
+        if st.strategy == CONCURRENT:
+            first = 1 if meter.on_cpu else 0  # stream 0 keeps every thread on a CPU
+            planned.append((st.strategy, st.cost, {first + j: list(g)
+                                                   for j, g in enumerate(st.groups)}))
+        else:
+            planned.append((st.strategy, st.cost, {0: [k for g in st.groups for k in g]}))
+    merges = [[meter.unit(k) for k in st.groups[0]] for st in stages if st.strategy == MERGE]
+    if merges:
+        program, planned = _rebuild_with_merges(program, merges, planned, tuning_db)
+    stats.seconds = time.monotonic() - start
+    schedule = _to_schedule(program, planned, meter.cores if meter.on_cpu else 1, options,
+                            stats)
+    return IOSResult(program, schedule, stats, [(st.groups, st.strategy, st.cost)
+                                                for st in stages])
+
+
+def _rebuild_with_merges(program, merges, planned: list[Planned], tuning_db):
+    """Apply the chosen merges to the operator graph, lower it again, and carry the plan over:
+    each new kernel goes to the latest stage (and that stage's stream) of the operators it
+    computes: the old kernel's, or the merge's for operators a merge made; never earlier than
+    a kernel it reads from."""
+    from paragraph.passes.merge import apply_merges
+    from paragraph.tvm_interop.kernels import KernelProgram
+
+    new_ops, added = apply_merges(program.ops, merges)
+    rebuilt = KernelProgram.build(new_ops, program.target, device=program.device,
+                                  tuning_db=tuning_db, kernels=program.kernel_source)
+    if rebuilt.kernel_ops is None:
+        raise ParagraphError("IOS merge: the rebuilt program's kernels could not be traced")
+    origin: dict[int, tuple[int, int]] = {}  # operator id -> (stage, stream)
+    merge_stages = [i for i, (strategy, _, _) in enumerate(planned) if strategy == MERGE]
+    for i, (_, _, streams) in enumerate(planned):
+        for s, ks in streams.items():
+            for k in ks:
+                for op in program.kernel_ops.get(k, ()):
+                    origin[op] = (i, s)
+    for i, ids in zip(merge_stages, added):
+        for op in ids:
+            origin[op] = (i, 0)
+    where: dict[int, tuple[int, int]] = {}
+    graph = rebuilt.graph
+    for k in kernel_ids(graph):
+        if graph[k].kind != "kernel":
+            continue
+        here = max(origin[op] for op in rebuilt.kernel_ops[k])
+        for p in producers(graph, k):
+            p = _producing_kernel(graph, p)
+            if p in where and where[p][0] > here[0]:
+                here = where[p]
+        where[k] = here
+    out: list[Planned] = [(strategy, cost, {}) for strategy, cost, _ in planned]
+    for k, (i, s) in where.items():
+        out[i][2].setdefault(s, []).append(k)
+    return rebuilt, [p for p in out if p[2]]
+
+
+def _to_schedule(program, planned: list[Planned], cores: int, options: IOSOptions,
+                 stats: SearchStats):
+    """The plan as a `Schedule` with one barrier per stage; stream 0 gets ``cores`` threads
+    (sequential and merged stages), the others one each; views follow the kernel that wrote
+    their bytes."""
+    from paragraph.schedule import Schedule
+
+    graph = program.graph
+    position = {k: p for p, k in enumerate(kernel_ids(graph))}
+    where = {k: (i, s) for i, (_, _, streams) in enumerate(planned)
+             for s, ks in streams.items() for k in ks}
+    for n in graph.nodes:
+        if n.kind == "view":
+            where[n.id] = where.get(_producing_kernel(graph, n.id), (0, 0))
+    used = sorted({s for _, s in where.values()})
+    streams = [sorted((k for k, (_, t) in where.items() if t == s),
+                      key=lambda k: (where[k][0], position[k])) for s in used]
+    stage_lists = [[k for k, (j, _) in where.items() if j == i] for i in range(len(planned))]
+    threads = [cores if s == 0 else 1 for s in used]
+    info = {"mode": options.mode, "r": options.r, "s": options.s,
+            "max_part_size": options.max_part_size, "search": stats.summary(),
+            "strategies": [strategy for strategy, _, _ in planned],
+            "predicted_ms": sum(cost for _, cost, _ in planned) * 1e3}
+    return Schedule.build(graph, streams, threads=threads, stages=stage_lists,
+                          name=f"ios-{options.mode}", info=info)
+
+
+IOS_SCHEDULES = tuple(f"ios-{m}" for m in MODES)
+
+
+def plan_schedule(name: str, program, *, options: IOSOptions | None = None, db=None,
+                  tuning_db=None, cores: int | None = None,
+                  log: Callable[[str], None] | None = None):
+    """``(program, schedule)`` for the schedule ``name``: one of
+    `paragraph.passes.schedule.ALGORITHMS` (the program unchanged), ``ios`` (mode from
+    ``options``) or ``ios-<mode>``. IOS searches with measured stages, cached in ``db`` (a
+    `CostDB`; the default cache when None), and may return a program rebuilt with merged
+    convolutions."""
+    from dataclasses import replace
+
+    from paragraph.passes.schedule import make_schedule
+    from paragraph.tvm_interop.measure import CostDB
+
+    if name != "ios" and not name.startswith("ios-"):
+        return program, make_schedule(name, program.graph, cores=cores)
+    options = options or IOSOptions()
+    if name != "ios":
+        mode = name[len("ios-"):]
+        if mode not in MODES:
+            raise ParagraphError(f"unknown IOS mode {mode!r} in {name!r}; choose from "
+                                 f"{', '.join(IOS_SCHEDULES)}")
+        options = replace(options, mode=mode)
+    options = replace(options, cores=options.cores or cores)
+    own_db = db is None
+    db = CostDB() if own_db else db
+    try:
+        if log is not None:
+            log(f"  IOS search ({options.mode}, r={options.r}, s={options.s}, protocol "
+                f"{options.warmup} warm-ups, {options.repeat}x{options.number} runs"
+                + (f", budget {options.budget_s:g} s" if options.budget_s else "") + ") ...")
+        result = ios_schedule(program, options, db=db, tuning_db=tuning_db, log=log)
+    finally:
+        if own_db:
+            db.close()
+    if log is not None:
+        log(f"  IOS: {result.stats.summary()}")
+    return result.program, result.schedule

@@ -1,0 +1,245 @@
+"""IOS: ending enumeration, the DP against brute force, blocks, merging, and the full search."""
+
+import random
+import sqlite3
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from paragraph import GraphBuilder, models
+from paragraph.errors import ParagraphError
+from paragraph.ops import run_graph
+from paragraph.passes.ios import (
+    CONCURRENT,
+    MERGE,
+    SEQUENTIAL,
+    IOSOptions,
+    PartGraph,
+    _bits,
+    _components,
+    _kernel_dag,
+    blocks,
+    brute_force,
+    cut_nodes,
+    enumerate_endings,
+    ios_schedule,
+    is_ending,
+    plan_schedule,
+    schedule_part,
+)
+from paragraph.passes.merge import apply_merges, can_merge, conv_unit
+from paragraph.tvm_interop import random_inputs
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import CostDB
+from paragraph.tvm_interop.vm import run_vm
+
+
+def random_part(n: int, p: float, seed: int) -> PartGraph:
+    rng = random.Random(seed)
+    return PartGraph.from_edges(n, [(u, v) for u in range(n) for v in range(u + 1, n)
+                                    if rng.random() < p])
+
+
+def predecessor_closed(part: PartGraph) -> list[int]:
+    full = (1 << part.n) - 1
+    return [m for m in range(1, full + 1) if all(not part.pred[u] & ~m for u in _bits(m))]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_endings_match_the_definition(seed):
+    part = random_part(3 + seed % 6, 0.35, seed)
+    for state in predecessor_closed(part):
+        for r, s in ((1, 1), (2, 2), (3, 8)):
+            found = [sum(c) for c in enumerate_endings(part, state, r, s)]
+            assert len(found) == len(set(found)), "an ending was enumerated twice"
+            expected = set()
+            sub = state
+            while sub:
+                if is_ending(part, state, sub):
+                    groups = _components(part, sub)
+                    if len(groups) <= s and all(len(g) <= r for g in groups):
+                        expected.add(sub)
+                sub = (sub - 1) & state
+            assert set(found) == expected
+
+
+def synthetic_cost(groups, strategy):
+    """Concurrent: the slowest group plus a per-group overhead; sequential: the sum."""
+    work = {u: 1.0 + (u * 7) % 5 for g in groups for u in g}
+    if strategy == CONCURRENT:
+        return max(sum(work[u] for u in g) for g in groups) + 0.6 * len(groups)
+    if strategy == MERGE:
+        return 0.7 * sum(work.values())
+    return sum(work.values())
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("strategies", [(CONCURRENT,), (CONCURRENT, SEQUENTIAL)])
+def test_dp_finds_the_brute_force_optimum(seed, strategies):
+    part = random_part(3 + seed % 6, 0.3, 100 + seed)
+    for r, s in ((1, 2), (2, 3), (3, 8)):
+        cost, stages = schedule_part(part, synthetic_cost, r=r, s=s, mode="parallel",
+                                     strategies=strategies)
+        assert cost == pytest.approx(brute_force(part, synthetic_cost, r=r, s=s,
+                                                 strategies=strategies))
+        assert sum(st.cost for st in stages) == pytest.approx(cost)
+        left = (1 << part.n) - 1
+        for st in reversed(stages):  # a valid schedule: the last stage ends what is left
+            units = sum(1 << u for g in st.groups for u in g)
+            assert is_ending(part, left, units)
+            left &= ~units
+        assert left == 0
+
+
+def test_dp_uses_merges_where_they_pay():
+    # three independent sinks fed by one source: merging the three is cheapest
+    part = PartGraph.from_edges(4, [(0, 1), (0, 2), (0, 3)])
+    cost, stages = schedule_part(part, synthetic_cost, r=1, s=1, mode="both",
+                                 mergeable=lambda units: set(units) <= {1, 2, 3})
+    assert stages[-1].strategy == MERGE and set(stages[-1].groups[0]) == {1, 2, 3}
+    _, only_merge = schedule_part(part, synthetic_cost, mode="merge",
+                                  mergeable=lambda units: set(units) <= {1, 2, 3})
+    assert all(len(st.groups) == 1 for st in only_merge)
+    _, no_merge = schedule_part(part, synthetic_cost, mode="parallel",
+                                mergeable=lambda units: True)
+    assert MERGE not in {st.strategy for st in no_merge}
+
+
+@pytest.fixture(scope="module")
+def inception():
+    return KernelProgram.build(models.get("inception_v3", reduced=True), "llvm")
+
+
+def test_blocks_cut_at_nodes_on_every_path(inception):
+    graph = inception.graph
+    kernels = [n.id for n in graph.nodes if n.kind == "kernel"]
+    dag = _kernel_dag(graph, kernels)
+    cuts = cut_nodes(graph)
+    assert 11 <= len(cuts) <= 25  # stem kernels, one per Inception module, the head
+    sources = [k for k in kernels if dag.in_degree(k) == 0]
+    sinks = [k for k in kernels if dag.out_degree(k) == 0]
+    for c in cuts:  # removing a cut node disconnects the inputs from the outputs
+        rest = dag.copy()
+        rest.remove_node(c)
+        assert not any(nx.has_path(rest, a, b) for a in sources if a != c
+                       for b in sinks if b != c)
+    parts = blocks(graph, max_part_size=5)
+    assert sorted(k for p in parts for k in p) == sorted(kernels)
+    assert max(map(len, parts)) <= 5
+    assert [len(b) for b in blocks(graph) if len(b) > 1][:3] == [9, 9, 9]  # modules A
+
+
+def test_merged_convolutions_equal_the_originals(inception):
+    ops, kernel_ops = inception.ops, inception.kernel_ops
+    units = {k: conv_unit(ops, k, kernel_ops[k]) for k in kernel_ops
+             if inception.graph[k].kind == "kernel"}
+    by_key: dict = {}
+    for u in units.values():
+        if u is not None:
+            by_key.setdefault(u.key, []).append(u)
+    groups = [g for g in by_key.values() if can_merge(g)]
+    assert any(len({ops.type_of(ops[u.conv].inputs[1]).shape[2:] for u in g}) > 1
+               for g in groups), "some merge must enlarge kernels (1x1 with 5x5 / 3x3)"
+    merged, added = apply_merges(ops, groups)
+    x = random_inputs(inception.lowered)
+    np.testing.assert_allclose(run_graph(merged, x)[0], run_graph(ops, x)[0], rtol=1e-4,
+                               atol=1e-5)
+    rebuilt = KernelProgram.build(merged, "llvm")
+    assert len([n for n in rebuilt.graph.nodes if n.kind == "kernel"]) < len(
+        [n for n in inception.graph.nodes if n.kind == "kernel"])
+    expected = run_vm(inception.vm(), x)
+    for a, b in zip(run_vm(rebuilt.vm(), x), expected):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_merge_rejects_what_cannot_merge():
+    b = GraphBuilder()
+    x = b.input((1, 4, 8, 8))
+    w = np.ones((2, 4, 3, 3), "float32")
+    a = b.op("conv2d", [x, b.weight(w)], {"padding": 1})
+    strided = b.op("conv2d", [x, b.weight(w)], {"padding": 1, "strides": 2})
+    grouped = b.op("conv2d", [x, b.weight(np.ones((4, 1, 3, 3), "float32"))],
+                   {"padding": 1, "groups": 4})
+    valid = b.op("conv2d", [x, b.weight(w)])
+    g = b.build([a.out, strided.out, grouped.out, valid.out])
+    u = {n.id: conv_unit(g, n.id, [n.id]) for n in (a, strided, grouped, valid)}
+    assert u[grouped.id] is None
+    assert not can_merge([u[a.id], u[strided.id]])  # stride differs
+    assert not can_merge([u[a.id], u[valid.id]])  # output size differs
+    assert can_merge([u[a.id], conv_unit(g, a.id, [a.id])])
+
+
+@pytest.mark.parametrize("mode", ["parallel", "merge", "both"])
+def test_ios_search_end_to_end(mode, tmp_path):
+    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    db = CostDB(tmp_path / "costs.sqlite")
+    opts = IOSOptions(mode=mode, warmup=1, repeat=2, number=1)
+    result = ios_schedule(program, opts, db=db)
+    assert result.stats.stages_measured > 0 and not result.stats.budget_hit
+    strategies = set(result.schedule.info["strategies"])
+    if mode == "parallel":
+        assert MERGE not in strategies
+    if mode == "merge":  # IOS-Merge: one kernel or one merged kernel per stage
+        assert all(len(groups) == 1 for groups, _, _ in result.stages)
+    x = random_inputs(program.lowered)
+    expected = run_vm(program.vm(), x)
+    with make_executor(result.program, result.schedule) as ex:
+        for a, b in zip(ex.run(*x), expected):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # the same inputs and cost database give the same schedule, with nothing measured again
+    again = ios_schedule(program, opts, db=db)
+    assert again.stats.stages_measured == 0
+    assert again.schedule.streams == result.schedule.streams
+    assert again.schedule.stages == result.schedule.stages
+
+
+def test_ios_time_budget(tmp_path):
+    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    result = ios_schedule(program, IOSOptions(budget_s=1e-9, warmup=0, repeat=1, number=1),
+                          db=CostDB(tmp_path / "c.sqlite"))
+    assert result.stats.budget_hit
+    result.schedule.validate(result.program.graph)
+    x = random_inputs(program.lowered)
+    with make_executor(result.program, result.schedule) as ex:
+        np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5)
+
+
+def test_chosen_merges_rebuild_the_program(inception, tmp_path):
+    """Where the cost database says merged convolutions are faster, the DP takes them and the
+    program is rebuilt with them; the schedule on the rebuilt program computes the same."""
+    path = tmp_path / "costs.sqlite"
+    opts = IOSOptions(mode="both", warmup=0, repeat=1, number=1, max_part_size=12)
+    first = ios_schedule(inception, opts, db=CostDB(path))
+    with sqlite3.connect(path) as conn:  # make every merged stage nearly free
+        changed = conn.execute("UPDATE costs SET median = 1e-9 WHERE kernel LIKE 'ios:merge:%'")
+        assert changed.rowcount > 0
+    result = ios_schedule(inception, opts, db=CostDB(path))
+    assert result.stats.stages_measured == 0
+    assert MERGE in result.schedule.info["strategies"]
+    def compute(p):
+        return sum(n.kind == "kernel" for n in p.graph.nodes)
+
+    assert compute(result.program) < compute(inception)
+    result.schedule.validate(result.program.graph)
+    assert first.schedule.info["predicted_ms"] > result.schedule.info["predicted_ms"]
+    x = random_inputs(inception.lowered)
+    expected = run_vm(inception.vm(), x)
+    with make_executor(result.program, result.schedule) as ex:
+        for a, b in zip(ex.run(*x), expected):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_plan_schedule_names(tmp_path):
+    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    same, sched = plan_schedule("nimble", program)
+    assert same is program and sched.name == "nimble"
+    opts = IOSOptions(warmup=0, repeat=1, number=1)
+    _, sched = plan_schedule("ios-parallel", program, options=opts,
+                             db=CostDB(tmp_path / "c.sqlite"))
+    assert sched.name == "ios-parallel" and "states" in sched.info["search"]
+    with pytest.raises(ParagraphError, match="unknown IOS mode"):
+        plan_schedule("ios-fast", program, options=opts)
+    with pytest.raises(ParagraphError, match="unknown schedule"):
+        plan_schedule("greedy", program)
