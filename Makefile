@@ -15,7 +15,7 @@ $(STAMP): setup.py
 
 demo: $(STAMP)
 	$(BIN)/paragraph models
-	$(BIN)/paragraph run squeezenet1_1 --repeat 5
+	$(BIN)/paragraph run squeezenet1_1 --kernels vendor --schedule ios --repeat 20
 
 test: $(STAMP)
 	$(BIN)/ruff check paragraph tests benchmarks tutorials

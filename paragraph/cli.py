@@ -161,9 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from paragraph.files import atomic_write_bytes
     from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-    from paragraph.tvm_interop.executor import make_executor
     from paragraph.tvm_interop.kernels import KernelProgram
-    from paragraph.tvm_interop.vm import build_vm, run_vm, time_calls
+    from paragraph.tvm_interop.vm import build_vm, run_vm
 
     if _is_compiled(args.model):
         return _run_compiled(args)
@@ -194,24 +193,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.save_schedule:
         atomic_write_bytes(args.save_schedule, schedule.dumps().encode())
         _say(f"  wrote {args.save_schedule}")
-    with _Step("checking the executor's outputs against the original model's"):
+    return _check_and_time(args, program, schedule, inputs, expected,
+                           f"{label}: paragraph executor, {args.kernels} kernels")
+
+
+def _check_and_time(args: argparse.Namespace, program, schedule, inputs, expected,
+                    label: str) -> int:
+    """Run ``schedule`` on the executor, compare with ``expected`` (exit status 1 if they
+    differ), then time ``--repeat`` runs and print the median."""
+    from paragraph.tvm_interop.executor import make_executor
+    from paragraph.tvm_interop.vm import time_calls
+
+    with _Step("checking the executor's outputs"):
         executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
         got = executor.run(*inputs)
-    worst = max((float(np.max(np.abs(a - b))) if a.size else 0.0
-                 for a, b in zip(expected, got)), default=0.0)
-    ok = _equal(expected, got, loose=args.kernels != "tvm" or _merges(schedule))
-    _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
-         f"{'equal' if ok else 'DIFFERENT'}")
-    _say(f"  memory: {executor.plan.summary()}")
-    if not ok:
-        executor.close()
-        return 1
-    with _Step(f"timing {args.repeat} runs"):
-        timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), args.repeat)
-    executor.close()
+    with executor:
+        worst = max((float(np.max(np.abs(a - b))) if a.size and a.shape == b.shape
+                     else 0.0 for a, b in zip(expected, got)), default=0.0)
+        ok = _equal(expected, got, loose=args.kernels != "tvm" or _merges(schedule))
+        _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
+             f"{'equal' if ok else 'DIFFERENT'}")
+        _say(f"  memory: {executor.plan.summary()}")
+        if not ok:
+            return 1
+        with _Step(f"timing {args.repeat} runs"):
+            timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), args.repeat)
     _say(f"{label}: median {timing.median_ms:.2f} ms (p10 {timing.percentile_ms(10):.2f}, "
-         f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, paragraph executor, "
-         f"{schedule.name} schedule, {args.kernels} kernels")
+         f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, {schedule.name} "
+         "schedule")
     return 0
 
 
@@ -220,9 +229,8 @@ def _run_compiled(args: argparse.Namespace) -> int:
     schedule (or --schedule/--schedule-file), checked against the TVM VM and timed."""
     from paragraph.schedule import Schedule
     from paragraph.tvm_interop import random_inputs
-    from paragraph.tvm_interop.executor import make_executor
     from paragraph.tvm_interop.kernels import load_program
-    from paragraph.tvm_interop.vm import run_vm, time_calls
+    from paragraph.tvm_interop.vm import run_vm
 
     with _Step(f"loading the compiled program {args.model}"):
         program, meta = load_program(args.model)
@@ -236,20 +244,8 @@ def _run_compiled(args: argparse.Namespace) -> int:
     if args.schedule is not None or args.schedule_file or not saved.exists():
         program, schedule = _schedule(args, program)
     _say(f"  schedule {schedule.describe()}")
-    with _Step("checking the executor's outputs against the TVM VM's"):
-        executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
-        got = executor.run(*inputs)
-    ok = _equal(expected, got, loose=args.kernels != "tvm" or _merges(schedule))
-    _say(f"  {len(got)} output(s): {'equal' if ok else 'DIFFERENT'}")
-    if not ok:
-        executor.close()
-        return 1
-    with _Step(f"timing {args.repeat} runs"):
-        timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), args.repeat)
-    executor.close()
-    _say(f"{args.model}: median {timing.median_ms:.2f} ms (p10 {timing.percentile_ms(10):.2f}, "
-         f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, {schedule.name} schedule")
-    return 0
+    return _check_and_time(args, program, schedule, inputs, expected,
+                           f"{args.model}: {meta.get('kernels', '?')} kernels")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

@@ -7,7 +7,9 @@ default reduced model takes seconds). Each step is one public API call:
 2. look at it as a `paragraph.Graph` and round-trip it back to Relax;
 3. lower and compile it once into a kernel graph (TVM's own legalization and fusion);
 4. pick a schedule (which stream runs which kernel) and run it on the parallel executor;
-5. compare with the TVM VM on the same kernels.
+5. compare with the TVM VM on the same kernels;
+6. search an IOS schedule: stages measured on this device and cached in the cost database
+   (``~/.cache/paragraph``, or ``$PARAGRAPH_CACHE_DIR``), so a second run searches in a blink.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import numpy as np
 
 from paragraph import models
+from paragraph.passes.ios import IOSOptions, plan_schedule
 from paragraph.passes.schedule import make_schedule
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.executor import make_executor
@@ -56,6 +59,16 @@ def main(full: bool = False) -> None:
     vm = program.vm()
     timing = time_calls(lambda: run_vm(vm, inputs), 5)
     print(f"TVM VM: median {timing.median_ms:.2f} ms")
+
+    # 6. IOS: dynamic programming over stages, each stage timed on the device. A quick
+    #    measurement protocol here; the default (2 warm-ups, 6 repeats of 6 runs) is IOS's.
+    options = IOSOptions(mode="both", warmup=1, repeat=2, number=1)
+    program, schedule = plan_schedule("ios", program, options=options, log=print)
+    with make_executor(program, schedule) as executor:  # merges may have rebuilt the program
+        out = executor.run(*inputs)
+        np.testing.assert_allclose(out[0], expected[0], rtol=1e-4, atol=1e-5)
+        timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), 5)
+    print(f"{schedule.describe()}\n    median {timing.median_ms:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -152,20 +152,21 @@ class PartGraph:
             desc[u] = d
         return cls(n, succ, pred, desc)
 
-    def connected(self, mask: int) -> bool:
-        """Whether the units of ``mask`` are weakly connected among themselves."""
-        if not mask:
-            return False
-        seen = mask & -mask
-        frontier = seen
+    def reach(self, start: int, within: int) -> int:
+        """The units of ``within`` weakly connected to those of ``start`` inside ``within``."""
+        seen = frontier = start
         while frontier:
             low = frontier & -frontier
             frontier ^= low
             u = low.bit_length() - 1
-            new = (self.succ[u] | self.pred[u]) & mask & ~seen
+            new = (self.succ[u] | self.pred[u]) & within & ~seen
             seen |= new
             frontier |= new
-        return seen == mask
+        return seen
+
+    def connected(self, mask: int) -> bool:
+        """Whether the units of ``mask`` are weakly connected among themselves."""
+        return bool(mask) and self.reach(mask & -mask, mask) == mask
 
     def neighbours(self, mask: int) -> int:
         out, m = 0, mask
@@ -347,15 +348,7 @@ def _components(part: PartGraph, mask: int) -> tuple[tuple[int, ...], ...]:
     """Weakly connected components of the units in ``mask``, each sorted, ordered by first."""
     comps, left = [], mask
     while left:
-        seen = left & -left
-        frontier = seen
-        while frontier:
-            low = frontier & -frontier
-            frontier ^= low
-            u = low.bit_length() - 1
-            new = (part.succ[u] | part.pred[u]) & left & ~seen
-            seen |= new
-            frontier |= new
+        seen = part.reach(left & -left, left)
         comps.append(tuple(_bits(seen)))
         left &= ~seen
     return tuple(sorted(comps))

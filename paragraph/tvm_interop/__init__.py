@@ -1,5 +1,6 @@
-"""Everything that touches TVM: importers, the Relax <-> graph round trip, and (later) kernels,
-measurement and the executor."""
+"""Everything that touches TVM: importers, the Relax <-> graph round trip, kernel programs
+(`kernels`), vendor kernels (`vendor`), MetaSchedule tuning (`tune`), measurement and the cost
+database (`measure`), the concurrency-safe memory plan (`memory`) and the executor."""
 
 from paragraph.tvm_interop.importers import load, prepare
 from paragraph.tvm_interop.relax_graph import from_relax, random_inputs, to_relax

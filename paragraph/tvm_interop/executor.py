@@ -1,8 +1,11 @@
 """The parallel executor: runs a `KernelProgram` under a `Schedule` (IOS, Nimble, Opara runtimes).
 
-* CPU: one worker thread per stream (stream 0 runs on the calling thread), each waiting for its
-  cross-stream producers; each worker's TVM thread pool is sized by the schedule
-  (``runtime.config_threadpool``), and TVM releases the GIL inside kernels.
+* CPU: one worker thread per stream, each waiting for its cross-stream producers; each worker's
+  TVM thread pool (and torch's thread count, for vendor kernels) is sized by the schedule
+  (``runtime.config_threadpool``), and TVM releases the GIL inside kernels. Every stream runs on
+  a worker the executor holds for its lifetime, none on the calling thread: a thread's pool size
+  sticks (the caller's TVM VM would inherit a 1-thread stream's), and changing torch's thread
+  count clears oneDNN's primitive cache, so each thread keeps one count.
 * CUDA: one stream per schedule stream, a persistent event per cross-stream producer, and the
   whole run captured once into a CUDA Graph (fork from the capture stream, join at the end,
   Opara section B7) and replayed with inputs copied into static buffers; ``use_cuda_graph=False``
@@ -202,7 +205,11 @@ class Worker:
 
     def _loop(self) -> None:
         while True:
-            self.tasks.get()()
+            task = self.tasks.get()
+            try:
+                task()
+            except BaseException:  # noqa: S110 - tasks report their own errors; keep serving
+                pass
 
     def submit(self, task) -> None:
         self.tasks.put(task)
@@ -241,7 +248,7 @@ class CPUExecutor(_Base):
         self._error: tuple[Step, BaseException] | None = None
         self._abort = False
         self._closed = False
-        self._workers = acquire_workers(schedule.num_streams - 1)
+        self._workers = acquire_workers(schedule.num_streams)
         self._done = [threading.Event() for _ in self._workers]
 
     def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:
@@ -257,10 +264,8 @@ class CPUExecutor(_Base):
         self._error, self._abort = None, False
         self.timeline = {} if profile else None
         try:
-            for s, (w, done) in enumerate(zip(self._workers, self._done), start=1):
+            for s, (w, done) in enumerate(zip(self._workers, self._done)):
                 w.submit(partial(self._stream_task, s, done))
-            _config_threads(self.schedule.threads[0])
-            self.run_stream(0)
             for done in self._done:
                 while not done.wait(0.05):  # short waits keep Ctrl+C responsive
                     pass
@@ -297,14 +302,11 @@ class CPUExecutor(_Base):
                 start = time.perf_counter_ns() if timeline is not None else 0
                 try:
                     step.fn(*step.args)
-                except Exception as exc:  # stop every stream, report in run()
+                except BaseException as exc:  # stop every stream, report in run()
                     if self._error is None:
                         self._error = (step, exc)
                     self._stop_all()
                     return
-                except BaseException:  # Ctrl+C in the calling thread: stop, then re-raise
-                    self._stop_all()
-                    raise
                 if timeline is not None:
                     timeline[step.node] = (s, start, time.perf_counter_ns())
             if step.signals:

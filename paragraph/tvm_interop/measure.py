@@ -28,7 +28,7 @@ import numpy as np
 
 from paragraph.graph import Graph, Node
 from paragraph.schedule import bytes_moved
-from paragraph.tvm_interop.vm import Timing
+from paragraph.tvm_interop.vm import Timing, time_calls
 
 
 def cache_dir() -> Path:
@@ -116,7 +116,7 @@ class CostDB:
 def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: int = 2,
                threads: Sequence[int] | None = None, sync: object = None) -> Timing:
     """Wall time of running ``groups`` of prebound steps concurrently (one worker thread per
-    group, each group in order; a single group runs on the calling thread).
+    group, each group in order).
 
     A step is anything with ``fn`` and ``args`` (an executor's `Step`). ``threads`` sizes each
     group's TVM thread pool; ``sync`` (a callable) is called before the clock stops, for
@@ -130,40 +130,37 @@ def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: 
 
     threads = list(threads or [1] * len(groups))
 
-    def run_group(i, done=None):
+    errors: list[BaseException] = []
+
+    def run_group(i, done):
         try:
             _config_threads(threads[i])
             for st in groups[i]:
                 if st.fn is not None:
                     st.fn(*st.args)
+        except BaseException as exc:  # re-raised by the caller, after every group ended
+            errors.append(exc)
         finally:
-            if done is not None:
-                done.set()
+            done.set()
 
-    workers = acquire_workers(len(groups) - 1)
+    workers = acquire_workers(len(groups))  # none on the caller: see `executor` on threads
     done = [threading.Event() for _ in workers]
 
     def once():
-        for i, (w, ev) in enumerate(zip(workers, done), start=1):
+        for i, (w, ev) in enumerate(zip(workers, done)):
             w.submit(partial(run_group, i, ev))
-        run_group(0)
         for ev in done:
             ev.wait()
             ev.clear()
+        if errors:
+            raise errors[0]
         if sync is not None:
             sync()
 
     try:
-        for _ in range(warmup):
-            once()
-        samples = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            once()
-            samples.append(time.perf_counter() - start)
+        return time_calls(once, repeat, warmup)
     finally:
         release_workers(workers)
-    return Timing(tuple(samples))
 
 
 # ---------------------------------------------------------------------------- analytical

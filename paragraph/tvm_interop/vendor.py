@@ -45,11 +45,12 @@ executor lives: the graph keeps using those blocks).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
 import tvm
@@ -180,22 +181,27 @@ def _torch():
     return torch
 
 
-_thread = threading.local()
-
-
 def _use_schedule_threads(torch) -> None:
     """Run this call with as many threads as the calling thread's TVM pool, which the executor
     sizes per stream (`executor._config_threads`): vendor and TVM kernels of one stream use the
-    schedule's thread count. Threads that never sized a pool keep torch's default.
+    schedule's thread count. Threads that never sized a pool (the TVM VM's) use every core, as
+    TVM's own pool does.
 
-    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL thread counts (and only
-    the default for threads that have not run a torch op yet), so each thread sets its own,
-    when its count changes (it also clears oneDNN's primitive cache: not on every call).
+    The count is checked against torch's on every call, not cached per thread: with libgomp,
+    ``torch.set_num_threads`` in one thread also changed the count other threads saw (a 1-thread
+    stream made the TVM VM's vendor calls in the main thread single-threaded). Setting it only
+    when it differs matters: it also clears oneDNN's primitive cache.
     """
-    n = getattr(_executor_threads(), "threads", None)
-    if n is not None and getattr(_thread, "torch_threads", None) != n:
+    n = getattr(_executor_threads(), "threads", None) or _all_threads()
+    if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-        _thread.torch_threads = n
+
+
+@cache
+def _all_threads() -> int:
+    from paragraph.machine import cpu_count
+
+    return int(os.environ.get("TVM_NUM_THREADS") or cpu_count())
 
 
 def _executor_threads():
@@ -240,18 +246,20 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
         pre_pad, padding = (left, right, top, bottom), [0, 0]
     in_place_add = torch.ops.mkldnn._convolution_pointwise_.binary
     conv2d = torch.nn.functional.conv2d
-    packed: dict[tuple[int, ...], object] = {}  # input shape -> oneDNN-blocked weight
+    packed: dict[tuple[int, ...], object] = {}  # (threads, *input shape) -> blocked weight
 
     def cpu_weight(w, x):
-        """The weight in oneDNN's blocked format for this input shape, reordered once: a plain
-        weight is reordered on every call (10-25% of Inception-v3's convolution time here).
-        The name carries the weight's digest, so the cache follows content, not addresses."""
+        """The weight in oneDNN's blocked format for this input shape and thread count,
+        reordered once: a plain weight is reordered on every call (10-25% of Inception-v3's
+        convolution time here), and so is one blocked for another thread count (oneDNN picks
+        the format by threads: 1-thread calls on a 2-thread weight ran 3x slower). The name
+        carries the weight's digest, so the cache follows content, not addresses."""
         if not op.weight:
             return w
-        key = tuple(x.shape)
+        key = (torch.get_num_threads(), *x.shape)
         if key not in packed:
             packed[key] = torch._C._nn.mkldnn_reorder_conv2d_weight(
-                w.to_mkldnn(), padding, stride, dilation, op.groups, list(key))
+                w.to_mkldnn(), padding, stride, dilation, op.groups, list(x.shape))
         return packed[key]
 
     def kernel(*args) -> None:
@@ -287,7 +295,7 @@ def _matmul_kernel(op: VendorOp) -> Callable:
     torch = _torch()
     gelu = torch._C._nn.gelu
     in_place_add = torch.ops.mkldnn._convolution_pointwise_.binary
-    packed: dict[int, object] = {}  # rows -> the weight as a oneDNN-blocked 1x1 convolution
+    packed: dict[tuple[int, int], object] = {}  # (threads, rows) -> blocked 1x1 conv weight
 
     def activate(out) -> None:
         if op.act == "relu":
@@ -308,14 +316,15 @@ def _matmul_kernel(op: VendorOp) -> Callable:
         constant, is transposed and reordered once per row count."""
         m, k = rows.shape
         n = out2.shape[1]
-        if m not in packed:
+        key = (torch.get_num_threads(), m)  # the blocked format depends on both (see conv)
+        if key not in packed:
             w = b.t().contiguous().view(n, k, 1, 1)
-            packed[m] = torch._C._nn.mkldnn_reorder_conv2d_weight(
+            packed[key] = torch._C._nn.mkldnn_reorder_conv2d_weight(
                 w.to_mkldnn(), [0, 0], [1, 1], [1, 1], 1, [1, k, 1, m])
         x4 = rows.view(1, m, 1, k).permute(0, 3, 2, 1)
         out4 = out2.view(1, m, 1, n).permute(0, 3, 2, 1)
         out2.zero_()
-        in_place_add(out4, x4, packed[m], bias, [0, 0], [1, 1], [1, 1], 1, "add", None,
+        in_place_add(out4, x4, packed[key], bias, [0, 0], [1, 1], [1, 1], 1, "add", None,
                      "relu" if op.act == "relu" else None, [], None)
         if op.act not in (None, "relu"):  # oneDNN fuses only relu after its in-place add
             activate(out2)
