@@ -8,6 +8,13 @@ from paragraph.machine import cpu_count
 # machines whose vCPUs are all there is, that idles half the machine and caps every schedule's
 # per-stream thread count. Use every CPU this process may run on, unless the user chose.
 os.environ.setdefault("TVM_NUM_THREADS", str(cpu_count()))
+# Idle TVM pool workers spin (sched_yield) before sleeping, pinned to one core each: with a
+# pool per stream they took half of the cores from concurrent streams (two 1-thread streams
+# ran no faster than one). Sleep at once; a wake-up costs microseconds.
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+# The same for libgomp's (PyTorch's, so vendor kernels') idle threads; read when torch loads,
+# so it takes effect if paragraph is imported before torch or TVM.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from paragraph.errors import GraphError, ModelLoadError, ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType
