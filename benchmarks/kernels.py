@@ -260,7 +260,7 @@ def bench_model(name: str, target, *, repeat: int, untuned_repeat: int, tuning_d
         log(f"{name}: timing {len(fast)} configurations x {repeat} rounds")
         time_round_robin(fast, repeat)
         log(f"{name}: timing {len(slow)} slow configurations x {untuned_repeat} rounds")
-        time_round_robin(slow, untuned_repeat, warmup=0)  # each ran twice already
+        time_round_robin(slow, untuned_repeat, warmup=0, settle=0)  # each ran twice already
     finally:
         for c in fast + slow:
             if c.close is not None:

@@ -87,14 +87,19 @@ def check_outputs(configs: Sequence[Config], expected: Sequence[np.ndarray],
                                  f"(max abs difference {worst:.3g})")
 
 
-def time_round_robin(configs: Sequence[Config], repeat: int, warmup: int = 2,
+def time_round_robin(configs: Sequence[Config], repeat: int, warmup: int = 2, settle: int = 1,
                      progress: Callable[[int], None] | None = None) -> None:
-    """Warm every configuration up, then time ``repeat`` rounds of one run each."""
+    """Warm every configuration up, then time ``repeat`` rounds of one run each, after
+    ``settle`` untimed runs of the same configuration: the timed run sees that configuration's
+    steady state (switching torch's process-wide thread count between configurations drops
+    oneDNN's compiled primitives), while drift on a shared machine still hits all alike."""
     for c in configs:
         for _ in range(warmup):
             c.run()
     for r in range(repeat):
         for c in configs:
+            for _ in range(settle):
+                c.run()
             start = time.perf_counter()
             c.run()
             c.samples.append(time.perf_counter() - start)

@@ -232,13 +232,19 @@ def test_stream_threads_follow_the_schedule():
     program = packed_program("paragraph_test.probe")
     g = program.graph
     s = make_schedule("nimble", g)
-    s = Schedule.build(g, s.streams, threads=[1, 2])
-    with CPUExecutor(program, s) as ex:
-        ex.run(np.ones((4, 8), "float32"))
-    stream = s.stream_of[next(n.id for n in g.nodes if n.kind == "kernel"
-                              and n.attrs["source"] == "vendor")]
-    assert list(seen.values()) == [s.threads[stream]]
-    assert (next(iter(seen)) == "MainThread") == (stream == 0)
+    num_threads = tvm_ffi.get_global_func("runtime.NumThreads")
+    caller = num_threads()
+    for threads in ([1, 2], [2, 1]):
+        seen.clear()
+        s = Schedule.build(g, s.streams, threads=threads)
+        with CPUExecutor(program, s) as ex:
+            ex.run(np.ones((4, 8), "float32"))
+        stream = s.stream_of[next(n.id for n in g.nodes if n.kind == "kernel"
+                                  and n.attrs["source"] == "vendor")]
+        assert list(seen.values()) == [s.threads[stream]]
+        # every stream runs on a worker: the caller's own TVM pool keeps its size
+        assert next(iter(seen)).startswith("paragraph-worker-")
+        assert num_threads() == caller
 
 
 def test_repeated_runs_do_not_leak():

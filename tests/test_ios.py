@@ -243,3 +243,19 @@ def test_plan_schedule_names(tmp_path):
         plan_schedule("ios-fast", program, options=opts)
     with pytest.raises(ParagraphError, match="unknown schedule"):
         plan_schedule("greedy", program)
+
+
+def test_vendor_kernels_get_one_thread_count(tmp_path):
+    """torch's thread count is process-wide, so with vendor kernels on a CPU an IOS schedule
+    uses one count throughout: 1-thread stages, or everything in sequence on all cores."""
+    pytest.importorskip("torch")
+    program = KernelProgram.build(models.get("inception_v3", reduced=True), "llvm",
+                                  kernels="vendor")
+    opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
+    result = ios_schedule(program, opts, db=CostDB(tmp_path / "c.sqlite"))
+    threads = set(result.schedule.threads)
+    assert threads == {1} or (threads == {2} and result.schedule.num_streams == 1)
+    x = random_inputs(program.lowered)
+    with make_executor(result.program, result.schedule) as ex:
+        np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5,
+                                   atol=1e-6)

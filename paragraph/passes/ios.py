@@ -394,6 +394,7 @@ class StageMeter:
         self.program, self.options, self.db, self.tuning = program, options, db, tuning
         self.on_cpu = program.target.kind.name == "llvm"
         self.cores = (options.cores or cpu_count()) if self.on_cpu else 1
+        self.seq_threads = self.cores  # threads of a sequential stage (see `ios_schedule`)
         graph = program.graph
         self.executor = make_executor(program, sequential(graph), plan=no_reuse_plan(graph),
                                       use_cuda_graph=False)
@@ -416,9 +417,10 @@ class StageMeter:
 
         source = ",".join(sorted({self.program.graph[k].attrs["source"]
                                   for g in groups for k in g}))
+        threads = f";threads={self.seq_threads}" if strategy != CONCURRENT else ""
         key = CostKey(str(self.program.target), self.key(groups, strategy), self.tuning, source,
                       f"protocol={self.options.warmup}/{self.options.repeat}x"
-                      f"{self.options.number}")
+                      f"{self.options.number}{threads}")
         cached = self.db.get(key) if self.db is not None else None
         if cached is not None:
             return cached
@@ -438,7 +440,7 @@ class StageMeter:
             return self._merged_cost(tuple(k for g in groups for k in g))
         if strategy == SEQUENTIAL:
             run = [[steps[k] for g in groups for k in g]]
-            threads = [self.cores]
+            threads = [self.seq_threads]
         else:
             run = [[steps[k] for k in g] for g in groups]
             threads = [1] * len(groups)
@@ -502,14 +504,14 @@ class StageMeter:
                                       tuning_db=self.tuning or None,
                                       kernels=self.program.kernel_source)
         opts = self.options
-        with make_executor(program, sequential(program.graph, cores=self.cores),
+        with make_executor(program, sequential(program.graph, cores=self.seq_threads),
                            use_cuda_graph=False) as ex:
             ex.run(np.zeros(data.shape, data.dtype), copy_outputs=False)
             steps = [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
             if not self.on_cpu:
                 return self._measure_gpu_steps(ex, steps)
             timing = time_steps([_repeated(steps, opts.number)], repeat=opts.repeat,
-                                warmup=opts.warmup, threads=[self.cores])
+                                warmup=opts.warmup, threads=[self.seq_threads])
         return timing.median_ms / 1e3 / opts.number
 
     def _measure_gpu_steps(self, ex, steps) -> float:
@@ -557,6 +559,14 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
     meter = StageMeter(program, options, db, tuning="" if tuning_db is None else str(tuning_db))
     stats = SearchStats()
     strategies = (CONCURRENT, SEQUENTIAL) if meter.on_cpu else (CONCURRENT,)
+    # Vendor kernels run with torch's thread count, which is one per process (libgomp): a
+    # schedule mixing 1-thread and all-core stages would switch it at every such boundary, and
+    # each switch drops oneDNN's compiled primitives (~0.6 ms per convolution after it). So
+    # with vendor kernels on a CPU every stage runs on one thread, and the result is compared
+    # with the whole program in sequence on all cores.
+    uniform = meter.on_cpu and meter.cores > 1 and "vendor" in program.sources()
+    if uniform:
+        meter.seq_threads = 1
     parts = blocks(graph, options.max_part_size)
     stats.parts = len(parts)
     stages: list[Stage] = []  # groups of kernel ids
@@ -588,6 +598,18 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
                 log(f"  IOS [{bar:20}] part {i + 1}/{len(parts)}: {len(part)} kernels, "
                     f"{stats.states} states, {meter.measured} stages measured, "
                     f"{time.monotonic() - start:.0f} s")
+        if uniform:
+            predicted = sum(st.cost for st in stages)
+            everything = (tuple(k for part in parts for k in part),)
+            meter.seq_threads = meter.cores
+            all_cores = meter.cost(everything, SEQUENTIAL)
+            if log is not None:
+                log(f"  IOS with 1-thread stages {predicted * 1e3:.2f} ms vs all kernels in "
+                    f"sequence on {meter.cores} threads {all_cores * 1e3:.2f} ms")
+            if all_cores < predicted:
+                stages = [Stage(everything, SEQUENTIAL, all_cores)]
+            else:
+                meter.seq_threads = 1
     finally:
         meter.close()
     stats.stages_measured = meter.measured
@@ -603,8 +625,7 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
     if merges:
         program, planned = _rebuild_with_merges(program, merges, planned, tuning_db)
     stats.seconds = time.monotonic() - start
-    schedule = _to_schedule(program, planned, meter.cores if meter.on_cpu else 1, options,
-                            stats)
+    schedule = _to_schedule(program, planned, meter.seq_threads, options, stats)
     return IOSResult(program, schedule, stats, [(st.groups, st.strategy, st.cost)
                                                 for st in stages])
 
