@@ -19,6 +19,7 @@ from paragraph.passes.ios import (
     _bits,
     _components,
     _kernel_dag,
+    _plan_digest,
     blocks,
     brute_force,
     cut_nodes,
@@ -29,6 +30,7 @@ from paragraph.passes.ios import (
     schedule_part,
 )
 from paragraph.passes.merge import apply_merges, can_merge, conv_unit
+from paragraph.passes.schedule import sequential
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
@@ -210,7 +212,8 @@ def test_chosen_merges_rebuild_the_program(inception, tmp_path):
     """Where the cost database says merged convolutions are faster, the DP takes them and the
     program is rebuilt with them; the schedule on the rebuilt program computes the same."""
     path = tmp_path / "costs.sqlite"
-    opts = IOSOptions(mode="both", warmup=0, repeat=1, number=1, max_part_size=12)
+    opts = IOSOptions(mode="both", warmup=0, repeat=1, number=1, max_part_size=12,
+                      confirm=False)  # the rebuild path itself, however fast the result
     first = ios_schedule(inception, opts, db=CostDB(path))
     with sqlite3.connect(path) as conn:  # make every merged stage nearly free
         changed = conn.execute("UPDATE costs SET median = 1e-9 WHERE kernel LIKE 'ios:merge:%'")
@@ -259,3 +262,25 @@ def test_vendor_kernels_get_one_thread_count(tmp_path):
     with make_executor(result.program, result.schedule) as ex:
         np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_search_is_confirmed_end_to_end(tmp_path):
+    """The searched schedule is kept only if a whole run beats all kernels in sequence; both
+    runs are cached, so the same inputs and database give the same answer."""
+    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    db = CostDB(tmp_path / "c.sqlite")
+    opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
+    result = ios_schedule(program, opts, db=db)
+    confirmed = result.schedule.info["confirmed"]
+    assert confirmed["ios_ms"] > 0 and confirmed["sequential_ms"] > 0
+    plain = _plan_digest(sequential(program.graph, cores=2))
+    for sequence_wins in (True, False):
+        with sqlite3.connect(db.path) as conn:
+            conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
+                         "WHERE kernel LIKE 'run:%'",
+                         (f"%{plain}", *((1e-9, 1.0) if sequence_wins else (1.0, 1e-9))))
+        again = ios_schedule(program, opts, db=db)
+        assert again.stats.stages_measured == 0 and again.schedule.name == "ios-both"
+        assert (again.schedule.info["strategies"] == [SEQUENTIAL]) == sequence_wins
+        if sequence_wins:
+            assert again.schedule.num_streams == 1 and again.program is program

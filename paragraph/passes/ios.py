@@ -368,6 +368,7 @@ class IOSOptions:
     number: int = 6
     budget_s: float | None = None  # after this, unsolved states run sequentially
     progress: bool = False
+    confirm: bool = True  # keep the result only if it beats the plain sequence end to end
     cores: int | None = None  # CPU threads of sequential and merged stages (default: all)
 
 
@@ -555,15 +556,15 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
     stages; where merges win, rebuild the program with them; return program and schedule."""
     start = time.monotonic()
     deadline = start + options.budget_s if options.budget_s else None
-    graph = program.graph
+    original, graph = program, program.graph
     meter = StageMeter(program, options, db, tuning="" if tuning_db is None else str(tuning_db))
     stats = SearchStats()
     strategies = (CONCURRENT, SEQUENTIAL) if meter.on_cpu else (CONCURRENT,)
     # Vendor kernels run with torch's thread count, which is one per process (libgomp): a
     # schedule mixing 1-thread and all-core stages would switch it at every such boundary, and
     # each switch drops oneDNN's compiled primitives (~0.6 ms per convolution after it). So
-    # with vendor kernels on a CPU every stage runs on one thread, and the result is compared
-    # with the whole program in sequence on all cores.
+    # with vendor kernels on a CPU every stage runs on one thread (and `_confirm` compares the
+    # result with the whole program in sequence on all cores).
     uniform = meter.on_cpu and meter.cores > 1 and "vendor" in program.sources()
     if uniform:
         meter.seq_threads = 1
@@ -598,18 +599,6 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
                 log(f"  IOS [{bar:20}] part {i + 1}/{len(parts)}: {len(part)} kernels, "
                     f"{stats.states} states, {meter.measured} stages measured, "
                     f"{time.monotonic() - start:.0f} s")
-        if uniform:
-            predicted = sum(st.cost for st in stages)
-            everything = (tuple(k for part in parts for k in part),)
-            meter.seq_threads = meter.cores
-            all_cores = meter.cost(everything, SEQUENTIAL)
-            if log is not None:
-                log(f"  IOS with 1-thread stages {predicted * 1e3:.2f} ms vs all kernels in "
-                    f"sequence on {meter.cores} threads {all_cores * 1e3:.2f} ms")
-            if all_cores < predicted:
-                stages = [Stage(everything, SEQUENTIAL, all_cores)]
-            else:
-                meter.seq_threads = 1
     finally:
         meter.close()
     stats.stages_measured = meter.measured
@@ -624,10 +613,81 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
     merges = [[meter.unit(k) for k in st.groups[0]] for st in stages if st.strategy == MERGE]
     if merges:
         program, planned = _rebuild_with_merges(program, merges, planned, tuning_db)
-    stats.seconds = time.monotonic() - start
     schedule = _to_schedule(program, planned, meter.seq_threads, options, stats)
+    if options.confirm:
+        program, schedule = _confirm(original, (program, schedule), meter.cores, options, db,
+                                     meter.tuning, log)
+    stats.seconds = time.monotonic() - start
+    schedule.info["search"] = stats.summary()
     return IOSResult(program, schedule, stats, [(st.groups, st.strategy, st.cost)
                                                 for st in stages])
+
+
+def _plan_digest(schedule) -> str:
+    """What a run's time depends on: streams, thread counts and stage barriers."""
+    import hashlib
+    import json
+
+    plan = [list(map(list, schedule.streams)), list(schedule.threads),
+            [list(st) for st in schedule.stages or ()]]
+    return hashlib.blake2b(json.dumps(plan).encode(), digest_size=16).hexdigest()
+
+
+def _confirm(original, searched, cores: int, options: IOSOptions, db, tuning: str, log):
+    """The searched (program, schedule) or all of ``original`` in sequence on ``cores``
+    threads, whichever runs faster end to end on the executor (timed alternately, each timed
+    run after an untimed one, cached in the cost database so the choice is deterministic).
+    Stage latencies measured alone add up to less than a whole run (each stage repeated on
+    warm caches; no barrier between stages), so the DP's sum can promise what a run does not
+    keep."""
+    from paragraph.passes.schedule import sequential
+    from paragraph.tvm_interop.executor import make_executor
+    from paragraph.tvm_interop.measure import CostKey
+    from paragraph.tvm_interop.vm import Timing
+
+    program, schedule = searched
+    base = sequential(original.graph, cores=cores)
+    candidates = [(program, schedule), (original, base)]
+    keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{_plan_digest(s)}",
+                    tuning, ",".join(sorted(p.sources())), f"runs={options.repeat}")
+            for p, s in candidates]
+    seconds = [db.get(k) if db is not None else None for k in keys]
+    if None in seconds:
+        samples: list[list[float]] = [[], []]
+        executors = [make_executor(p, s, use_cuda_graph=True) for p, s in candidates]
+        try:
+            inputs = [np.zeros(program.graph[i].type.shape, program.graph[i].type.dtype)
+                      for i in program.graph.inputs]
+            for ex in executors:
+                for _ in range(max(1, options.warmup)):
+                    ex.run(*inputs, copy_outputs=False)
+            for _ in range(max(3, options.repeat)):
+                for ex, got in zip(executors, samples):
+                    ex.run(*inputs, copy_outputs=False)  # settle: see `bench.time_round_robin`
+                    t = time.perf_counter()
+                    ex.run(*inputs, copy_outputs=False)
+                    got.append(time.perf_counter() - t)
+        finally:
+            for ex in executors:
+                ex.close()
+        seconds = [float(np.median(x)) for x in samples]
+        if db is not None:
+            for key, x in zip(keys, samples):
+                db.put(key, Timing(tuple(x)))
+    ios_s, seq_s = seconds
+    if log is not None:
+        log(f"  IOS schedule {ios_s * 1e3:.2f} ms end to end vs all kernels in sequence on "
+            f"{cores} thread(s) {seq_s * 1e3:.2f} ms: keeping "
+            f"{'the IOS schedule' if ios_s <= seq_s else 'the sequence'}")
+    confirmed = {"ios_ms": ios_s * 1e3, "sequential_ms": seq_s * 1e3}
+    if ios_s <= seq_s:
+        schedule.info["confirmed"] = confirmed
+        return program, schedule
+    from paragraph.schedule import Schedule
+
+    info = {**schedule.info, "confirmed": confirmed, "strategies": [SEQUENTIAL]}
+    return original, Schedule.build(original.graph, base.streams, threads=base.threads,
+                                    name=schedule.name, info=info)
 
 
 def _rebuild_with_merges(program, merges, planned: list[Planned], tuning_db):

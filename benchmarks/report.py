@@ -1,0 +1,97 @@
+"""Markdown tables of the committed benchmark results (what the README's "Measured" quotes).
+
+Usage: python benchmarks/report.py [benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _load(folder: Path, name: str) -> dict | None:
+    path = folder / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _date(result: dict) -> str:
+    return result["machine"]["date"][:10]
+
+
+def executor_table(r: dict) -> list[str]:
+    d = r["dispatch"]
+    c = r["two_chains"]
+    lines = [f"Executor ({r['kernels']} kernels, median of {r['repeat']} round-robin runs, "
+             f"{_date(r)}; `benchmarks/executor.py`):", "",
+             "| model | TVM VM ms | sequential ms (vs VM) | best schedule ms | 1 stream x 1 thread "
+             "ms | best 2 streams x 1 thread ms (speedup) |", "|---|---|---|---|---|---|"]
+    for m in r["models"]:
+        rows = {x["config"]: x["median_ms"] for x in m["configs"]}
+        vm, seq = rows["tvm_vm"], rows["executor:sequential"]
+        best = min((v, k) for k, v in rows.items() if k.startswith("executor:"))
+        one = rows["executor:sequential-1thread"]
+        two = one / m["two_streams_1thread_speedup"]
+        lines.append(f"| {m['model']} | {vm:.1f} | {seq:.1f} ({seq / vm:.2f}x) | {best[0]:.1f} "
+                     f"({best[1].split(':')[1]}) | {one:.1f} | {two:.1f} "
+                     f"({m['two_streams_1thread_speedup']:.2f}x) |")
+    lines += ["", f"Dispatch: {d['executor_overhead_us_per_kernel']:.2f} us per kernel over the "
+              f"bare call (target < 30 us). Two independent chains of six 3x3 convolutions: "
+              f"{c['one_stream_ms']:.1f} ms on one stream, {c['two_streams_ms']:.1f} ms on two "
+              f"({c['speedup']:.2f}x)."]
+    return lines
+
+
+def schedules_table(r: dict) -> list[str]:
+    names = ["sequential", "wavefront", "opara", "nimble", "ios-parallel", "ios-merge",
+             "ios-both"]
+    lines = [f"Schedules ({r['kernels']} kernels, IOS protocol {r['ios_protocol']}, median of "
+             f"{r['repeat']} runs, {_date(r)}; `benchmarks/schedules.py`), ms:", "",
+             "| model | " + " | ".join(names) + " | IOS-both search s |",
+             "|---" * (len(names) + 2) + "|"]
+    for m in r["models"]:
+        rows = {x["config"]: x["median_ms"] for x in m["configs"]}
+        cells = [f"{rows.get('executor:' + n, float('nan')):.1f}" for n in names]
+        lines.append(f"| {m['model']} | " + " | ".join(cells)
+                     + f" | {m['ios_both_search_s']:.0f} |")
+    return lines
+
+
+def kernels_table(r: dict) -> list[str]:
+    lines = [f"Kernel sources (TVM VM / best executor schedule, ms; {_date(r)}; "
+             "`benchmarks/kernels.py`):", "",
+             "| model | ONNX Runtime | vendor | tuned TVM | untuned TVM | vendor / ORT |",
+             "|---|---|---|---|---|---|"]
+    def cell(m: dict, label: str) -> str:
+        s = m.get(label)
+        return "-" if s is None else f"{s['tvm_vm_ms']:.1f} / {s['best_executor_ms']:.1f}"
+
+    for m in r["models"]:
+        ratio = m.get("vendor_vs_onnxruntime")
+        lines.append(f"| {m['model']} | {m['onnxruntime_ms']:.1f} | {cell(m, 'vendor')} | "
+                     f"{cell(m, 'tuned')} | {cell(m, 'tvm')} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
+    return lines
+
+
+def main() -> None:
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
+    out: list[str] = []
+    for name, table in (("executor-cpu.json", executor_table),
+                        ("schedules-cpu.json", schedules_table),
+                        ("kernels-cpu.json", kernels_table)):
+        result = _load(folder, name)
+        if result is not None:
+            out += table(result) + [""]
+    for name, key in (("roundtrip-cpu.json", "roundtrip_s"),
+                      ("rules-match-cpu.json", "match_s")):
+        result = _load(folder, name)
+        if result is not None:
+            row = next(x for x in result["results"] if x["model"] == "inception_v3")
+            out.append(f"- {name.split('-cpu')[0]}: full inception_v3 {row[key]:.3f} s "
+                       f"({_date(result)})")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
