@@ -284,3 +284,16 @@ def test_search_is_confirmed_end_to_end(tmp_path):
         assert (again.schedule.info["strategies"] == [SEQUENTIAL]) == sequence_wins
         if sequence_wins:
             assert again.schedule.num_streams == 1 and again.program is program
+
+
+def test_budget_cuts_a_search_in_progress(inception, tmp_path):
+    """A deadline reached inside a large part stops pricing endings there and finishes the
+    rest sequentially; the schedule is still valid and computes the same."""
+    opts = IOSOptions(budget_s=0.5, warmup=0, repeat=1, number=1, confirm=False)
+    result = ios_schedule(inception, opts, db=CostDB(tmp_path / "c.sqlite"))
+    assert result.stats.budget_hit and result.stats.states >= 1
+    result.schedule.validate(result.program.graph)
+    x = random_inputs(inception.lowered)
+    with make_executor(result.program, result.schedule) as ex:
+        np.testing.assert_allclose(ex.run(*x)[0], run_vm(inception.vm(), x)[0], rtol=1e-5,
+                                   atol=1e-6)

@@ -294,6 +294,9 @@ def schedule_part(part: PartGraph, stage_cost: StageCost, *, r: int = 3, s: int 
             total = solve(state & ~ending) + stage.cost
             if total < best[0] - 1e-12:  # ties: the first found wins (deterministic)
                 best = (total, (ending, stage))
+            if deadline is not None and time.monotonic() > deadline:
+                stats.budget_hit = True  # keep the best so far: no more endings to price
+                break
         memo[state] = best
         return best[0]
 
