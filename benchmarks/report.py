@@ -25,16 +25,20 @@ def executor_table(r: dict) -> list[str]:
     lines = [f"Executor ({r['kernels']} kernels, median of {r['repeat']} round-robin runs, "
              f"{_date(r)}; `benchmarks/executor.py`):", "",
              "| model | TVM VM ms | sequential ms (vs VM) | best schedule ms | 1 stream x 1 thread "
-             "ms | best 2 streams x 1 thread ms (speedup) |", "|---|---|---|---|---|---|"]
+             "ms | best 2 streams x 1 thread ms (speedup) | 2-stream bound |",
+             "|---|---|---|---|---|---|---|"]
     for m in r["models"]:
         rows = {x["config"]: x["median_ms"] for x in m["configs"]}
         vm, seq = rows["tvm_vm"], rows["executor:sequential"]
         best = min((v, k) for k, v in rows.items() if k.startswith("executor:"))
         one = rows["executor:sequential-1thread"]
         two = one / m["two_streams_1thread_speedup"]
+        which = m.get("two_streams_best", "").split(":")[-1]
+        bound = m.get("two_streams_bound")
         lines.append(f"| {m['model']} | {vm:.1f} | {seq:.1f} ({seq / vm:.2f}x) | {best[0]:.1f} "
                      f"({best[1].split(':')[1]}) | {one:.1f} | {two:.1f} "
-                     f"({m['two_streams_1thread_speedup']:.2f}x) |")
+                     f"({m['two_streams_1thread_speedup']:.2f}x{', ' + which if which else ''})"
+                     f" | {'-' if bound is None else f'{bound:.2f}x'} |")
     lines += ["", f"Dispatch: {d['executor_overhead_us_per_kernel']:.2f} us per kernel over the "
               f"bare call (target < 30 us). Two independent chains of six 3x3 convolutions: "
               f"{c['one_stream_ms']:.1f} ms on one stream, {c['two_streams_ms']:.1f} ms on two "
@@ -43,8 +47,8 @@ def executor_table(r: dict) -> list[str]:
 
 
 def schedules_table(r: dict) -> list[str]:
-    names = ["sequential", "wavefront", "opara", "nimble", "ios-parallel", "ios-merge",
-             "ios-both"]
+    names = ["sequential", "wavefront", "opara", "nimble", "critical-path", "ios-parallel",
+             "ios-merge", "ios-both"]
     lines = [f"Schedules ({r['kernels']} kernels, IOS protocol {r['ios_protocol']}, median of "
              f"{r['repeat']} runs, {_date(r)}; `benchmarks/schedules.py`), ms:", "",
              "| model | " + " | ".join(names) + " | IOS-both search s |",

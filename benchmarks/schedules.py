@@ -3,8 +3,9 @@
 Usage: python benchmarks/schedules.py [--models a,b] [--kernels vendor] [--repeat N]
            [--reduced] [--ios-protocol 2,6,6] [--json benchmarks/results/schedules-cpu.json]
 
-Per model: sequential, wavefront ("greedy" in IOS), opara, nimble, IOS-parallel, IOS-merge,
-IOS-both, each a median latency from one round-robin timing run, plus each IOS search's time.
+Per model: sequential, wavefront ("greedy" in IOS), opara, nimble, critical-path,
+IOS-parallel, IOS-merge, IOS-both, each a median latency from one round-robin timing run,
+plus each IOS search's time.
 Targets (issue 4): IOS-both no slower than the best other schedule on every model; search under
 10 minutes per model on 2 cores. IOS-both searches first, on a fresh cost database (or
 ``--db``); IOS-parallel and IOS-merge then re-use the stages it measured, so their search times
@@ -24,14 +25,13 @@ from paragraph import models
 from paragraph.bench import check_outputs, executor_config, time_round_robin, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
-from paragraph.passes.ios import IOSOptions, ios_schedule
-from paragraph.passes.schedule import make_schedule
+from paragraph.passes.ios import IOSOptions, ios_schedule, plan_schedule
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.kernels import KernelProgram, resolve_target
 from paragraph.tvm_interop.measure import CostDB
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "squeezenet1_1")
-HEURISTICS = ("sequential", "wavefront", "opara", "nimble")
+HEURISTICS = ("sequential", "wavefront", "opara", "nimble", "critical-path")
 
 
 def bench_model(name: str, args, db: CostDB, log) -> dict:
@@ -43,8 +43,8 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     inputs = random_inputs(mod)
     vm = vm_config("tvm_vm", program.vm(), inputs, program.device)
     expected = vm.run()
-    configs = [vm] + [executor_config(program, make_schedule(h, program.graph), inputs)
-                      for h in HEURISTICS]
+    configs = [vm] + [executor_config(program, plan_schedule(h, program, db=db)[1], inputs)
+                      for h in HEURISTICS]  # critical-path: measured kernel times
     searches = {}
     warmup, repeat, number = (int(v) for v in args.ios_protocol.split(","))
     for mode in ("both", "parallel", "merge"):  # both first, on a cold cost database

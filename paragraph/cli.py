@@ -115,7 +115,8 @@ def _ios_options(args: argparse.Namespace):
 
     warmup, repeat, number = args.ios_protocol
     return IOSOptions(mode=args.ios_mode, r=args.ios_r, s=args.ios_s,
-                      max_part_size=args.ios_part_size, warmup=warmup, repeat=repeat,
+                      max_part_size=args.ios_part_size, max_states=args.ios_max_states,
+                      warmup=warmup, repeat=repeat,
                       number=number, budget_s=args.ios_budget, progress=True)
 
 
@@ -393,10 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default both)")
         g.add_argument("--ios-r", type=_positive, default=3,
                        help="at most this many kernels per group (default 3)")
-        g.add_argument("--ios-s", type=_positive, default=8,
-                       help="at most this many groups per stage (default 8)")
+        g.add_argument("--ios-s", type=_positive, default=None,
+                       help="at most this many groups per stage (default: 8 on a GPU, as "
+                       "in IOS; the core count on a CPU, where more groups share the cores)")
         g.add_argument("--ios-part-size", type=_positive, default=50,
                        help="split blocks larger than this into parts (default 50)")
+        g.add_argument("--ios-max-states", type=_positive, default=20000,
+                       help="halve parts whose DP has more states than this (default 20000)")
         g.add_argument("--ios-budget", type=float, default=None, metavar="SECONDS",
                        help="search time budget; parts not solved in time run sequentially")
         g.add_argument("--ios-protocol", type=_protocol, default=(2, 6, 6),

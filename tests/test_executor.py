@@ -14,7 +14,14 @@ from tvm import relax
 
 from paragraph import models
 from paragraph.graph import TensorRef
-from paragraph.passes.schedule import ALGORITHMS, make_schedule, nimble, opara, wavefront
+from paragraph.passes.schedule import (
+    ALGORITHMS,
+    critical_path,
+    make_schedule,
+    nimble,
+    opara,
+    wavefront,
+)
 from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.executor import (
@@ -118,6 +125,20 @@ def test_schedule_algorithms_on_a_small_graph():
         s = make_schedule(algorithm, g)
         again = Schedule.from_json(s.dumps(), g)
         assert again == s
+
+
+def test_critical_path_packs_branches_around_the_longest_path():
+    g = diamond_program().graph
+    kernels = [n.id for n in g.nodes if n.kind == "kernel"]
+    cost = {k: 1.0 for k in kernels}
+    two = critical_path(g, cost=cost, streams=2, cores=2)
+    two.validate(g)
+    assert two.num_streams == 2 and two.threads == (1, 1)
+    # the chain x -> a -> a2 -> concat sets the length; b and c fit beside it
+    assert two.info["predicted"] == pytest.approx(two.info["critical_path"])
+    assert two.info["predicted"] < len(kernels)
+    one = critical_path(g, cost=cost, streams=1)
+    assert one.num_streams == 1 and one.info["predicted"] == pytest.approx(len(kernels))
 
 
 def test_schedule_validation_errors():

@@ -2,6 +2,7 @@
 
 import random
 import sqlite3
+from dataclasses import replace
 
 import networkx as nx
 import numpy as np
@@ -16,16 +17,19 @@ from paragraph.passes.ios import (
     SEQUENTIAL,
     IOSOptions,
     PartGraph,
+    SearchStats,
     _bits,
     _components,
     _kernel_dag,
     _plan_digest,
     blocks,
     brute_force,
+    count_states,
     cut_nodes,
     enumerate_endings,
     ios_schedule,
     is_ending,
+    part_graph,
     plan_schedule,
     schedule_part,
 )
@@ -93,6 +97,52 @@ def test_dp_finds_the_brute_force_optimum(seed, strategies):
             assert is_ending(part, left, units)
             left &= ~units
         assert left == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lower_bound_keeps_the_optimum_and_prices_less(seed):
+    part = random_part(4 + seed % 6, 0.3, 300 + seed)
+    strategies = (CONCURRENT, SEQUENTIAL)
+    priced = []
+
+    def cost(groups, strategy):
+        priced.append((groups, strategy))
+        return synthetic_cost(groups, strategy)
+
+    def bound(groups, strategy):  # 0.8 of the cost without the per-group overhead
+        work = [sum(1.0 + (u * 7) % 5 for u in g) for g in groups]
+        return 0.8 * (max(work) if strategy == CONCURRENT else sum(work))
+
+    for r, s in ((2, 3), (3, 8)):
+        priced.clear()
+        plain, _ = schedule_part(part, cost, r=r, s=s, mode="parallel", strategies=strategies)
+        everything = len(priced)
+        priced.clear()
+        stats = SearchStats()
+        lazy, stages = schedule_part(part, cost, r=r, s=s, mode="parallel",
+                                     strategies=strategies, bound=bound, stats=stats)
+        assert lazy == pytest.approx(plain)
+        assert lazy == pytest.approx(brute_force(part, synthetic_cost, r=r, s=s,
+                                                 strategies=strategies))
+        assert sum(st.cost for st in stages) == pytest.approx(lazy)
+        assert len(priced) <= everything
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_states_are_counted_and_parts_split_to_the_limit(seed):
+    part = random_part(3 + seed % 7, 0.25, 500 + seed)
+    assert count_states(part, 10**6) == len(predecessor_closed(part)) + 1  # + the empty one
+    assert 3 < count_states(part, 3) <= 3 + part.n or count_states(part, 10**6) <= 3
+
+
+def test_wide_parts_are_halved_until_their_states_fit(inception):
+    graph = inception.graph
+    plain = blocks(graph, 50)
+    limited = blocks(graph, 50, max_states=40)
+    assert [k for p in limited for k in p] == [k for p in plain for k in p]
+    assert len(limited) > len(plain)
+    for p in limited:
+        assert len(p) == 1 or count_states(part_graph(graph, p), 40) <= 40
 
 
 def test_dp_uses_merges_where_they_pay():
@@ -213,8 +263,13 @@ def test_chosen_merges_rebuild_the_program(inception, tmp_path):
     program is rebuilt with them; the schedule on the rebuilt program computes the same."""
     path = tmp_path / "costs.sqlite"
     opts = IOSOptions(mode="both", warmup=0, repeat=1, number=1, max_part_size=12,
-                      confirm=False)  # the rebuild path itself, however fast the result
+                      confirm=False,  # the rebuild path itself, however fast the result
+                      bound=False)  # price every stage, so the second search measures none
     first = ios_schedule(inception, opts, db=CostDB(path))
+    # lazy pricing (the default) measures a fraction of the stages for the same search
+    lazy = ios_schedule(inception, replace(opts, bound=True), db=CostDB(tmp_path / "b.sqlite"))
+    assert lazy.stats.bounded > 0
+    assert lazy.stats.stages_measured < first.stats.stages_measured
     with sqlite3.connect(path) as conn:  # make every merged stage nearly free
         changed = conn.execute("UPDATE costs SET median = 1e-9 WHERE kernel LIKE 'ios:merge:%'")
         assert changed.rowcount > 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from itertools import combinations
 
@@ -58,12 +58,14 @@ class SearchStats:
     seconds: float = 0.0
     budget_hit: bool = False
     parts: int = 0
+    bounded: int = 0  # transitions never priced: their lower bound could not win
 
     def summary(self) -> str:
         cut = ", time budget hit: rest sequential" if self.budget_hit else ""
+        skipped = f", {self.bounded} transitions cut by the bound" if self.bounded else ""
         return (f"{self.parts} parts, {self.states} states, {self.transitions} transitions, "
-                f"{self.stages_costed} distinct stages ({self.stages_measured} measured), "
-                f"{self.seconds:.1f} s{cut}")
+                f"{self.stages_costed} distinct stages ({self.stages_measured} measured)"
+                f"{skipped}, {self.seconds:.1f} s{cut}")
 
 
 # ---------------------------------------------------------------------------- blocks
@@ -108,9 +110,13 @@ def _kernel_dag(graph: Graph, kernels: Sequence[int]) -> nx.DiGraph:
     return g
 
 
-def blocks(graph: Graph, max_part_size: int = 50) -> list[list[int]]:
+def blocks(graph: Graph, max_part_size: int = 50,
+           max_states: int | None = None) -> list[list[int]]:
     """The kernels (views excluded) cut into blocks at the cut nodes (each cut node ends its
-    block), each block split into consecutive parts of at most ``max_part_size`` kernels."""
+    block), each block split into consecutive parts of at most ``max_part_size`` kernels, and
+    a part whose DP would visit more than ``max_states`` states (its predecessor-closed subsets)
+    halved until it does not: the DP's cost grows with the states, which grow exponentially with
+    a part's width (NASNet-A: 200k+ states in a 50-kernel part, under 20k in 25)."""
     kernels = [k for k in kernel_ids(graph) if graph[k].kind == "kernel"]
     cuts = set(cut_nodes(graph))
     out: list[list[int]] = []
@@ -122,7 +128,38 @@ def blocks(graph: Graph, max_part_size: int = 50) -> list[list[int]]:
             current = []
     if current:
         out.append(current)
-    return [b[i:i + max_part_size] for b in out for i in range(0, len(b), max_part_size)]
+    parts = [b[i:i + max_part_size] for b in out for i in range(0, len(b), max_part_size)]
+    if max_states is None:
+        return parts
+
+    def split(part: list[int]) -> list[list[int]]:
+        if len(part) < 2 or count_states(part_graph(graph, part), max_states) <= max_states:
+            return [part]
+        half = len(part) // 2
+        return split(part[:half]) + split(part[half:])
+
+    return [p for part in parts for p in split(part)]
+
+
+def part_graph(graph: Graph, part: Sequence[int]) -> PartGraph:
+    """The dependencies among the kernels of ``part`` as a `PartGraph` over 0..len(part)-1."""
+    dag = _kernel_dag(graph, part)
+    index = {k: j for j, k in enumerate(part)}
+    return PartGraph.from_edges(len(part), [(index[u], index[v]) for u, v in dag.edges])
+
+
+def count_states(part: PartGraph, cap: int) -> int:
+    """How many states the DP can reach (predecessor-closed subsets, the empty one included),
+    counting stops past ``cap``."""
+    full = (1 << part.n) - 1
+    seen, stack = {full}, [full]
+    while stack and len(seen) <= cap:
+        state = stack.pop()
+        for u in _bits(state):
+            if not part.succ[u] & state and state & ~(1 << u) not in seen:
+                seen.add(state & ~(1 << u))
+                stack.append(state & ~(1 << u))
+    return len(seen)
 
 
 # ---------------------------------------------------------------------------- endings
@@ -237,7 +274,7 @@ def schedule_part(part: PartGraph, stage_cost: StageCost, *, r: int = 3, s: int 
                   mergeable: Callable[[tuple[int, ...]], bool] | None = None,
                   stats: SearchStats | None = None, deadline: float | None = None,
                   fallback: Callable[[int], list[Stage]] | None = None,
-                  ) -> tuple[float, list[Stage]]:
+                  bound: StageCost | None = None) -> tuple[float, list[Stage]]:
     """The IOS DP on one part: minimum total stage cost and its stages in execution order.
 
     ``stage_cost(groups, strategy)`` prices a stage; ``strategies`` lists the ways a non-merge
@@ -245,39 +282,42 @@ def schedule_part(part: PartGraph, stage_cost: StageCost, *, r: int = 3, s: int 
     mode the endings are single units and mergeable sets of sinks; in ``parallel`` mode the
     pruned concurrent endings; ``both`` takes the union. After ``deadline`` (time.monotonic) the
     states not yet solved are finished by ``fallback(state)`` (e.g. sequential stages).
+
+    ``bound(groups, strategy)``, a lower bound of ``stage_cost``, makes the DP price lazily
+    (branch and bound, beyond IOS): a state's transitions are tried in order of
+    cost[S - S'] + bound, and pricing stops once that sum reaches the best total found. The
+    optimum is the same; far fewer stages are measured.
     """
     if mode not in MODES:
         raise ParagraphError(f"unknown IOS mode {mode!r}; choose from {MODES}")
     stats = stats or SearchStats()
-    memo: dict[int, tuple[float, Stage | None]] = {0: (0.0, None)}
+    memo: dict[int, tuple[float, object]] = {0: (0.0, None)}
     price: dict[tuple, Stage] = {}
+    bounds: dict[tuple, float] = {}
 
-    def best_stage(groups: tuple[tuple[int, ...], ...], merge: bool) -> Stage:
-        options = [MERGE] if merge else list(strategies)
-        best = None
-        for strategy in options:
-            key = (groups, strategy)
-            if key not in price:
-                stats.stages_costed += 1
-                price[key] = Stage(groups, strategy, stage_cost(groups, strategy))
-            if best is None or price[key].cost < best.cost:
-                best = price[key]
-        return best
+    def priced(groups: tuple[tuple[int, ...], ...], strategy: str) -> Stage:
+        key = (groups, strategy)
+        if key not in price:
+            stats.stages_costed += 1
+            price[key] = Stage(groups, strategy, stage_cost(groups, strategy))
+        return price[key]
 
-    def transitions(state: int) -> Iterator[tuple[int, Stage]]:
+    def transitions(state: int) -> Iterator[tuple[int, tuple[tuple[int, ...], ...], str]]:
         if mode in ("parallel", "both"):
             for combo in enumerate_endings(part, state, r, s):
                 groups = tuple(tuple(_bits(g)) for g in combo)
-                yield sum(combo), best_stage(groups, merge=False)
+                for strategy in strategies:
+                    yield sum(combo), groups, strategy
         if mode in ("merge", "both"):
             sinks = [u for u in _bits(state) if not part.succ[u] & state]
             if mode == "merge":  # single units: the only non-merge stages of IOS-Merge
                 for u in sinks:
-                    yield 1 << u, best_stage(((u,),), merge=False)
+                    for strategy in strategies:
+                        yield 1 << u, ((u,),), strategy
             if mergeable is not None:
                 for subset in _subsets(sinks, min_size=2):
                     if mergeable(subset):
-                        yield sum(1 << u for u in subset), best_stage((subset,), merge=True)
+                        yield sum(1 << u for u in subset), (subset,), MERGE
 
     def solve(state: int) -> float:
         if state in memo:
@@ -288,12 +328,26 @@ def schedule_part(part: PartGraph, stage_cost: StageCost, *, r: int = 3, s: int 
             memo[state] = (sum(st.cost for st in stages), ("fallback", stages))
             return memo[state][0]
         stats.states += 1
-        best: tuple[float, Stage | None] = (float("inf"), None)
-        for ending, stage in transitions(state):
+        options = []
+        for i, (ending, groups, strategy) in enumerate(transitions(state)):
             stats.transitions += 1
-            total = solve(state & ~ending) + stage.cost
-            if total < best[0] - 1e-12:  # ties: the first found wins (deterministic)
-                best = (total, (ending, stage))
+            rest = solve(state & ~ending)
+            low = rest
+            if bound is not None:
+                if (groups, strategy) not in bounds:
+                    bounds[groups, strategy] = bound(groups, strategy)
+                low += bounds[groups, strategy]
+            options.append((low, i, rest, ending, groups, strategy))
+        if bound is not None:
+            options.sort(key=lambda o: o[:2])  # ties: enumeration order (deterministic)
+        best: tuple[float, object] = (float("inf"), None)
+        for j, (low, _, rest, ending, groups, strategy) in enumerate(options):
+            if bound is not None and low >= best[0] - 1e-12:
+                stats.bounded += len(options) - j
+                break
+            stage = priced(groups, strategy)
+            if rest + stage.cost < best[0] - 1e-12:  # ties: the first tried wins
+                best = (rest + stage.cost, (ending, stage))
             if deadline is not None and time.monotonic() > deadline:
                 stats.budget_hit = True  # keep the best so far: no more endings to price
                 break
@@ -364,8 +418,10 @@ class IOSOptions:
 
     mode: str = "both"
     r: int = 3
-    s: int = 8
+    s: int | None = None  # None: 8 (IOS's, for a GPU) on a GPU, the core count on a CPU
     max_part_size: int = 50
+    max_states: int | None = 20000  # parts whose DP has more states are halved (`blocks`)
+    bound: bool = True  # price stages lazily against a lower bound (`schedule_part`)
     warmup: int = 2
     repeat: int = 6
     number: int = 6
@@ -383,6 +439,11 @@ class IOSResult:
     schedule: object  # Schedule
     stats: SearchStats
     stages: list[tuple[tuple[tuple[int, ...], ...], str, float]]
+
+
+# A measured stage may come out a little under the sum of its kernels measured alone (noise,
+# caches kept warm across a group): the bound is scaled down by this much to stay below it.
+BOUND_SLACK = 0.9
 
 
 class StageMeter:
@@ -405,7 +466,9 @@ class StageMeter:
         self.executor.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype)
                             for i in graph.inputs], copy_outputs=False)  # load every kernel
         self.measured = 0
-        self._merged: dict[tuple[int, ...], float] = {}
+        self._overhead: float | None = None
+        self._seconds: dict[tuple, float] = {}  # what `cost` returned, by stage
+        self._alone: dict[str, dict[int, float]] = {}  # per strategy: kernel alone - overhead
 
     def close(self) -> None:
         self.executor.close()
@@ -417,6 +480,13 @@ class StageMeter:
 
     def cost(self, groups: tuple[tuple[int, ...], ...], strategy: str) -> float:
         """Seconds for one run of the stage (kernel ids), measured or from the database."""
+        if strategy == SEQUENTIAL and self.seq_threads == 1 and len(groups) == 1:
+            strategy = CONCURRENT  # the same run: one group on one thread
+        if (groups, strategy) not in self._seconds:
+            self._seconds[groups, strategy] = self._cost(groups, strategy)
+        return self._seconds[groups, strategy]
+
+    def _cost(self, groups: tuple[tuple[int, ...], ...], strategy: str) -> float:
         from paragraph.tvm_interop.measure import CostKey
 
         source = ",".join(sorted({self.program.graph[k].attrs["source"]
@@ -436,6 +506,36 @@ class StageMeter:
             self.db.put(key, Timing((seconds,)))
         return seconds
 
+    def overhead(self) -> float:
+        """Seconds a stage costs with nothing in it (dispatch to a worker and back), measured
+        once per meter with the stage protocol."""
+        if self._overhead is None:
+            self._overhead = self.cost((), CONCURRENT)
+        return self._overhead
+
+    def bound(self, groups: tuple[tuple[int, ...], ...], strategy: str) -> float:
+        """A lower bound of ``cost(groups, strategy)`` from the kernels measured alone: the
+        slowest group (on a CPU also the total spread over the cores) plus one stage overhead,
+        times `BOUND_SLACK` for measurement noise. Merges are not bounded (0)."""
+        if strategy == MERGE:
+            return 0.0
+        base = self.overhead()
+        alone = self._alone.get(strategy)
+        if alone is None:
+            alone = self._alone[strategy] = {}
+        for g in groups:
+            for k in g:
+                if k not in alone:
+                    alone[k] = max(0.0, self.cost(((k,),), strategy) - base)
+        loads = [sum(alone[k] for k in g) for g in groups]
+        if strategy == SEQUENTIAL:
+            work = sum(loads)
+        else:
+            work = max(loads, default=0.0)
+            if self.on_cpu:  # groups beyond the cores share them
+                work = max(work, sum(loads) / self.cores)
+        return BOUND_SLACK * (base + work)
+
     def _measure(self, groups, strategy: str) -> float:
         from paragraph.tvm_interop.measure import time_steps
 
@@ -445,9 +545,9 @@ class StageMeter:
         if strategy == SEQUENTIAL:
             run = [[steps[k] for g in groups for k in g]]
             threads = [self.seq_threads]
-        else:
-            run = [[steps[k] for k in g] for g in groups]
-            threads = [1] * len(groups)
+        else:  # an empty stage (`overhead`) still goes to one worker and back
+            run = [[steps[k] for k in g] for g in groups] or [[]]
+            threads = [1] * len(run)
         opts = self.options
         if not self.on_cpu:
             return self._measure_gpu(run)
@@ -571,18 +671,25 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
     uniform = meter.on_cpu and meter.cores > 1 and "vendor" in program.sources()
     if uniform:
         meter.seq_threads = 1
-    parts = blocks(graph, options.max_part_size)
+    if options.s is None:
+        options = replace(options, s=meter.cores if meter.on_cpu else 8)
+    parts = blocks(graph, options.max_part_size, options.max_states)
     stats.parts = len(parts)
+    if log is not None:
+        log(f"  IOS search ({options.mode}, r={options.r}, s={options.s}, {len(parts)} parts, "
+            f"protocol {options.warmup} warm-ups, {options.repeat}x{options.number} runs"
+            + (f", budget {options.budget_s:g} s" if options.budget_s else "") + ") ...")
     stages: list[Stage] = []  # groups of kernel ids
     last_log = start
     try:
         for i, part in enumerate(parts):
-            dag = _kernel_dag(graph, part)
-            index = {k: j for j, k in enumerate(part)}
-            pg = PartGraph.from_edges(len(part), [(index[u], index[v]) for u, v in dag.edges])
+            pg = part_graph(graph, part)
 
             def cost(groups, strategy, part=part):
                 return meter.cost(tuple(tuple(part[u] for u in g) for g in groups), strategy)
+
+            def bound(groups, strategy, part=part):
+                return meter.bound(tuple(tuple(part[u] for u in g) for g in groups), strategy)
 
             def fallback(state, part=part):
                 units = tuple(_bits(state))
@@ -591,7 +698,8 @@ def ios_schedule(program, options: IOSOptions = IOSOptions(), *, db=None, tuning
             _, found = schedule_part(
                 pg, cost, r=options.r, s=options.s, mode=options.mode, strategies=strategies,
                 mergeable=lambda units, part=part: meter.mergeable([part[u] for u in units]),
-                stats=stats, deadline=deadline, fallback=fallback)
+                stats=stats, deadline=deadline, fallback=fallback,
+                bound=bound if options.bound else None)
             stages += [Stage(tuple(tuple(part[u] for u in g) for g in st.groups), st.strategy,
                              st.cost) for st in found]
             quarter = 4 * (i + 1) // len(parts) > 4 * i // len(parts)
@@ -763,6 +871,35 @@ def _to_schedule(program, planned: list[Planned], cores: int, options: IOSOption
 IOS_SCHEDULES = tuple(f"ios-{m}" for m in MODES)
 
 
+def _measured_critical_path(program, db, tuning_db, cores: int | None, log):
+    """`critical_path` over each kernel's 1-thread time, measured (or from the cost database):
+    on a CPU every stream has one thread, so that is the time each kernel will take."""
+    from paragraph.machine import cpu_count
+    from paragraph.passes.schedule import critical_path, sequential
+    from paragraph.tvm_interop.executor import make_executor
+    from paragraph.tvm_interop.measure import CostDB, kernel_costs
+
+    on_cpu = program.target.kind.name == "llvm"
+    streams = (cores or cpu_count()) if on_cpu else None
+    own_db = db is None
+    db = CostDB() if own_db else db
+    try:
+        if log is not None:
+            log("  critical-path: kernel times (1 thread), measured or cached ...")
+        with make_executor(program, sequential(program.graph, cores=1),
+                           use_cuda_graph=False) as ex:
+            costs = kernel_costs(ex, db=db, threads=1, tuning="" if tuning_db is None
+                                 else str(tuning_db), progress=log is not None)
+    finally:
+        if own_db:
+            db.close()
+    schedule = critical_path(program.graph, cost=costs, streams=streams, cores=cores)
+    schedule.info["predicted_ms"] = schedule.info.pop("predicted") * 1e3
+    schedule.info["critical_path_ms"] = schedule.info.pop("critical_path") * 1e3
+    schedule.info["work_ms"] = schedule.info.pop("work") * 1e3
+    return schedule
+
+
 def plan_schedule(name: str, program, *, options: IOSOptions | None = None, db=None,
                   tuning_db=None, cores: int | None = None,
                   log: Callable[[str], None] | None = None):
@@ -771,11 +908,11 @@ def plan_schedule(name: str, program, *, options: IOSOptions | None = None, db=N
     ``options``) or ``ios-<mode>``. IOS searches with measured stages, cached in ``db`` (a
     `CostDB`; the default cache when None), and may return a program rebuilt with merged
     convolutions."""
-    from dataclasses import replace
-
     from paragraph.passes.schedule import make_schedule
     from paragraph.tvm_interop.measure import CostDB
 
+    if name == "critical-path":
+        return program, _measured_critical_path(program, db, tuning_db, cores, log)
     if name != "ios" and not name.startswith("ios-"):
         return program, make_schedule(name, program.graph, cores=cores)
     options = options or IOSOptions()
@@ -789,10 +926,6 @@ def plan_schedule(name: str, program, *, options: IOSOptions | None = None, db=N
     own_db = db is None
     db = CostDB() if own_db else db
     try:
-        if log is not None:
-            log(f"  IOS search ({options.mode}, r={options.r}, s={options.s}, protocol "
-                f"{options.warmup} warm-ups, {options.repeat}x{options.number} runs"
-                + (f", budget {options.budget_s:g} s" if options.budget_s else "") + ") ...")
         result = ios_schedule(program, options, db=db, tuning_db=tuning_db, log=log)
     finally:
         if own_db:

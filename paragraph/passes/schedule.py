@@ -1,4 +1,4 @@
-"""Schedule algorithms over a kernel graph: sequential, wavefront, Opara, Nimble.
+"""Schedule algorithms over a kernel graph: sequential, wavefront, Opara, Nimble, critical path.
 
 Each takes the kernel graph (`KernelProgram.graph`: ``kernel`` and ``view`` nodes) and returns a
 `paragraph.schedule.Schedule`. On a CPU every stream gets ``cores // streams`` threads (at least
@@ -17,7 +17,7 @@ from paragraph.graph import Graph
 from paragraph.machine import cpu_count
 from paragraph.schedule import Schedule, bytes_moved, kernel_ids, producers
 
-ALGORITHMS = ("sequential", "wavefront", "opara", "nimble")
+ALGORITHMS = ("sequential", "wavefront", "opara", "nimble", "critical-path")
 
 
 def _consumers(graph: Graph) -> dict[int, list[int]]:
@@ -202,11 +202,57 @@ def cap_streams(graph: Graph, schedule: Schedule, max_streams: int, *,
                           info={**schedule.info, "capped_from": schedule.num_streams})
 
 
+def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
+                  streams: int | None = None, cores: int | None = None) -> Schedule:
+    """List scheduling by critical path (Graham; HEFT on identical processors, without
+    insertion): kernels in order of their bottom level (longest ``cost`` path from the kernel
+    to the end), each placed on the stream where it can start first given its producers'
+    finish times; ties go to the stream of its first producer, then the lowest index.
+
+    Unlike Opara and Nimble, which choose streams from the graph's shape alone, this balances
+    the streams by time, so with ``streams`` equal to the cores (the default on a CPU, one
+    thread each) it packs the branches around the critical path. ``cost`` defaults to
+    `estimated_cost`; `paragraph.passes.ios.plan_schedule` passes measured 1-thread times.
+    """
+    kernels = kernel_ids(graph)
+    if cost is None:
+        cost = {k: estimated_cost(graph, k) for k in kernels}
+    width = max(1, streams or cores or cpu_count())
+    users = _consumers(graph)
+    bottom: dict[int, float] = {}
+    for k in reversed(kernels):
+        bottom[k] = cost.get(k, 0.0) + max((bottom[u] for u in users[k]), default=0.0)
+    position = {k: i for i, k in enumerate(kernels)}
+    # (-bottom, position) is a topological order: a producer's bottom level is at least its
+    # consumer's, and where equal (a view costs 0) the producer comes first
+    order = sorted(kernels, key=lambda k: (-bottom[k], position[k]))
+    free = [0.0] * width
+    finish: dict[int, float] = {}
+    stream_of: dict[int, int] = {}
+    lists: list[list[int]] = [[] for _ in range(width)]
+    for k in order:
+        ready = max((finish[p] for p in producers(graph, k)), default=0.0)
+        first = next((stream_of[p] for p in producers(graph, k)), 0)
+        s = min(range(width), key=lambda i: (max(free[i], ready), i != first, i))
+        finish[k] = max(free[s], ready) + cost.get(k, 0.0)
+        free[s] = finish[k]
+        stream_of[k] = s
+        lists[s].append(k)
+    used = [ks for ks in lists if ks]
+    used.sort(key=lambda ks: position[ks[0]])
+    return Schedule.build(graph, used, threads=_threads(len(used), cores), launch_order=order,
+                          name="critical-path",
+                          info={"predicted": max(finish.values(), default=0.0),
+                                "critical_path": max(bottom.values(), default=0.0),
+                                "work": sum(cost.get(k, 0.0) for k in kernels)})
+
+
 def make_schedule(name: str, graph: Graph, *, cores: int | None = None,
                   max_streams: int | None = None) -> Schedule:
     """The schedule ``name`` (one of `ALGORITHMS`) for ``graph``, optionally packed onto at most
     ``max_streams`` streams (wavefront: at most that many kernels per stage)."""
-    table = {"sequential": sequential, "opara": opara, "nimble": nimble}
+    table = {"sequential": sequential, "opara": opara, "nimble": nimble,
+             "critical-path": critical_path}
     if name == "wavefront":
         schedule = wavefront(graph, cores=cores, max_per_stage=min(10, max_streams or 10))
         if max_streams is not None:
@@ -214,6 +260,8 @@ def make_schedule(name: str, graph: Graph, *, cores: int | None = None,
         return schedule
     if name not in table:
         raise ParagraphError(f"unknown schedule {name!r}; choose from {', '.join(ALGORITHMS)}")
+    if name == "critical-path":
+        return critical_path(graph, cores=cores, streams=max_streams)
     schedule = table[name](graph, cores=cores)
     return schedule if max_streams is None else cap_streams(graph, schedule, max_streams,
                                                             cores=cores)
