@@ -25,13 +25,14 @@ from paragraph import models
 from paragraph.bench import check_outputs, executor_config, time_round_robin, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
-from paragraph.passes.ios import IOSOptions, ios_schedule, plan_schedule
+from paragraph.passes.ios import IOSOptions, _plan_digest, ios_schedule, plan_schedule
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.kernels import KernelProgram, resolve_target
 from paragraph.tvm_interop.measure import CostDB
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "squeezenet1_1")
-HEURISTICS = ("sequential", "wavefront", "opara", "nimble", "critical-path")
+BASELINES = ("sequential", "wavefront", "opara", "nimble")  # IOS-both's target (issue 4)
+HEURISTICS = (*BASELINES, "critical-path")
 
 
 def bench_model(name: str, args, db: CostDB, log) -> dict:
@@ -43,8 +44,12 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     inputs = random_inputs(mod)
     vm = vm_config("tvm_vm", program.vm(), inputs, program.device)
     expected = vm.run()
-    configs = [vm] + [executor_config(program, plan_schedule(h, program, db=db)[1], inputs)
-                      for h in HEURISTICS]  # critical-path: measured kernel times
+    configs = [vm]
+    plans = {}  # config name -> what its run depends on (identical plans run the same)
+    for h in HEURISTICS:  # critical-path: measured kernel times
+        schedule = plan_schedule(h, program, db=db)[1]
+        configs.append(executor_config(program, schedule, inputs))
+        plans[configs[-1].name] = _plan_digest(schedule)
     searches = {}
     warmup, repeat, number = (int(v) for v in args.ios_protocol.split(","))
     for mode in ("both", "parallel", "merge"):  # both first, on a cold cost database
@@ -58,6 +63,8 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
                                    "predicted_ms": result.schedule.info["predicted_ms"]}
         log(f"  ios-{mode}: {result.stats.summary()}")
         configs.append(executor_config(result.program, result.schedule, inputs))
+        plans[configs[-1].name] = (_plan_digest(result.schedule)
+                                   if result.program is program else None)
     try:
         check_outputs(configs, expected, rtol=1e-4, atol=1e-4)
         time_round_robin(configs, args.repeat)
@@ -69,15 +76,29 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     rows = [c.row(base) for c in configs]
     for r in rows:
         r.update(searches.get(r.get("schedule", ""), {}))
+        if r["config"] in plans:
+            r["plan"] = plans[r["config"]]
         log(f"  {r['config']:28} {r['median_ms']:9.3f} ms")
-    best_other = min(r["median_ms"] for r in rows if r["config"].startswith("executor:")
-                     and not r["config"].startswith("executor:ios"))
-    both = next(r["median_ms"] for r in rows if r["config"] == "executor:ios-both")
     return {"model": name, "kernels": len(program.kernels), "configs": rows,
-            "ios_both_vs_best_other": best_other / both,
-            "ios_both_search_s": searches["ios-both"]["search_s"],
-            "ios_both_budget_hit": "budget hit" in searches["ios-both"]["summary"],
-            "target_met": both <= best_other and searches["ios-both"]["search_s"] < 600}
+            **summarize(rows, searches["ios-both"])}
+
+
+def summarize(rows: list[dict], search: dict) -> dict:
+    """The issue's target: IOS-both no slower than the best of the IOS table's other schedules
+    (`BASELINES`); where IOS-both kept exactly that schedule (its end-to-end check chose the
+    plain sequence), the two are the same run and tie. critical-path, which is not in the IOS
+    table, is compared separately."""
+    ms = {r["config"].split(":", 1)[1]: r for r in rows if r["config"].startswith("executor:")}
+    both = ms["ios-both"]
+    best = min(BASELINES, key=lambda n: ms[n]["median_ms"])
+    same = [n for n in BASELINES if both.get("plan") and ms[n].get("plan") == both["plan"]]
+    return {"best_other": best, "ios_both_same_schedule_as": same,
+            "ios_both_vs_best_other": ms[best]["median_ms"] / both["median_ms"],
+            "ios_both_vs_critical_path": ms["critical-path"]["median_ms"] / both["median_ms"],
+            "ios_both_search_s": search["search_s"],
+            "ios_both_budget_hit": "budget hit" in search["summary"],
+            "target_met": (both["median_ms"] <= ms[best]["median_ms"] or best in same)
+            and search["search_s"] < 600}
 
 
 def main() -> None:
