@@ -11,5 +11,6 @@ def test_quickstart(capsys, tmp_path, monkeypatch):
     runpy.run_path(str(TUTORIALS / "quickstart.py"))["main"]()
     out = capsys.readouterr().out
     assert "kernels after TVM's fusion" in out
-    for name in ("sequential", "wavefront", "opara", "nimble", "TVM VM", "ios-both"):
+    for name in ("sequential", "wavefront", "opara", "nimble", "critical-path", "TVM VM",
+                 "ios-both"):
         assert name in out

@@ -494,7 +494,7 @@ class StageMeter:
         threads = f";threads={self.seq_threads}" if strategy != CONCURRENT else ""
         key = CostKey(str(self.program.target), self.key(groups, strategy), self.tuning, source,
                       f"protocol={self.options.warmup}/{self.options.repeat}x"
-                      f"{self.options.number}/dispatched{threads}")
+                      f"{self.options.number}/fork-join{threads}")
         cached = self.db.get(key) if self.db is not None else None
         if cached is not None:
             return cached
@@ -548,17 +548,23 @@ class StageMeter:
             threads = [1] * len(run)
         if not self.on_cpu:
             return self._measure_gpu(run)
-        return self._protocol(run, threads)
+        return self._protocol(run, threads, fork_join=len(run) > 1)
 
-    def _protocol(self, run, threads: list[int]) -> float:
+    def _protocol(self, run, threads: list[int], fork_join: bool = False) -> float:
         """IOS's protocol on a CPU: ``warmup`` runs, then the median over ``repeat`` of the
-        mean of ``number`` runs. Every run is its own dispatch to the workers and back, as a
-        stage between two barriers is in the executor: repeating a stage inside one dispatch
-        hid that hand-off, and the DP then split runs into more stages than paid (NASNet-A:
-        predicted 16 ms, ran 24)."""
+        mean of ``number`` runs. A stage of several groups has every run dispatched to the
+        workers and joined on its own, as the executor forks and joins streams at its barriers
+        (repeating the runs inside one dispatch hid that hand-off, and the DP split a run into
+        more concurrent stages than paid: NASNet-A predicted 16 ms, ran 24); a one-group stage
+        runs its ``number`` runs in one dispatch, as consecutive one-stream stages follow each
+        other on one worker with no hand-off."""
         from paragraph.tvm_interop.measure import time_steps
 
         opts = self.options
+        if not fork_join:
+            run = [[st for _ in range(opts.number) for st in group] for group in run]
+            timing = time_steps(run, repeat=opts.repeat, warmup=opts.warmup, threads=threads)
+            return timing.median_ms / 1e3 / opts.number
         timing = time_steps(run, repeat=opts.repeat * opts.number, warmup=opts.warmup,
                             threads=threads)
         x = timing.samples
