@@ -320,8 +320,9 @@ def test_vendor_kernels_get_one_thread_count(tmp_path):
 
 
 def test_search_is_confirmed_end_to_end(tmp_path):
-    """The searched schedule is kept only if a whole run beats all kernels in sequence; both
-    runs are cached, so the same inputs and database give the same answer."""
+    """The searched schedule is kept only if a whole run beats all kernels in sequence (on all
+    cores, and on one thread); the runs are cached, so the same inputs and database give the
+    same answer."""
     program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
     db = CostDB(tmp_path / "c.sqlite")
     opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
@@ -339,6 +340,14 @@ def test_search_is_confirmed_end_to_end(tmp_path):
         assert (again.schedule.info["strategies"] == [SEQUENTIAL]) == sequence_wins
         if sequence_wins:
             assert again.schedule.num_streams == 1 and again.program is program
+            assert again.schedule.threads == (2,)
+    one = _plan_digest(sequential(program.graph, cores=1))  # one-kernel stages on one thread
+    with sqlite3.connect(db.path) as conn:
+        conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN 1e-9 ELSE 1.0 END "
+                     "WHERE kernel LIKE 'run:%'", (f"%{one}",))
+    again = ios_schedule(program, opts, db=db)
+    assert again.schedule.threads == (1,) and again.program is program
+    assert again.schedule.info["confirmed"]["kept"].endswith("on 1 thread(s)")
 
 
 def test_budget_cuts_a_search_in_progress(inception, tmp_path):
