@@ -9,10 +9,18 @@ scheduled) takes, at each state S, the best ending S' (no edge leaves S' into S 
 
 with stage_latency = min(concurrent execution of S''s groups, operator merge where mergeable).
 Groups are the weakly connected components of the ending; pruning keeps at most ``s`` groups
-per stage and ``r`` kernels per group (defaults 8 and 3). Stage latencies are measured on the
+per stage and ``r`` kernels per group (``r`` = 3; ``s`` = 8 on a GPU as in IOS, the core count
+on a CPU, where more groups only share the cores). Stage latencies are measured on the
 device (IOS protocol: 2 warm-ups, 6 repeats of 6 runs), each distinct stage once, cached in the
-cost database. Beyond IOS, on a CPU a stage may instead run its kernels one after another with
-all threads; the DP picks per stage by measurement.
+cost database. Beyond IOS:
+
+* on a CPU a stage may instead run its kernels one after another with all threads; the DP
+  picks per stage by measurement;
+* stages are priced lazily against a lower bound (their kernels measured alone), a branch and
+  bound inside each state that measures a fraction of the stages for the same optimum;
+* parts whose DP would visit more than ``max_states`` states are halved (the state count grows
+  exponentially with a part's width);
+* the result is checked end to end against all kernels in sequence and kept only if faster.
 
 The DP runs over abstract stage costs (`schedule_part`); `ios_schedule` binds it to a
 `KernelProgram`: measured stage costs, convolution merging (`paragraph.passes.merge`) and the
