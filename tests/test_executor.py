@@ -2,6 +2,7 @@
 
 import _thread
 import gc
+import signal
 import threading
 import time
 
@@ -214,7 +215,17 @@ def test_failing_kernel_is_named_and_nothing_hangs():
                 ex.run(np.ones((4, 8), "float32"))
 
 
-def test_keyboard_interrupt_stops_all_workers():
+@pytest.fixture
+def sigint_raises():
+    """A shell starts background jobs with SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler (so `_thread.interrupt_main` does nothing): put the default
+    handler in place for the test, and the previous one back after it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_keyboard_interrupt_stops_all_workers(sigint_raises):
     calls = []
 
     def interrupt(x, out):
