@@ -297,6 +297,19 @@ def test_plan_schedule_names(tmp_path):
     _, sched = plan_schedule("ios-parallel", program, options=opts,
                              db=CostDB(tmp_path / "c.sqlite"))
     assert sched.name == "ios-parallel" and "states" in sched.info["search"]
+    # critical-path: list scheduling on each kernel's measured 1-thread time
+    db = CostDB(tmp_path / "cp.sqlite")
+    same, sched = plan_schedule("critical-path", program, db=db, cores=2)
+    assert same is program and sched.name == "critical-path"
+    assert sched.num_streams <= 2 and set(sched.threads) == {1}
+    info = sched.info
+    assert 0 < info["critical_path_ms"] <= info["predicted_ms"] + 1e-9
+    assert info["predicted_ms"] <= info["work_ms"] + 1e-9
+    assert len(db) >= len({n.attrs["hash"] for n in program.kernels})  # times were cached
+    x = random_inputs(program.lowered)
+    with make_executor(program, sched) as ex:
+        np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5,
+                                   atol=1e-6)
     with pytest.raises(ParagraphError, match="unknown IOS mode"):
         plan_schedule("ios-fast", program, options=opts)
     with pytest.raises(ParagraphError, match="unknown schedule"):

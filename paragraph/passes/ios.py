@@ -476,7 +476,6 @@ class StageMeter:
         self.measured = 0
         self._overhead: float | None = None
         self._seconds: dict[tuple, float] = {}  # what `cost` returned, by stage
-        self._alone: dict[str, dict[int, float]] = {}  # per strategy: kernel alone - overhead
 
     def close(self) -> None:
         self.executor.close()
@@ -528,14 +527,7 @@ class StageMeter:
         if strategy == MERGE:
             return 0.0
         base = self.overhead()
-        alone = self._alone.get(strategy)
-        if alone is None:
-            alone = self._alone[strategy] = {}
-        for g in groups:
-            for k in g:
-                if k not in alone:
-                    alone[k] = max(0.0, self.cost(((k,),), strategy) - base)
-        loads = [sum(alone[k] for k in g) for g in groups]
+        loads = [sum(max(0.0, self.cost(((k,),), strategy) - base) for k in g) for g in groups]
         if strategy == SEQUENTIAL:
             work = sum(loads)
         else:
