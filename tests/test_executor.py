@@ -140,6 +140,11 @@ def test_critical_path_packs_branches_around_the_longest_path():
     assert two.info["predicted"] < len(kernels)
     one = critical_path(g, cost=cost, streams=1)
     assert one.num_streams == 1 and one.info["predicted"] == pytest.approx(len(kernels))
+    # a hand-off dearer than the work keeps every consumer on its producer's stream
+    costly = critical_path(g, cost=cost, streams=2, cores=2, handoff=10.0)
+    costly.validate(g)
+    assert sum(map(len, costly.waits.values())) <= sum(map(len, two.waits.values()))
+    assert costly.info["predicted"] <= len(kernels) + 10.0
 
 
 def test_schedule_validation_errors():

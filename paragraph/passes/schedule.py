@@ -203,7 +203,8 @@ def cap_streams(graph: Graph, schedule: Schedule, max_streams: int, *,
 
 
 def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
-                  streams: int | None = None, cores: int | None = None) -> Schedule:
+                  streams: int | None = None, cores: int | None = None,
+                  handoff: float = 0.0) -> Schedule:
     """List scheduling by critical path (Graham; HEFT on identical processors, without
     insertion): kernels in order of their bottom level (longest ``cost`` path from the kernel
     to the end), each placed on the stream where it can start first given its producers'
@@ -213,6 +214,8 @@ def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
     the streams by time, so with ``streams`` equal to the cores (the default on a CPU, one
     thread each) it packs the branches around the critical path. ``cost`` defaults to
     `estimated_cost`; `paragraph.passes.ios.plan_schedule` passes measured 1-thread times.
+    ``handoff`` (same unit as ``cost``) is charged when a producer ran on another stream: a
+    blocking cross-stream wait costs the CPU executor 26-31 us (Python thread wake-up).
     """
     kernels = kernel_ids(graph)
     if cost is None:
@@ -231,10 +234,14 @@ def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
     stream_of: dict[int, int] = {}
     lists: list[list[int]] = [[] for _ in range(width)]
     for k in order:
-        ready = max((finish[p] for p in producers(graph, k)), default=0.0)
-        first = next((stream_of[p] for p in producers(graph, k)), 0)
-        s = min(range(width), key=lambda i: (max(free[i], ready), i != first, i))
-        finish[k] = max(free[s], ready) + cost.get(k, 0.0)
+        ps = producers(graph, k)
+        first = next((stream_of[p] for p in ps), 0)
+
+        # when k could start on each stream: a producer on another stream costs a hand-off
+        starts = [max([free[i]] + [finish[p] + (handoff if stream_of[p] != i else 0.0)
+                                   for p in ps]) for i in range(width)]
+        s = min(range(width), key=lambda i: (starts[i], i != first, i))
+        finish[k] = starts[s] + cost.get(k, 0.0)
         free[s] = finish[k]
         stream_of[k] = s
         lists[s].append(k)
