@@ -258,8 +258,9 @@ def make_schedule(name: str, graph: Graph, *, cores: int | None = None,
                   max_streams: int | None = None) -> Schedule:
     """The schedule ``name`` (one of `ALGORITHMS`) for ``graph``, optionally packed onto at most
     ``max_streams`` streams (wavefront: at most that many kernels per stage)."""
-    table = {"sequential": sequential, "opara": opara, "nimble": nimble,
-             "critical-path": critical_path}
+    table = {"sequential": sequential, "opara": opara, "nimble": nimble}
+    if name == "critical-path":  # balances its own streams: no packing afterwards
+        return critical_path(graph, cores=cores, streams=max_streams)
     if name == "wavefront":
         schedule = wavefront(graph, cores=cores, max_per_stage=min(10, max_streams or 10))
         if max_streams is not None:
@@ -267,8 +268,6 @@ def make_schedule(name: str, graph: Graph, *, cores: int | None = None,
         return schedule
     if name not in table:
         raise ParagraphError(f"unknown schedule {name!r}; choose from {', '.join(ALGORITHMS)}")
-    if name == "critical-path":
-        return critical_path(graph, cores=cores, streams=max_streams)
     schedule = table[name](graph, cores=cores)
     return schedule if max_streams is None else cap_streams(graph, schedule, max_streams,
                                                             cores=cores)
