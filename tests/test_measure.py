@@ -14,6 +14,8 @@ from paragraph.tvm_interop.measure import (
     cache_dir,
     kernel_costs,
     measure_cpu_peaks,
+    time_in_sequence,
+    time_kernel,
     time_steps,
 )
 from paragraph.tvm_interop.vm import Timing
@@ -79,6 +81,31 @@ def test_time_steps_alone_and_concurrently(executor):
     assert len(one.samples) == 5 and all(s > 0 for s in one.samples)
     two = time_steps([steps[:2], steps[2:4]], repeat=5, warmup=1, threads=[1, 1])
     assert len(two.samples) == 5 and two.median_ms > 0
+
+
+def test_time_kernel_leaves_out_the_dispatch(executor):
+    steps = [executor.steps[n.id] for n in executor.program.kernels if n.kind == "kernel"]
+    small = min(steps, key=lambda st: time_steps([[st]], repeat=3, warmup=1).median_ms)
+    alone = time_kernel(small, repeat=9)
+    dispatched = time_steps([[small]], repeat=9, warmup=2)
+    assert len(alone.samples) == 9
+    # a worker's wake-up (tens of microseconds) is in every dispatched run, not in time_kernel
+    assert alone.median_ms < dispatched.median_ms
+
+
+def test_time_in_sequence_times_each_step_where_it_runs(executor):
+    steps = [executor.steps[k] for k in executor.schedule.kernels]
+    timings = time_in_sequence(steps, repeat=4, warmup=1)
+    assert len(timings) == len(steps)
+    for st, t in zip(steps, timings):
+        assert len(t.samples) == 4
+        assert (t.median_ms > 0) == (st.fn is not None)  # a view runs nothing
+    total = sum(t.median_ms for t in timings)
+    # the whole sequence, 20 times in one dispatch (a dispatch costs more than this model)
+    whole = time_steps([steps * 20], repeat=4, warmup=1).median_ms / 20
+    assert 0.5 * whole < total < 2 * whole
+    with pytest.raises(Exception, match="repeat"):
+        time_in_sequence(steps, repeat=0)
 
 
 def test_kernel_costs_are_measured_once_then_cached(executor, tmp_path):

@@ -44,8 +44,8 @@ def main(full: bool = False) -> None:
     print(f"{len(program.kernels)} kernels after TVM's fusion")
 
     # 4. Schedules: where each kernel runs and what it waits for. critical-path times each
-    #    kernel alone on one thread first (cached in the cost database) and balances the
-    #    streams by those times; the others place kernels by the graph's shape alone.
+    #    kernel on one thread in model order first (cached in the cost database) and
+    #    balances the streams by those times; the others place kernels by the graph's shape.
     inputs = random_inputs(mod)
     expected = run_vm(program.vm(), inputs)
     for name in ALGORITHMS:

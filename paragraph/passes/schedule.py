@@ -8,7 +8,7 @@ one); the IOS search (which chooses per stage by measurement) lives beside these
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -18,6 +18,7 @@ from paragraph.machine import cpu_count
 from paragraph.schedule import Schedule, bytes_moved, kernel_ids, producers
 
 ALGORITHMS = ("sequential", "wavefront", "opara", "nimble", "critical-path")
+SEARCH_MAX_KERNELS = 200  # `critical_path` searches segments up to this size (recursion depth)
 
 
 def _consumers(graph: Graph) -> dict[int, list[int]]:
@@ -202,56 +203,211 @@ def cap_streams(graph: Graph, schedule: Schedule, max_streams: int, *,
                           info={**schedule.info, "capped_from": schedule.num_streams})
 
 
+def _cuts(kernels: list[int], preds: Mapping[int, list[int]]) -> set[int]:
+    """Kernels ordered against every other one (each other kernel is an ancestor or a
+    descendant): they split the graph into segments that no schedule can overlap."""
+    bit = {k: 1 << i for i, k in enumerate(kernels)}
+    up: dict[int, int] = {}
+    for k in kernels:
+        up[k] = 0
+        for p in preds[k]:
+            up[k] |= up[p] | bit[p]
+    down = dict.fromkeys(kernels, 0)
+    for k in reversed(kernels):
+        for p in preds[k]:
+            down[p] |= down[k] | bit[k]
+    n = len(kernels)
+    return {k for k in kernels if up[k].bit_count() + down[k].bit_count() + 1 == n}
+
+
+def segments(graph: Graph) -> list[list[int]]:
+    """The kernels in topological order, split at `_cuts`: each cut kernel alone, and the
+    kernels between two cuts together (an inception block, a NASNet cell, ...)."""
+    kernels = kernel_ids(graph)
+    preds = {k: producers(graph, k) for k in kernels}
+    cuts = _cuts(kernels, preds)
+    out: list[list[int]] = []
+    for k in kernels:
+        if k in cuts or not out or out[-1][-1] in cuts:
+            out.append([k])
+        else:
+            out[-1].append(k)
+    return out
+
+
+@dataclass
+class _Placement:
+    """Streams so far: when each is free, and where and when each placed kernel ends."""
+
+    free: list[float]
+    finish: dict[int, float]
+    stream_of: dict[int, int]
+    handoff: float
+
+    def start(self, preds: list[int], i: int) -> float:
+        """When a kernel with producers ``preds`` could start on stream ``i``."""
+        return max([self.free[i]] + [self.finish[p] + (self.handoff if self.stream_of[p] != i
+                                                       else 0.0) for p in preds])
+
+
+def _list_segment(seg: list[int], order: list[int], cost: Mapping[int, float],
+                  preds: Mapping[int, list[int]], at: _Placement) -> dict[int, tuple[int, float]]:
+    """Graham's list scheduling of one segment in priority ``order``: each kernel where it
+    can start first (ties: its first producer's stream, then the lowest index)."""
+    free, finish, where = list(at.free), dict(at.finish), dict(at.stream_of)
+    local = _Placement(free, finish, where, at.handoff)
+    placed = {}
+    for k in order:
+        first = next((where[p] for p in preds[k]), 0)
+        starts = [local.start(preds[k], i) for i in range(len(free))]
+        s = min(range(len(free)), key=lambda i: (starts[i], i != first, i))
+        finish[k], where[k] = starts[s] + cost.get(k, 0.0), s
+        free[s] = finish[k]
+        placed[k] = (s, starts[s])
+    return placed
+
+
+def _search_segment(seg: list[int], cost: Mapping[int, float],
+                    preds: Mapping[int, list[int]], at: _Placement, upper: float,
+                    budget: int) -> tuple[dict[int, tuple[int, float]] | None, bool]:
+    """Branch and bound for the segment's shortest makespan from placement ``at``: schedules
+    are built in order of start time (a left-justified optimum is one of them), each step
+    placing a ready kernel on a stream; a branch is cut when its lower bound (its longest
+    path left, or its work left spread over the streams) reaches the best makespan found,
+    ``upper`` to begin with (the list schedule's). Returns (a better placement or None,
+    whether the search was exhaustive within ``budget`` nodes)."""
+    inside = set(seg)
+    users: dict[int, list[int]] = {k: [] for k in seg}
+    for k in seg:
+        for p in preds[k]:
+            if p in inside:
+                users[p].append(k)
+    tail: dict[int, float] = {}  # longest path from a kernel to the segment's end
+    for k in reversed(seg):
+        tail[k] = cost.get(k, 0.0) + max((tail[u] for u in users[k]), default=0.0)
+    waiting = {k: sum(p in inside for p in preds[k]) for k in seg}
+    width, symmetric = len(at.free), at.handoff == 0.0
+    best: list = [upper, None]
+    nodes = [0]
+    placed: dict[int, tuple[int, float]] = {}
+
+    def visit(ready: list[int], last: float, span: float, left: float) -> None:
+        if not ready:
+            if span < best[0] * (1 - 1e-9):
+                best[0], best[1] = span, dict(placed)
+            return
+        for k in sorted(ready, key=lambda r: -tail[r]):
+            seen = set()
+            for i in range(width):
+                if symmetric:  # streams free at the same time are interchangeable
+                    if at.free[i] in seen:
+                        continue
+                    seen.add(at.free[i])
+                start = at.start(preds[k], i)
+                if start < last:
+                    continue
+                end = start + cost.get(k, 0.0)
+                busy = sum(max(f, start) for f in at.free) - max(at.free[i], start) + end
+                bound = max(start + tail[k], span, end, (busy + left - cost.get(k, 0.0)) / width)
+                if bound >= best[0] * (1 - 1e-9):
+                    continue
+                nodes[0] += 1
+                if nodes[0] > budget:
+                    return
+                was = at.free[i]
+                at.free[i], at.finish[k], at.stream_of[k] = end, end, i
+                placed[k] = (i, start)
+                now = [r for r in ready if r != k]
+                for u in users[k]:
+                    waiting[u] -= 1
+                    if waiting[u] == 0:
+                        now.append(u)
+                visit(now, start, max(span, end), left - cost.get(k, 0.0))
+                for u in users[k]:
+                    waiting[u] += 1
+                del placed[k], at.finish[k], at.stream_of[k]
+                at.free[i] = was
+
+    saved = list(at.free)
+    visit([k for k in seg if waiting[k] == 0], 0.0, max(at.free, default=0.0),
+          sum(cost.get(k, 0.0) for k in seg))
+    at.free[:] = saved
+    return best[1], nodes[0] <= budget
+
+
 def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
                   streams: int | None = None, cores: int | None = None,
-                  handoff: float = 0.0) -> Schedule:
-    """List scheduling by critical path (Graham; HEFT on identical processors, without
-    insertion): kernels in order of their bottom level (longest ``cost`` path from the kernel
-    to the end), each placed on the stream where it can start first given its producers'
-    finish times; ties go to the stream of its first producer, then the lowest index.
+                  handoff: float = 0.0, search_budget: int = 20000) -> Schedule:
+    """List scheduling by critical path (Graham; HEFT on identical processors), refined by an
+    exact search where it is small: kernels in order of their bottom level (longest ``cost``
+    path from the kernel to the end), each placed on the stream where it can start first given
+    its producers' finish times; ties go to the stream of its first producer, then the lowest
+    index. Then each segment between two `_cuts` (an inception block) gets a branch-and-bound
+    search for its shortest makespan (`_search_segment`, at most ``search_budget`` nodes),
+    kept where it beats the list schedule.
 
     Unlike Opara and Nimble, which choose streams from the graph's shape alone, this balances
     the streams by time, so with ``streams`` equal to the cores (the default on a CPU, one
     thread each) it packs the branches around the critical path. ``cost`` defaults to
     `estimated_cost`; `paragraph.passes.ios.plan_schedule` passes measured 1-thread times.
     ``handoff`` (same unit as ``cost``) is charged when a producer ran on another stream: a
-    blocking cross-stream wait costs the CPU executor 26-31 us (Python thread wake-up).
+    blocking cross-stream wait costs the CPU executor tens of microseconds (a thread wake-up).
+
+    ``info``: ``predicted`` makespan, ``critical_path``, ``work``, and ``optimum``: the
+    shortest makespan any schedule on these streams can have with these costs and no hand-off
+    (exact where every segment's search finished, else a lower bound: ``optimum_exact``).
     """
     kernels = kernel_ids(graph)
     if cost is None:
         cost = {k: estimated_cost(graph, k) for k in kernels}
     width = max(1, streams or cores or cpu_count())
+    preds = {k: producers(graph, k) for k in kernels}
     users = _consumers(graph)
     bottom: dict[int, float] = {}
     for k in reversed(kernels):
         bottom[k] = cost.get(k, 0.0) + max((bottom[u] for u in users[k]), default=0.0)
     position = {k: i for i, k in enumerate(kernels)}
-    # (-bottom, position) is a topological order: a producer's bottom level is at least its
-    # consumer's, and where equal (a view costs 0) the producer comes first
-    order = sorted(kernels, key=lambda k: (-bottom[k], position[k]))
-    free = [0.0] * width
-    finish: dict[int, float] = {}
-    stream_of: dict[int, int] = {}
+    at = _Placement([0.0] * width, {}, {}, handoff)
+    starts: dict[int, float] = {}
+    optimum, exact = 0.0, True
+    for seg in segments(graph):
+        # (-bottom, position) is a topological order: a producer's bottom level is at least
+        # its consumer's, and where equal (a view costs 0) the producer comes first
+        order = sorted(seg, key=lambda k: (-bottom[k], position[k]))
+        placed = _list_segment(seg, order, cost, preds, at)
+        work = sum(cost.get(k, 0.0) for k in seg)
+        seg_bound = max(max(bottom[k] for k in seg) - max(
+            (bottom[u] for k in seg for u in users[k] if u not in seg), default=0.0),
+            work / width)
+        if 1 < len(seg) <= SEARCH_MAX_KERNELS and search_budget > 0:
+            span = max(s + cost.get(k, 0.0) for k, (_, s) in placed.items())
+            better, done = _search_segment(seg, cost, preds, at, span, search_budget)
+            placed = better or placed
+            if done and handoff == 0.0:  # the search proved this segment's optimum
+                seg_bound = max(s + cost.get(k, 0.0) for k, (_, s) in placed.items()) - max(
+                    at.free)
+            exact = exact and done
+        else:
+            exact = exact and len(seg) == 1
+        optimum += seg_bound
+        for k in sorted(placed, key=lambda k: (placed[k][1], position[k])):
+            s, start = placed[k]
+            at.free[s] = at.finish[k] = start + cost.get(k, 0.0)
+            at.stream_of[k] = s
+            starts[k] = start
     lists: list[list[int]] = [[] for _ in range(width)]
+    order = sorted(kernels, key=lambda k: (starts[k], position[k]))
     for k in order:
-        ps = producers(graph, k)
-        first = next((stream_of[p] for p in ps), 0)
-
-        # when k could start on each stream: a producer on another stream costs a hand-off
-        starts = [max([free[i]] + [finish[p] + (handoff if stream_of[p] != i else 0.0)
-                                   for p in ps]) for i in range(width)]
-        s = min(range(width), key=lambda i: (starts[i], i != first, i))
-        finish[k] = starts[s] + cost.get(k, 0.0)
-        free[s] = finish[k]
-        stream_of[k] = s
-        lists[s].append(k)
+        lists[at.stream_of[k]].append(k)
     used = [ks for ks in lists if ks]
     used.sort(key=lambda ks: position[ks[0]])
     return Schedule.build(graph, used, threads=_threads(len(used), cores), launch_order=order,
                           name="critical-path",
-                          info={"predicted": max(finish.values(), default=0.0),
+                          info={"predicted": max(at.finish.values(), default=0.0),
                                 "critical_path": max(bottom.values(), default=0.0),
-                                "work": sum(cost.get(k, 0.0) for k in kernels)})
+                                "work": sum(cost.get(k, 0.0) for k in kernels),
+                                "optimum": optimum,
+                                "optimum_exact": exact and handoff == 0.0})
 
 
 def make_schedule(name: str, graph: Graph, *, cores: int | None = None,

@@ -741,7 +741,7 @@ def choose_fastest(mod: tvm.IRModule, target: tvm.target.Target, *,
 
     Every distinct call (function name and argument types) is built twice into one probe
     module each: as the vendor call and as Relax operators that TVM fuses (with ``tuning_db``
-    applied). Each kernel is timed once on the device with `measure.time_steps` and recorded
+    applied). Each kernel is timed once on the device with `measure.time_kernel` and recorded
     in the cost database (``db``, default `CostDB()`) under its source, "vendor" or "tvm"; a
     later choice with the same kernels reads the costs and compiles nothing. Cost is bounded
     by the number of distinct calls, not of calls.
@@ -806,16 +806,15 @@ def _probe_costs(probe: tvm.IRModule, target: tvm.target.Target, source: str,
     from paragraph.schedule import Schedule, kernel_ids
     from paragraph.tvm_interop.executor import make_executor
     from paragraph.tvm_interop.kernels import KernelProgram, kernel_graph, lower
-    from paragraph.tvm_interop.measure import CostKey, time_steps
+    from paragraph.tvm_interop.measure import kernel_key, time_kernel
     from paragraph.tvm_interop.tune import tuning_id
 
     graph = kernel_graph(lower(probe, target, tuning_db))
     threads = int(target.attrs.get("num-cores", cpu_count())) if target.kind.name == "llvm" else 1
     tuning = tuning_id(tuning_db)
 
-    def key(k: int) -> CostKey:
-        a = graph[k].attrs
-        return CostKey(str(target), a["hash"], tuning, a["source"], f"threads={threads}")
+    def key(k: int):
+        return kernel_key(str(target), graph[k], tuning, threads)
 
     kernels = [k for k in kernel_ids(graph) if graph[k].kind == "kernel"]
     seconds = {k: db.get(key(k)) for k in kernels}
@@ -832,8 +831,8 @@ def _probe_costs(probe: tvm.IRModule, target: tvm.target.Target, source: str,
         sync = None if target.kind.name == "llvm" else program.device.sync
         try:
             for k in missing:
-                timing = time_steps([[executor.steps[k]]], repeat=repeat, warmup=1,
-                                    threads=[threads], sync=sync)
+                timing = time_kernel(executor.steps[k], threads=threads, repeat=repeat,
+                                     warmup=1, sync=sync)
                 db.put(key(k), timing)
                 seconds[k] = timing.median_ms / 1e3
         finally:
