@@ -19,6 +19,11 @@ def _date(result: dict) -> str:
     return result["machine"]["date"][:10]
 
 
+def _paired(name: str, p: dict) -> str:
+    streams = "" if p["streams"] == 2 else f", {p['streams']} stream"
+    return f"{name} {p['speedup']:.2f}x ({p['median_round_speedup']:.2f}x{streams})"
+
+
 def executor_table(r: dict) -> list[str]:
     d = r["dispatch"]
     c = r["two_chains"]
@@ -43,6 +48,13 @@ def executor_table(r: dict) -> list[str]:
               f"bare call (target < 30 us). Two independent chains of six 3x3 convolutions: "
               f"{c['one_stream_ms']:.1f} ms on one stream, {c['two_streams_ms']:.1f} ms on two "
               f"({c['speedup']:.2f}x)."]
+    paired = [(m["model"], m["two_streams_paired"]) for m in r["models"]
+              if m.get("two_streams_paired")]
+    if paired:
+        lines += ["", f"One 1-thread stream against critical-path on two 1-thread streams, "
+                  f"{paired[0][1]['rounds']} alternating rounds (speedup of the medians; "
+                  "median of the per-round speedups): "
+                  + ", ".join(_paired(name, p) for name, p in paired) + "."]
     return lines
 
 
