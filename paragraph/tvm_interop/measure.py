@@ -3,7 +3,9 @@
 * `time_steps` times one kernel, or several kernels run concurrently (one group of kernels per
   worker thread on the CPU, each group in order), on buffers an executor has already bound:
   warm-ups, then repeats, median. `time_kernel` times one kernel with its runs back to back in
-  one dispatch, so the hand-off to a worker (about 30 us on a CPU) is not part of its cost.
+  one dispatch, so the hand-off to a worker (about 30 us on a CPU) is not part of its cost;
+  `time_in_sequence` times every kernel where it runs in a 1-thread run of the whole model
+  (what `kernel_costs` caches); `measure_handoff` times that hand-off itself.
 * `CostDB` is an SQLite file (``~/.cache/paragraph/costs.sqlite``, or ``$PARAGRAPH_CACHE_DIR``)
   keyed by target, kernel structural hash, tuning database and kernel source (plus a free-form
   configuration such as a thread count or a stage signature). Every write is one transaction;
