@@ -911,15 +911,16 @@ def _measured_critical_path(program, db, tuning_db, cores: int | None, log):
             db.close()
     schedule = critical_path(program.graph, cost=costs, streams=streams, cores=cores,
                              handoff=handoff)
+    # the optimum is a bound only without hand-offs: with one, plan again without for it
     free = schedule if handoff == 0.0 else critical_path(program.graph, cost=costs,
                                                          streams=streams, cores=cores)
+    optimum, exact = free.info["optimum"], free.info["optimum_exact"]
     info = schedule.info
+    del info["optimum"]
     info.update(predicted_ms=info.pop("predicted") * 1e3,
                 critical_path_ms=info.pop("critical_path") * 1e3,
                 work_ms=info.pop("work") * 1e3, handoff_us=handoff * 1e6,
-                optimum_ms=free.info["optimum"] * 1e3,
-                optimum_exact=free.info["optimum_exact"])
-    info.pop("optimum")
+                optimum_ms=optimum * 1e3, optimum_exact=exact)
     return schedule
 
 

@@ -205,7 +205,9 @@ def cap_streams(graph: Graph, schedule: Schedule, max_streams: int, *,
 
 def _cuts(kernels: list[int], preds: Mapping[int, list[int]]) -> set[int]:
     """Kernels ordered against every other one (each other kernel is an ancestor or a
-    descendant): they split the graph into segments that no schedule can overlap."""
+    descendant): they split the graph into segments that no schedule can overlap. A superset
+    of IOS's `paragraph.passes.ios.cut_nodes` (kernels on every path), which misses a kernel
+    that an edge bypasses (a -> v -> b beside a -> b), though nothing can run beside it."""
     bit = {k: 1 << i for i, k in enumerate(kernels)}
     up: dict[int, int] = {}
     for k in kernels:
@@ -268,7 +270,8 @@ def _list_segment(seg: list[int], order: list[int], cost: Mapping[int, float],
 
 
 def _search_segment(seg: list[int], cost: Mapping[int, float],
-                    preds: Mapping[int, list[int]], at: _Placement, upper: float,
+                    preds: Mapping[int, list[int]], consumers: Mapping[int, list[int]],
+                    at: _Placement, upper: float,
                     budget: int) -> tuple[dict[int, tuple[int, float]] | None, bool]:
     """Branch and bound for the segment's shortest makespan from placement ``at``: schedules
     are built in order of start time (a left-justified optimum is one of them), each step
@@ -277,11 +280,7 @@ def _search_segment(seg: list[int], cost: Mapping[int, float],
     ``upper`` to begin with (the list schedule's). Returns (a better placement or None,
     whether the search was exhaustive within ``budget`` nodes)."""
     inside = set(seg)
-    users: dict[int, list[int]] = {k: [] for k in seg}
-    for k in seg:
-        for p in preds[k]:
-            if p in inside:
-                users[p].append(k)
+    users = {k: [u for u in consumers[k] if u in inside] for k in seg}
     tail: dict[int, float] = {}  # longest path from a kernel to the segment's end
     for k in reversed(seg):
         tail[k] = cost.get(k, 0.0) + max((tail[u] for u in users[k]), default=0.0)
@@ -381,7 +380,7 @@ def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
             work / width)
         if 1 < len(seg) <= SEARCH_MAX_KERNELS and search_budget > 0:
             span = max(s + cost.get(k, 0.0) for k, (_, s) in placed.items())
-            better, done = _search_segment(seg, cost, preds, at, span, search_budget)
+            better, done = _search_segment(seg, cost, preds, users, at, span, search_budget)
             placed = better or placed
             if done and handoff == 0.0:  # the search proved this segment's optimum
                 seg_bound = max(s + cost.get(k, 0.0) for k, (_, s) in placed.items()) - max(

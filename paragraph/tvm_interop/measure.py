@@ -22,7 +22,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -167,6 +167,34 @@ def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: 
         release_workers(workers)
 
 
+def _on_workers(tasks: Sequence[Callable[[], None]]) -> None:
+    """Run each task on its own borrowed worker (none on the caller: see `executor` on
+    threads), wait for all, and re-raise the first error."""
+    from paragraph.tvm_interop.executor import acquire_workers, release_workers
+
+    errors: list[BaseException] = []
+    done = [threading.Event() for _ in tasks]
+
+    def guarded(task, ev) -> None:
+        try:
+            task()
+        except BaseException as exc:  # re-raised below, after every task ended
+            errors.append(exc)
+        finally:
+            ev.set()
+
+    workers = acquire_workers(len(tasks))
+    try:
+        for w, task, ev in zip(workers, tasks, done):
+            w.submit(partial(guarded, task, ev))
+        for ev in done:
+            ev.wait()
+    finally:
+        release_workers(workers)
+    if errors:
+        raise errors[0]
+
+
 SAMPLE_SECONDS = 1e-3  # `time_kernel` repeats a short kernel in one dispatch up to this long
 
 
@@ -199,40 +227,26 @@ def time_in_sequence(steps: Sequence[object], *, threads: int = 1, repeat: int =
     device). This is what a kernel costs inside its model, with its weights as cold and its
     inputs as warm as in a run: on inception_v3 the same kernels repeated alone added up to
     8% less than the sequence took (hot caches), timed one dispatch each 5% more."""
-    from paragraph.tvm_interop.executor import _config_threads, acquire_workers, release_workers
+    from paragraph.tvm_interop.executor import _config_threads
 
     if repeat < 1:
         raise ParagraphError(f"repeat must be at least 1, got {repeat}")
     samples = np.zeros((warmup + repeat, len(steps)))
-    errors: list[BaseException] = []
-    done = threading.Event()
 
     def run() -> None:
-        try:
-            _config_threads(threads)
-            clock = time.perf_counter
-            for row in samples:
-                for i, st in enumerate(steps):
-                    if st.fn is None:
-                        continue
-                    start = clock()
-                    st.fn(*st.args)
-                    if sync is not None:
-                        sync()
-                    row[i] = clock() - start
-        except BaseException as exc:  # re-raised by the caller
-            errors.append(exc)
-        finally:
-            done.set()
+        _config_threads(threads)
+        clock = time.perf_counter
+        for row in samples:
+            for i, st in enumerate(steps):
+                if st.fn is None:
+                    continue
+                start = clock()
+                st.fn(*st.args)
+                if sync is not None:
+                    sync()
+                row[i] = clock() - start
 
-    workers = acquire_workers(1)
-    try:
-        workers[0].submit(run)
-        done.wait()
-    finally:
-        release_workers(workers)
-    if errors:
-        raise errors[0]
+    _on_workers([run])
     return [Timing(tuple(map(float, col))) for col in samples[warmup:].T]
 
 
@@ -240,12 +254,10 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
     """Seconds from one worker setting the event another waits on to that one running again:
     what the CPU executor pays at a cross-stream wait that blocks (two workers ping-pong
     ``rounds`` times; the median over 5 tries). Cached in the cost database."""
-    from paragraph.tvm_interop.executor import acquire_workers, release_workers
-
     key = CostKey(target, "handoff:worker-event")
     if db is not None and (cached := db.get(key)) is not None:
         return cached
-    ping, pong, done = threading.Event(), threading.Event(), threading.Event()
+    ping, pong = threading.Event(), threading.Event()
 
     def serve() -> None:
         for _ in range(rounds):
@@ -254,26 +266,16 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
             pong.set()
 
     def volley() -> None:
-        try:
-            for _ in range(rounds):
-                ping.set()
-                pong.wait()
-                pong.clear()
-        finally:
-            done.set()
+        for _ in range(rounds):
+            ping.set()
+            pong.wait()
+            pong.clear()
 
-    workers = acquire_workers(2)
     samples = []
-    try:
-        for _ in range(5):
-            done.clear()
-            start = time.perf_counter()
-            workers[0].submit(serve)
-            workers[1].submit(volley)
-            done.wait()
-            samples.append((time.perf_counter() - start) / (2 * rounds))
-    finally:
-        release_workers(workers)
+    for _ in range(5):
+        start = time.perf_counter()
+        _on_workers([serve, volley])
+        samples.append((time.perf_counter() - start) / (2 * rounds))
     timing = Timing(tuple(samples))
     if db is not None:
         db.put(key, timing)
