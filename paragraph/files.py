@@ -1,4 +1,5 @@
-"""Atomic file writes: an interrupted run leaves the old file or the new one, never half of one."""
+"""Atomic file writes (an interrupted run leaves the old file or the new one, never half of one)
+and where paragraph caches what it works out."""
 
 from __future__ import annotations
 
@@ -31,3 +32,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     """``obj`` as indented JSON, written atomically."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def cache_dir() -> Path:
+    """Where paragraph caches costs, proofs and its native runner: ``$PARAGRAPH_CACHE_DIR`` or
+    ``~/.cache/paragraph``."""
+    return Path(os.environ.get("PARAGRAPH_CACHE_DIR") or Path.home() / ".cache" / "paragraph")

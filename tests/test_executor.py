@@ -2,6 +2,7 @@
 
 import _thread
 import gc
+import os
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ import tvm_ffi
 from tvm import relax
 
 from paragraph import models
+from paragraph.errors import ParagraphError
 from paragraph.graph import TensorRef
 from paragraph.passes.schedule import (
     ALGORITHMS,
@@ -24,8 +26,9 @@ from paragraph.passes.schedule import (
     wavefront,
 )
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop import random_inputs
+from paragraph.tvm_interop import native, random_inputs
 from paragraph.tvm_interop.executor import (
+    SPIN_NS,
     CPUExecutor,
     InputError,
     KernelError,
@@ -203,7 +206,65 @@ def packed_program(name: str):
     return KernelProgram.build(bb.get(), "llvm")
 
 
-def test_failing_kernel_is_named_and_nothing_hangs():
+@pytest.fixture(params=["native", "python"])
+def stream_runner(request, monkeypatch):
+    """Run the test with the native stream runner, then with the Python one."""
+    if request.param == "python":
+        monkeypatch.setenv("PARAGRAPH_NATIVE", "0")
+    elif native.runner() is None:
+        pytest.skip(f"no native stream runner: {native.unavailable_reason()}")
+    return request.param
+
+
+def test_native_runner_builds_here():
+    """With a C++ compiler (as on every machine the Makefile supports) the runner builds, and
+    the CPU executor uses it; PARAGRAPH_NATIVE=0 switches it off with a clear reason."""
+    if native._compiler() is None:
+        pytest.skip("no C++ compiler: the executor runs its streams in Python")
+    assert native.runner() is not None, native.unavailable_reason()
+    assert native.library_path().exists()
+    program = program_for("squeezenet1_1")
+    with CPUExecutor(program, make_schedule("nimble", program.graph)) as ex:
+        assert ex.native is not None
+
+
+def test_native_runner_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("PARAGRAPH_NATIVE", "0")
+    program = program_for("squeezenet1_1")
+    schedule = make_schedule("nimble", program.graph)
+    with CPUExecutor(program, schedule) as ex:
+        assert ex.native is None
+    with pytest.raises(ParagraphError, match="PARAGRAPH_NATIVE=0"):
+        CPUExecutor(program, schedule, native=True)
+
+
+@pytest.mark.parametrize("name", ["inception_v3", "nasnet_a_mobile"])
+def test_python_and_native_runners_agree(name, stream_runner):
+    program = program_for(name)
+    inputs = random_inputs(program.lowered, seed=2)
+    expected = run_vm(program.vm(), inputs)
+    for algorithm in ("opara", "critical-path", "wavefront"):
+        with make_executor(program, make_schedule(algorithm, program.graph)) as ex:
+            assert (ex.native is not None) == (stream_runner == "native")
+            for _ in range(2):
+                for g, e in zip(ex.run(*inputs), expected):
+                    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_native_waits_spin_only_when_the_streams_fit_the_cores():
+    if native.runner() is None:
+        pytest.skip(f"no native stream runner: {native.unavailable_reason()}")
+    program = program_for("squeezenet1_1")
+    g = program.graph
+    streams = make_schedule("nimble", g).streams
+    cores = os.cpu_count() or 1
+    with CPUExecutor(program, Schedule.build(g, streams, threads=1)) as ex:
+        assert ex.native.spin_ns == (SPIN_NS if len(streams) <= cores else 0)
+    with CPUExecutor(program, Schedule.build(g, streams, threads=cores)) as ex:
+        assert ex.native.spin_ns == 0
+
+
+def test_failing_kernel_is_named_and_nothing_hangs(stream_runner):
     def fail(x, out):
         raise ValueError("boom")
 
@@ -230,7 +291,7 @@ def sigint_raises():
     signal.signal(signal.SIGINT, previous)
 
 
-def test_keyboard_interrupt_stops_all_workers(sigint_raises):
+def test_keyboard_interrupt_stops_all_workers(sigint_raises, stream_runner):
     calls = []
 
     def interrupt(x, out):
@@ -258,7 +319,7 @@ def test_keyboard_interrupt_stops_all_workers(sigint_raises):
     assert threading.active_count() == before
 
 
-def test_stream_threads_follow_the_schedule():
+def test_stream_threads_follow_the_schedule(stream_runner):
     seen = {}
 
     def probe(x, out):
@@ -284,7 +345,7 @@ def test_stream_threads_follow_the_schedule():
         assert num_threads() == caller
 
 
-def test_repeated_runs_do_not_leak():
+def test_repeated_runs_do_not_leak(stream_runner):
     program = program_for("squeezenet1_1")
     x = random_inputs(program.lowered)
     with make_executor(program, make_schedule("opara", program.graph)) as ex:
@@ -299,7 +360,7 @@ def test_repeated_runs_do_not_leak():
     assert grown < 8 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 500 runs"
 
 
-def test_profile_timeline_covers_every_kernel():
+def test_profile_timeline_covers_every_kernel(stream_runner):
     program = program_for("squeezenet1_1")
     schedule = make_schedule("wavefront", program.graph)
     with make_executor(program, schedule) as ex:

@@ -307,7 +307,7 @@ def test_plan_schedule_names(tmp_path):
     assert 0 < info["critical_path_ms"] <= info["optimum_ms"] + 1e-9
     assert info["optimum_ms"] <= info["predicted_ms"] + 1e-9  # hand-offs only add
     assert info["predicted_ms"] <= info["work_ms"] + 1e-9
-    assert 1 < info["handoff_us"] < 1000  # measured: a thread wake-up
+    assert 0 < info["handoff_us"] < 1000  # measured: a spin (native runner) or a wake-up
     assert len(db) >= len({n.attrs["hash"] for n in program.kernels})  # times were cached
     x = random_inputs(program.lowered)
     with make_executor(program, sched) as ex:

@@ -14,6 +14,7 @@ from paragraph.tvm_interop.measure import (
     cache_dir,
     kernel_costs,
     measure_cpu_peaks,
+    measure_handoff,
     time_in_sequence,
     time_kernel,
     time_steps,
@@ -131,3 +132,18 @@ def test_analytical_estimate(executor, tmp_path):
     pools = [k for k in est if graph[k].kind == "kernel" and "pool" in graph[k].attrs["func"]]
     assert min(est[k] for k in convs) > 0
     assert max(est[k] for k in convs) > max(est[k] for k in pools)
+
+
+def test_handoff_is_measured_and_cached_per_runner(tmp_path, monkeypatch):
+    from paragraph.tvm_interop import native
+
+    db = CostDB(tmp_path / "c.sqlite")
+    keys = {"1": "handoff:native-flag", "0": "handoff:worker-event"}
+    for flag, kernel in keys.items():
+        monkeypatch.setenv("PARAGRAPH_NATIVE", flag)
+        if flag == "1" and native.runner() is None:
+            continue
+        seconds = measure_handoff(db, "cpu", rounds=50)
+        assert 0 < seconds < 1e-3
+        assert db.get(CostKey("cpu", kernel)) == seconds  # the runner's own entry
+        assert measure_handoff(db, "cpu") == seconds  # read back, not measured again

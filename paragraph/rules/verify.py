@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
-from paragraph.files import atomic_write_json
+from paragraph.files import atomic_write_json, cache_dir
 from paragraph.rules.axioms import Axiom, all_axioms, hypothesis_z3
 from paragraph.rules.rule import Rule
 from paragraph.rules.specs import Term, term_vars, to_z3, z3_sorts
@@ -44,12 +42,6 @@ def z3_version() -> str:
     import z3
 
     return z3.get_version_string()
-
-
-def cache_dir() -> Path:
-    """Where proofs are cached: ``$PARAGRAPH_CACHE_DIR`` or ``~/.cache/paragraph``."""
-    root = os.environ.get("PARAGRAPH_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "paragraph"
 
 
 @cache

@@ -2,10 +2,13 @@
 
 * CPU: one worker thread per stream, each waiting for its cross-stream producers; each worker's
   TVM thread pool (and torch's thread count, for vendor kernels) is sized by the schedule
-  (``runtime.config_threadpool``), and TVM releases the GIL inside kernels. Every stream runs on
-  a worker the executor holds for its lifetime, none on the calling thread: a thread's pool size
-  sticks (the caller's TVM VM would inherit a 1-thread stream's), and changing torch's thread
-  count clears oneDNN's primitive cache, so each thread keeps one count.
+  (``runtime.config_threadpool``). Every stream runs on a worker the executor holds for its
+  lifetime, none on the calling thread: a thread's pool size sticks (the caller's TVM VM would
+  inherit a 1-thread stream's), and changing torch's thread count clears oneDNN's primitive
+  cache, so each thread keeps one count. A worker runs its stream in the native runner
+  (`native`: C++, no GIL, a wait spins on an atomic flag before it sleeps, while the streams'
+  threads fit the cores) or, without a C++ compiler, in Python (waits on ``threading.Event``;
+  TVM releases the GIL inside kernels). Vendor kernels are Python functions and take the GIL.
 * CUDA: one stream per schedule stream, a persistent event per cross-stream producer, and the
   whole run captured once into a CUDA Graph (fork from the capture stream, join at the end,
   Opara section B7) and replayed with inputs copied into static buffers; ``use_cuda_graph=False``
@@ -17,6 +20,7 @@ run only copies inputs in, launches prebound kernels, and copies outputs out.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -32,6 +36,7 @@ import tvm_ffi
 from paragraph.errors import ParagraphError
 from paragraph.graph import TensorRef
 from paragraph.schedule import Schedule
+from paragraph.tvm_interop import native as _native
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.memory import MemoryPlan, plan_memory
 
@@ -170,6 +175,7 @@ class _Base:
 
 
 # ---------------------------------------------------------------------------- CPU
+SPIN_NS = 1_000_000  # how long a native cross-stream wait spins before it sleeps
 _local = threading.local()
 
 
@@ -240,16 +246,32 @@ class CPUExecutor(_Base):
     """Worker threads over streams; see the module docstring."""
 
     def __init__(self, program: KernelProgram, schedule: Schedule,
-                 plan: MemoryPlan | None = None) -> None:
+                 plan: MemoryPlan | None = None, native: bool | None = None) -> None:
         super().__init__(program, schedule, plan)
         self.events = {k: threading.Event() for k, st in self.steps.items() if st.signals}
         self.programs = [[self.steps[k] for k in ks] for ks in schedule.streams]
         self.timeline: dict[int, tuple[int, int, int]] | None = None
-        self._error: tuple[Step, BaseException] | None = None
+        self._error: tuple[Step, str, BaseException | None] | None = None
         self._abort = False
         self._closed = False
+        self.native = None if native is False else self._native_program()
+        if native and self.native is None:
+            raise ParagraphError("the native stream runner is unavailable: "
+                                 f"{_native.unavailable_reason()}")
         self._workers = acquire_workers(schedule.num_streams)
         self._done = [threading.Event() for _ in self._workers]
+
+    def _native_program(self) -> _native.StreamProgram | None:
+        """The streams for the native runner (None without it). Waits spin only while the
+        streams' threads fit the cores: a spinning thread must not take a core from a kernel."""
+        module = _native.runner()
+        if module is None:
+            return None
+        slot = {k: i for i, k in enumerate(self.events)}
+        streams = [[(st.fn, st.args, [slot[p] for p in st.waits], slot.get(st.node, -1))
+                    for st in steps] for steps in self.programs]
+        fits = sum(self.schedule.threads) <= (os.cpu_count() or 1)
+        return _native.StreamProgram(module, streams, len(slot), SPIN_NS if fits else 0)
 
     def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:
         """Run once; returns the outputs (numpy copies unless ``copy_outputs`` is False).
@@ -259,6 +281,8 @@ class CPUExecutor(_Base):
         if self._closed:
             raise ParagraphError("the executor is closed")
         self._copy_in(inputs)
+        if self.native is not None:
+            self.native.reset()
         for ev in self.events.values():
             ev.clear()
         self._error, self._abort = None, False
@@ -278,17 +302,31 @@ class CPUExecutor(_Base):
             for done in self._done:
                 done.clear()
         if self._error is not None:
-            step, exc = self._error
-            raise KernelError(f"kernel {step.name!r} (node %{step.node}) failed: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            step, message, exc = self._error
+            raise KernelError(f"kernel {step.name!r} (node %{step.node}) failed: {message}") \
+                from exc
         return self.outputs(copy_outputs)
 
     def _stream_task(self, s: int, done: threading.Event) -> None:
         try:
             _config_threads(self.schedule.threads[s])
-            self.run_stream(s)
+            if self.native is None:
+                self.run_stream(s)
+            else:
+                self._run_native(s)
         finally:
             done.set()
+
+    def _run_native(self, s: int) -> None:
+        """Run stream ``s`` in the native runner; note its error and timeline."""
+        stopped = self.native.run(s, self.timeline is not None)
+        if stopped >= 0 and self._error is None:
+            self._error = (self.programs[s][stopped], self.native.error(s), None)
+        if self.timeline is not None:
+            times = self.native.times(s)
+            for i, step in enumerate(self.programs[s]):
+                if step.fn is not None:
+                    self.timeline[step.node] = (s, times[2 * i], times[2 * i + 1])
 
     def run_stream(self, s: int) -> None:
         """Run stream ``s``'s kernels in order, waiting for cross-stream producers."""
@@ -304,7 +342,7 @@ class CPUExecutor(_Base):
                     step.fn(*step.args)
                 except BaseException as exc:  # stop every stream, report in run()
                     if self._error is None:
-                        self._error = (step, exc)
+                        self._error = (step, f"{type(exc).__name__}: {exc}", exc)
                     self._stop_all()
                     return
                 if timeline is not None:
@@ -314,6 +352,8 @@ class CPUExecutor(_Base):
 
     def _stop_all(self) -> None:
         self._abort = True
+        if self.native is not None:
+            self.native.abort()
         for ev in self.events.values():
             ev.set()
 
@@ -323,6 +363,8 @@ class CPUExecutor(_Base):
             self._closed = True
             release_workers(self._workers)
             self._workers = []
+            if self.native is not None:
+                self.native.close()
 
     def __del__(self) -> None:
         try:

@@ -30,14 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from paragraph.errors import ParagraphError
+from paragraph.files import cache_dir
 from paragraph.graph import Graph, Node
 from paragraph.schedule import bytes_moved
 from paragraph.tvm_interop.vm import Timing, time_calls
-
-
-def cache_dir() -> Path:
-    """``$PARAGRAPH_CACHE_DIR`` or ``~/.cache/paragraph``."""
-    return Path(os.environ.get("PARAGRAPH_CACHE_DIR") or Path.home() / ".cache" / "paragraph")
 
 
 @dataclass(frozen=True)
@@ -251,28 +247,47 @@ def time_in_sequence(steps: Sequence[object], *, threads: int = 1, repeat: int =
 
 
 def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int = 300) -> float:
-    """Seconds from one worker setting the event another waits on to that one running again:
+    """Seconds from one worker signalling the step another waits on to that one running again:
     what the CPU executor pays at a cross-stream wait that blocks (two workers ping-pong
-    ``rounds`` times; the median over 5 tries). Cached in the cost database."""
-    key = CostKey(target, "handoff:worker-event")
+    ``rounds`` times; the median over 5 tries), through the executor's own runner: the native
+    one's spinning flags when it is available, else Python events. Cached in the cost
+    database, per runner."""
+    from paragraph.tvm_interop import native
+    from paragraph.tvm_interop.executor import SPIN_NS
+
+    module = native.runner()
+    key = CostKey(target, "handoff:native-flag" if module else "handoff:worker-event")
     if db is not None and (cached := db.get(key)) is not None:
         return cached
-    ping, pong = threading.Event(), threading.Event()
+    if module is not None:  # stream 0 signals slot i, stream 1 answers in slot rounds + i
+        program = native.StreamProgram(module, [
+            [(None, (), [rounds + i - 1] if i else [], i) for i in range(rounds)],
+            [(None, (), [i], rounds + i) for i in range(rounds)]], 2 * rounds, SPIN_NS)
 
-    def serve() -> None:
-        for _ in range(rounds):
-            ping.wait()
-            ping.clear()
-            pong.set()
+        def serve() -> None:
+            program.run(1)
 
-    def volley() -> None:
-        for _ in range(rounds):
-            ping.set()
-            pong.wait()
-            pong.clear()
+        def volley() -> None:
+            program.run(0)
+    else:
+        ping, pong = threading.Event(), threading.Event()
+
+        def serve() -> None:
+            for _ in range(rounds):
+                ping.wait()
+                ping.clear()
+                pong.set()
+
+        def volley() -> None:
+            for _ in range(rounds):
+                ping.set()
+                pong.wait()
+                pong.clear()
 
     samples = []
     for _ in range(5):
+        if module is not None:
+            program.reset()
         start = time.perf_counter()
         _on_workers([serve, volley])
         samples.append((time.perf_counter() - start) / (2 * rounds))
