@@ -39,7 +39,7 @@ from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.passes.ios import plan_schedule
 from paragraph.passes.schedule import ALGORITHMS, make_schedule, sequential
-from paragraph.tvm_interop import random_inputs
+from paragraph.tvm_interop import native, random_inputs
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram, resolve_target
 
@@ -226,6 +226,8 @@ def main() -> None:
                             "machine": describe_machine(), "repeat": args.repeat,
                             "kernels": kernels,
                             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                            # the CPU executor's stream runner (native: C++ without the GIL)
+                            "stream_runner": "python" if native.runner() is None else "native",
                             "load_average": os.getloadavg(),
                             "dispatch": overhead, "two_chains": chains, "models": results})
     log(f"wrote {out}")

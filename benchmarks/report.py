@@ -27,8 +27,9 @@ def _paired(name: str, p: dict) -> str:
 def executor_table(r: dict) -> list[str]:
     d = r["dispatch"]
     c = r["two_chains"]
-    lines = [f"Executor ({r['kernels']} kernels, median of {r['repeat']} round-robin runs, "
-             f"{_date(r)}; `benchmarks/executor.py`):", "",
+    runner = f", {r['stream_runner']} stream runner" if r.get("stream_runner") else ""
+    lines = [f"Executor ({r['kernels']} kernels{runner}, median of {r['repeat']} round-robin "
+             f"runs, {_date(r)}; `benchmarks/executor.py`):", "",
              "| model | TVM VM ms | sequential ms (vs VM) | best schedule ms | 1 stream x 1 thread "
              "ms | best 2 streams x 1 thread ms (speedup) | 2-stream bound |",
              "|---|---|---|---|---|---|---|"]
