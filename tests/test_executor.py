@@ -228,6 +228,40 @@ def test_native_runner_builds_here():
         assert ex.native is not None
 
 
+def test_native_stream_program_runs_and_refuses_use_after_close():
+    module = native.runner()
+    if module is None:
+        pytest.skip(f"no native stream runner: {native.unavailable_reason()}")
+    # stream 1 waits for stream 0's first step; no kernels, only the synchronisation
+    prog = native.StreamProgram(module, [[(None, (), [], 0), (None, (), [1], -1)],
+                                         [(None, (), [0], 1)]], 2, 0)
+    prog.reset()
+    done = []
+    t = threading.Thread(target=lambda: done.append(prog.run(0)))
+    t.start()
+    assert prog.run(1) == -1
+    t.join(10)
+    assert done == [-1] and prog.error(0) == ""
+    prog.close()
+    with pytest.raises(ParagraphError, match="closed"):
+        prog.run(0)
+
+
+def test_native_runner_build_failure_falls_back_to_python(monkeypatch, tmp_path):
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    monkeypatch.setattr(native, "_state", {})
+    with pytest.warns(RuntimeWarning, match="native stream runner is unavailable"):
+        assert native.runner() is None
+    assert "failed" in native.unavailable_reason()
+    program = program_for("squeezenet1_1")
+    x = random_inputs(program.lowered)
+    with CPUExecutor(program, make_schedule("nimble", program.graph)) as ex:
+        assert ex.native is None
+        np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_native_runner_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("PARAGRAPH_NATIVE", "0")
     program = program_for("squeezenet1_1")

@@ -20,7 +20,6 @@ run only copies inputs in, launches prebound kernels, and copies outputs out.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -35,6 +34,7 @@ import tvm_ffi
 
 from paragraph.errors import ParagraphError
 from paragraph.graph import TensorRef
+from paragraph.machine import cpu_count
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop import native as _native
 from paragraph.tvm_interop.kernels import KernelProgram
@@ -270,7 +270,7 @@ class CPUExecutor(_Base):
         slot = {k: i for i, k in enumerate(self.events)}
         streams = [[(st.fn, st.args, [slot[p] for p in st.waits], slot.get(st.node, -1))
                     for st in steps] for steps in self.programs]
-        fits = sum(self.schedule.threads) <= (os.cpu_count() or 1)
+        fits = sum(self.schedule.threads) <= cpu_count()
         return _native.StreamProgram(module, streams, len(slot), SPIN_NS if fits else 0)
 
     def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:

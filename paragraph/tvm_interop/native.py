@@ -3,7 +3,7 @@ against TVM FFI's headers, cached under `paragraph.files.cache_dir`, loaded as a
 
 The CPU executor uses it when it is available: each worker then runs its whole stream in C++,
 without the GIL, and a cross-stream wait spins on an atomic flag while the producer runs instead
-of sleeping on a Python ``Event`` (a hand-off of ~1 us instead of ~25 us here). Without a
+of sleeping on a Python ``Event`` (a hand-off of under 1 us instead of 11-33 us here). Without a
 compiler, or with ``PARAGRAPH_NATIVE=0``, the executor runs its streams in Python (same results,
 slower hand-offs); `unavailable_reason` says why.
 """
@@ -16,11 +16,13 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import tvm_ffi
 import tvm_ffi.libinfo
 
+from paragraph.errors import ParagraphError
 from paragraph.files import cache_dir
 
 SOURCE = Path(__file__).with_name("stream_runner.cc")
@@ -73,6 +75,10 @@ def runner():
                 _state["module"] = tvm_ffi.load_module(str(path))
             except Exception as exc:  # no compiler, headers or loader: the Python runner works
                 _state["reason"] = f"{type(exc).__name__}: {exc}"
+                warnings.warn("paragraph's native stream runner is unavailable, so the CPU "
+                              "executor runs its streams in Python (same results, slower "
+                              f"cross-stream hand-offs): {_state['reason']}", RuntimeWarning,
+                              stacklevel=2)
         return _state["module"]
 
 
@@ -95,27 +101,32 @@ class StreamProgram:
              for steps in streams], num_flags, spin_ns)
         self._run = module["paragraph_stream_run"]
 
+    def _live(self) -> int:
+        if not self.handle:  # a freed handle would be a dangling pointer in C++
+            raise ParagraphError("the stream program is closed")
+        return self.handle
+
     def reset(self) -> None:
         """Clear every flag and the error before a run."""
-        self._m["paragraph_stream_reset"](self.handle)
+        self._m["paragraph_stream_reset"](self._live())
 
     def run(self, stream: int, profile: bool = False) -> int:
         """Run one stream (GIL released): -1 when it finished, the index of its failing step
         (`error` says why; the other streams stop), or -2 when it stopped for another stream's
         failure or `abort`."""
-        return self._run(self.handle, stream, profile)
+        return self._run(self._live(), stream, profile)
 
     def abort(self) -> None:
         """Stop every stream at its next step (waiters wake up)."""
-        self._m["paragraph_stream_abort"](self.handle)
+        self._m["paragraph_stream_abort"](self._live())
 
     def error(self, stream: int) -> str:
         """Why ``stream``'s failing step failed in the last run ("" if it did not)."""
-        return str(self._m["paragraph_stream_error"](self.handle, stream))
+        return str(self._m["paragraph_stream_error"](self._live(), stream))
 
     def times(self, stream: int) -> list[int]:
         """Start and end (steady clock ns) of every step of ``stream`` in the last profiled run."""
-        return list(self._m["paragraph_stream_times"](self.handle, stream))
+        return list(self._m["paragraph_stream_times"](self._live(), stream))
 
     def close(self) -> None:
         if self.handle:
