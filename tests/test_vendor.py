@@ -25,6 +25,7 @@ from paragraph.tvm_interop.kernels import KernelProgram, load_program
 from paragraph.tvm_interop.measure import CostDB
 from paragraph.tvm_interop.vendor import (
     VendorOp,
+    bind,
     cost_name,
     dispatch_to_vendor,
     ensure_registered,
@@ -220,6 +221,38 @@ def test_calls_are_zero_copy():
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_bound_calls_reuse_their_views_and_see_new_data():
+    """What the executor calls: the kernel bound to its tensors once (`bind`), still zero-copy,
+    reading whatever the buffers hold at call time."""
+    op = VendorOp("conv2d", "NHWC", (1, 1), (0, 1, 2, 1), (1, 1), 1, bias=True, act="relu",
+                  residual=True, weight="b0dec0de")  # TF-style padding: padded per call
+    ensure_registered(op.name)
+    x = tvm.runtime.tensor(RNG.random((1, 9, 9, 8), dtype="float32"))
+    w = tvm.runtime.tensor(RNG.random((12, 3, 3, 8), dtype="float32"))
+    b = tvm.runtime.tensor(RNG.random(12, dtype="float32"))
+    res = tvm.runtime.tensor(RNG.random((1, 9, 9, 12), dtype="float32"))
+    out, want = (tvm.runtime.empty((1, 9, 9, 12), "float32") for _ in range(2))
+    call = bind(op.name, (x, w, b, res, out))
+    for _ in range(3):
+        x.copyfrom(RNG.random((1, 9, 9, 8), dtype="float32"))  # new data, same buffer
+        call()
+        tvm.get_global_func(op.name)(x, w, b, res, want)
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    names, _ = _profiled(call)
+    assert "aten::copy_" in names and "mkldnn::_convolution_pointwise_" in names  # residual
+    a = tvm.runtime.tensor(RNG.random((2, 5, 16), dtype="float32"))
+    m = tvm.runtime.tensor(RNG.random((16, 8), dtype="float32"))
+    op = VendorOp("matmul", act="relu", weight="b0d")
+    ensure_registered(op.name)
+    out = tvm.runtime.empty((2, 5, 8), "float32")
+    call = bind(op.name, (a, m, out))
+    names, allocated = _profiled(call)
+    assert allocated == 0 and "aten::copy_" not in names
+    np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() @ m.numpy(), 0), rtol=1e-5,
+                               atol=1e-5)
+    assert bind("paragraph_test.not_a_vendor_kernel", (a, m, out)) is None
+
+
 def test_each_stream_thread_gets_its_schedule_thread_count():
     """torch.set_num_threads is per calling thread (OpenMP/MKL), so a vendor call sizes torch's
     pool from the thread count the executor gave its stream, without touching other threads."""
@@ -254,8 +287,11 @@ def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
     vm = vm_outputs(program, inputs)
     for got, ref in zip(vm, want):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=name)
+    vendor_kernels = {n.id for n in program.kernels if n.kind == "kernel"
+                      and n.attrs["source"] == "vendor"}
     for algorithm in ALGORITHMS:
         with make_executor(program, make_schedule(algorithm, program.graph)) as executor:
+            assert all(executor.steps[k].args == () for k in vendor_kernels)  # bound once
             for got, ref in zip(executor.run(*inputs), vm):
                 np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6,
                                            err_msg=f"{name}/{algorithm}")

@@ -37,6 +37,7 @@ from paragraph.graph import TensorRef
 from paragraph.machine import cpu_count
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop import native as _native
+from paragraph.tvm_interop import vendor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.memory import MemoryPlan, plan_memory
 
@@ -117,6 +118,9 @@ class _Base:
                 fn = program.function(node)
                 outs = [TensorRef(k, i) for i in range(len(node.outputs))]
                 args = tuple(self.tensors[r] for r in (*node.inputs, *outs))
+                if node.attrs["source"] == "vendor":  # torch views made once, not per call
+                    bound = vendor.bind(node.attrs["func"], args)
+                    fn, args = (fn, args) if bound is None else (bound, ())
             self.steps[k] = Step(k, node.attrs.get("func") or node.name or node.kind, fn, args,
                                  waits.get(k, ()), k in signalled)
 
@@ -268,8 +272,10 @@ class CPUExecutor(_Base):
         if module is None:
             return None
         slot = {k: i for i, k in enumerate(self.events)}
-        streams = [[(st.fn, st.args, [slot[p] for p in st.waits], slot.get(st.node, -1))
-                    for st in steps] for steps in self.programs]
+        # a bound vendor kernel is a Python function: TVM FFI wraps it (it takes the GIL)
+        streams = [[(st.fn if st.fn is None or isinstance(st.fn, tvm_ffi.Function)
+                     else tvm_ffi.convert(st.fn), st.args, [slot[p] for p in st.waits],
+                     slot.get(st.node, -1)) for st in steps] for steps in self.programs]
         fits = sum(self.schedule.threads) <= cpu_count()
         return _native.StreamProgram(module, streams, len(slot), SPIN_NS if fits else 0)
 

@@ -262,33 +262,39 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
                 w.to_mkldnn(), padding, stride, dilation, op.groups, list(x.shape))
         return packed[key]
 
-    def kernel(*args) -> None:
+    def bind(*args) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once."""
         ts = [torch.from_dlpack(a) for a in args]
         x, w, out = to_nchw(ts[0]), to_nchw(ts[1]), to_nchw(ts[-1])
-        if pre_pad is not None:
-            x = torch.nn.functional.pad(x, pre_pad)
         bias = ts[2] if op.bias else None
         res = to_nchw(ts[2 + op.bias]) if op.residual else None
-        if out.is_cuda:
-            with _tvm_stream(torch, args[0]):
-                y = conv2d(x, w, bias, stride, padding, dilation, op.groups)
-                if res is not None:
-                    y.add_(res)
-                # cuDNN allocates the result: the copy into TVM's buffer carries the activation
-                if op.act == "relu":
-                    torch.clamp_min(y, 0, out=out)
-                else:
-                    out.copy_(y)
-            return
-        _use_schedule_threads(torch)
-        # oneDNN computes out = act(conv(x) + bias + out) in place: out starts as 0 or residual
-        if res is not None:
-            out.copy_(res)
-        else:
-            out.zero_()
-        in_place_add(out, x, cpu_weight(w, x), bias, padding, stride, dilation, op.groups,
-                     "add", None, op.act, [], None)
-    return kernel
+
+        def call() -> None:
+            xp = x if pre_pad is None else torch.nn.functional.pad(x, pre_pad)
+            if out.is_cuda:
+                with _tvm_stream(torch, args[0]):
+                    y = conv2d(xp, w, bias, stride, padding, dilation, op.groups)
+                    if res is not None:
+                        y.add_(res)
+                    # cuDNN allocates the result: the copy into TVM's buffer carries the
+                    # activation
+                    if op.act == "relu":
+                        torch.clamp_min(y, 0, out=out)
+                    else:
+                        out.copy_(y)
+                return
+            _use_schedule_threads(torch)
+            # oneDNN computes out = act(conv(x) + bias + out) in place: out starts as 0 or
+            # the residual
+            if res is not None:
+                out.copy_(res)
+            else:
+                out.zero_()
+            in_place_add(out, xp, cpu_weight(w, xp), bias, padding, stride, dilation,
+                         op.groups, "add", None, op.act, [], None)
+        return call
+
+    return bind
 
 
 def _matmul_kernel(op: VendorOp) -> Callable:
@@ -339,16 +345,21 @@ def _matmul_kernel(op: VendorOp) -> Callable:
         rows, out2 = a.reshape(-1, a.shape[-1]), out.view(-1, out.shape[-1])
         (onednn if cpu and op.weight else gemm)(rows, b, bias, out2)
 
-    def kernel(*args) -> None:
+    def bind(*args) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once."""
         ts = [torch.from_dlpack(a) for a in args]
         bias = ts[2] if op.bias else None
-        if ts[-1].is_cuda:
-            with _tvm_stream(torch, args[0]):
-                run(ts[0], ts[1], bias, ts[-1], cpu=False)
-            return
-        _use_schedule_threads(torch)
-        run(ts[0], ts[1], bias, ts[-1], cpu=True)
-    return kernel
+
+        def call() -> None:
+            if ts[-1].is_cuda:
+                with _tvm_stream(torch, args[0]):
+                    run(ts[0], ts[1], bias, ts[-1], cpu=False)
+                return
+            _use_schedule_threads(torch)
+            run(ts[0], ts[1], bias, ts[-1], cpu=True)
+        return call
+
+    return bind
 
 
 def ensure_registered(name: str) -> None:
@@ -357,8 +368,26 @@ def ensure_registered(name: str) -> None:
     if tvm_ffi.get_global_func(name, allow_missing=True) is not None:
         return
     op = VendorOp.from_name(name)
-    kernel = _conv2d_kernel(op) if op.kind == "conv2d" else _matmul_kernel(op)
-    tvm_ffi.register_global_func(name, kernel, override=True)
+    binder = _conv2d_kernel(op) if op.kind == "conv2d" else _matmul_kernel(op)
+    _BINDERS[name] = binder
+    tvm_ffi.register_global_func(name, lambda *args: binder(*args)(), override=True)
+
+
+_BINDERS: dict[str, Callable] = {}
+
+
+def bind(name: str, args: tuple) -> Callable[[], None] | None:
+    """Vendor kernel ``name`` bound to ``args``: a call with no arguments that reuses torch
+    views of those tensors, which the executor makes once per kernel (its buffers never move).
+    A call through the registered function makes them every time: from DLPack and the layout
+    permutes take about 8 us, much of a small kernel's Python time, and the GIL is held
+    throughout. None for a name registered elsewhere (or not yet), and on a GPU, whose path
+    stays as captured in its CUDA Graphs."""
+    binder = _BINDERS.get(name)
+    if binder is None or any(a.device.dlpack_device_type() != tvm.cpu().dlpack_device_type()
+                             for a in args):
+        return None
+    return binder(*args)
 
 
 # ---------------------------------------------------------------------------- the pass
