@@ -27,7 +27,8 @@ or holds the residual: torch has no ``out=`` convolution that does not allocate 
 its weight reordered once into oneDNN's blocked format and cached under the weight's digest,
 which the function name carries. A product with a constant matrix runs the same way, as a 1x1
 convolution (oneDNN's GEMM was 2.5x faster than MKL's on this AMD CPU); other products use
-MKL's ``out=`` forms. Each call sets
+MKL's ``out=`` forms. The executor binds each kernel to its tensors once (`bind`): the torch
+views (DLPack, layout permutes) are made then, not on every call. Each call sets
 torch's thread count for the calling thread to the one the executor gave its stream
 (``torch.set_num_threads`` is per thread for OpenMP and MKL). On a shared machine, run with
 ``OMP_WAIT_POLICY=PASSIVE`` (before Python starts): libgomp's spinning barriers made 2-thread
