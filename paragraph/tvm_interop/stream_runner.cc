@@ -37,7 +37,7 @@ inline void cpu_relax() {
 }
 
 struct Step {
-  ffi::Any fn;  // a Function, or None for a view
+  ffi::Function fn{nullptr};  // undefined for a view
   std::vector<ffi::Any> args;
   std::vector<ffi::AnyView> views;  // over args, what CallPacked takes
   std::vector<int32_t> waits;      // flag slots to wait for
@@ -92,7 +92,7 @@ int64_t Build(ffi::Array<ffi::Array<ffi::Array<ffi::Any>>> streams, int64_t num_
     std::vector<Step> steps;
     for (const auto& item : stream) {
       Step step;
-      step.fn = item[0];
+      if (item[0] != nullptr) step.fn = item[0].cast<ffi::Function>();  // checked once, here
       for (const ffi::Any& a : item[1].cast<ffi::Array<ffi::Any>>()) step.args.push_back(a);
       for (const ffi::Any& a : step.args) step.views.emplace_back(a);
       for (int64_t w : item[2].cast<ffi::Array<int64_t>>()) {
@@ -128,13 +128,11 @@ int64_t Run(int64_t handle, int64_t s, bool profile) {
     Step& step = steps[i];
     for (int32_t w : step.waits) p->wait(w);
     if (p->abort.load(std::memory_order_acquire)) return -2;
-    if (step.fn != nullptr) {
+    if (step.fn.defined()) {
       if (profile) times[2 * i] = now_ns();
       try {
         ffi::Any result;
-        step.fn.cast<ffi::Function>().CallPacked(step.views.data(),
-                                                 static_cast<int32_t>(step.views.size()),
-                                                 &result);
+        step.fn.CallPacked(step.views.data(), static_cast<int32_t>(step.views.size()), &result);
       } catch (const ffi::Error& e) {
         p->errors[s] = e.kind() + ": " + e.message();
         p->stop();
