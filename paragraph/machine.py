@@ -8,12 +8,19 @@ import platform
 from importlib import metadata
 
 
-def cpu_count() -> int:
-    """CPUs this process may run on (respects affinity masks and container CPU sets)."""
+def process_cpus() -> frozenset[int]:
+    """The CPUs this process may run on: the main thread's affinity mask (which respects
+    ``taskset`` and container CPU sets; paragraph binds only its own worker threads, so asking
+    the calling thread could give a worker's one core)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return frozenset(os.sched_getaffinity(os.getpid()))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def cpu_count() -> int:
+    """How many CPUs this process may run on (see `process_cpus`)."""
+    return len(process_cpus())
 
 
 def _cpu_model() -> str:

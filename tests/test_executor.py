@@ -17,6 +17,7 @@ from tvm import relax
 from paragraph import models
 from paragraph.errors import ParagraphError
 from paragraph.graph import TensorRef
+from paragraph.machine import process_cpus
 from paragraph.passes.schedule import (
     ALGORITHMS,
     critical_path,
@@ -32,8 +33,11 @@ from paragraph.tvm_interop.executor import (
     CPUExecutor,
     InputError,
     KernelError,
+    acquire_workers,
     gpu_available,
     make_executor,
+    release_workers,
+    stream_cores,
 )
 from paragraph.tvm_interop.kernels import KernelProgram, is_gpu, resolve_target
 from paragraph.tvm_interop.memory import check_memory_plan, plan_memory, vm_planned_bytes
@@ -377,6 +381,62 @@ def test_stream_threads_follow_the_schedule(stream_runner):
         # every stream runs on a worker: the caller's own TVM pool keeps its size
         assert next(iter(seen)).startswith("paragraph-worker-")
         assert num_threads() == caller
+
+
+needs_two_cores = pytest.mark.skipif(
+    len(process_cpus()) < 2 or not hasattr(os, "sched_setaffinity"),
+    reason="binding streams to cores needs Linux and at least two cores")
+
+
+@needs_two_cores
+def test_stream_cores_are_disjoint_and_only_where_the_streams_fit(monkeypatch):
+    cores = sorted(process_cpus())
+    assert stream_cores([1, 1]) == [frozenset(cores[:1]), frozenset(cores[1:2])]
+    assert stream_cores([1]) is None  # one stream: the OS may move it off a busy core
+    assert stream_cores([len(cores), 1]) is None  # more threads than cores
+    monkeypatch.setenv("PARAGRAPH_PIN", "0")
+    assert stream_cores([1, 1]) is None
+
+
+def _worker_affinities() -> list[frozenset[int]]:
+    """The affinity of every idle pooled worker, read on the worker itself."""
+    from paragraph.tvm_interop.executor import _IDLE
+
+    workers = acquire_workers(len(_IDLE))
+    try:
+        seen, done = [], []
+        for w in workers:
+            ev = threading.Event()
+            w.submit(lambda ev=ev: (seen.append(frozenset(os.sched_getaffinity(0))), ev.set()))
+            done.append(ev)
+        for ev in done:
+            assert ev.wait(10)
+        return seen
+    finally:
+        release_workers(workers)
+
+
+@needs_two_cores
+def test_streams_run_on_cores_of_their_own(stream_runner):
+    seen = []
+
+    def probe(x, out):
+        seen.append(frozenset(os.sched_getaffinity(0)))
+        out.copyfrom(x.numpy())
+
+    tvm_ffi.register_global_func("paragraph_test.probe_cores", probe, override=True)
+    program = packed_program("paragraph_test.probe_cores")
+    g = program.graph
+    s = Schedule.build(g, make_schedule("nimble", g).streams, threads=1)
+    assert s.num_streams == 2
+    probe_stream = s.stream_of[next(n.id for n in g.nodes if n.kind == "kernel"
+                                    and n.attrs["source"] == "vendor")]
+    with CPUExecutor(program, s) as ex:
+        assert ex.cores is not None and not ex.cores[0] & ex.cores[1]
+        ex.run(np.ones((4, 8), "float32"))
+        assert seen == [ex.cores[probe_stream]]
+    # pooled workers get every core back for the next executor or measurement
+    assert set(_worker_affinities()) == {process_cpus()}
 
 
 def test_repeated_runs_do_not_leak(stream_runner):

@@ -137,8 +137,11 @@ def test_analytical_estimate(executor, tmp_path):
 def test_handoff_is_measured_and_cached_per_runner(tmp_path, monkeypatch):
     from paragraph.tvm_interop import native
 
+    from paragraph.tvm_interop.executor import stream_cores
+
     db = CostDB(tmp_path / "c.sqlite")
-    keys = {"1": "handoff:native-flag", "0": "handoff:worker-event"}
+    bound = "/bound" if stream_cores([1, 1]) else ""  # workers bound to cores of their own
+    keys = {"1": f"handoff:native-flag{bound}", "0": f"handoff:worker-event{bound}"}
     for flag, kernel in keys.items():
         monkeypatch.setenv("PARAGRAPH_NATIVE", flag)
         if flag == "1" and native.runner() is None:

@@ -257,10 +257,12 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
     one's spinning flags when it is available, else Python events. Cached in the cost
     database, per runner."""
     from paragraph.tvm_interop import native
-    from paragraph.tvm_interop.executor import SPIN_NS
+    from paragraph.tvm_interop.executor import SPIN_NS, pinned, stream_cores
 
     module = native.runner()
-    key = CostKey(target, "handoff:native-flag" if module else "handoff:worker-event")
+    cores = stream_cores([1, 1])  # bound as the executor's streams are, where they are
+    runner = "native-flag" if module else "worker-event"
+    key = CostKey(target, f"handoff:{runner}{'/bound' if cores else ''}")
     if db is not None and (cached := db.get(key)) is not None:
         return cached
     if module is not None:  # stream 0 signals slot i, stream 1 answers in slot rounds + i
@@ -288,12 +290,19 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
                 pong.wait()
                 pong.clear()
 
+    def bound(task, cores) -> Callable[[], None]:
+        def run() -> None:
+            with pinned(cores):
+                task()
+        return run
+
+    tasks = [bound(serve, cores and cores[1]), bound(volley, cores and cores[0])]
     samples = []
     for _ in range(5):
         if module is not None:
             program.reset()
         start = time.perf_counter()
-        _on_workers([serve, volley])
+        _on_workers(tasks)
         samples.append((time.perf_counter() - start) / (2 * rounds))
     timing = Timing(tuple(samples))
     if db is not None:
