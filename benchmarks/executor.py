@@ -195,7 +195,8 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
               # order) over the shortest 2-stream makespan of those times (critical_path's
               # exact search), before any hand-off or contention between the cores
               "two_streams_bound": None if on_gpu else work / optimum,
-              "configs": [c.row(base) for c in configs]}
+              "configs": [{**c.row(base), "kernels": "tvm" if c is default else kernels}
+                          for c in configs]}
     log(format_table(result))
     return result
 

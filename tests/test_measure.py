@@ -136,7 +136,6 @@ def test_analytical_estimate(executor, tmp_path):
 
 def test_handoff_is_measured_and_cached_per_runner(tmp_path, monkeypatch):
     from paragraph.tvm_interop import native
-
     from paragraph.tvm_interop.executor import stream_cores
 
     db = CostDB(tmp_path / "c.sqlite")

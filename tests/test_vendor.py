@@ -117,6 +117,29 @@ MATMULS = {
 }
 
 
+
+def concat_nested_relu(bb, x):
+    a, b = bb.emit(relax.op.exp(x)), bb.emit(relax.op.negative(x))
+    c = bb.emit(relax.op.multiply(x, relax.const(np.float32(2))))
+    inner = bb.emit(relax.op.concat([b, c], axis=1))  # read once: flattened into the outer
+    return bb.emit(relax.op.nn.relu(bb.emit(relax.op.concat([a, inner], axis=-3))))
+
+
+def conv_branches_concat(bb, x):
+    wide = bb.emit(relax.op.nn.conv2d(x, const(6, 8, 3, 3), padding=1))
+    narrow = bb.emit(relax.op.nn.conv2d(x, const(4, 8, 1, 1)))
+    return bb.emit(relax.op.concat([wide, narrow], axis=1))
+
+
+CONCATS = {
+    "concat_nested_relu": (module((1, 4, 5, 5), concat_nested_relu), "concat.a1.relu"),
+    # NHWC for the convolutions: the concat joins channels on axis 3
+    "conv_branches_concat": (module((1, 8, 7, 7), conv_branches_concat),
+                             ["conv2d.NHWC.s1x1.p1x1.d1x1.g1", "conv2d.NHWC.s1x1.p0x0.d1x1.g1",
+                              "concat.a3"]),
+}
+
+
 @pytest.fixture(autouse=True)
 def private_cost_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
@@ -126,15 +149,16 @@ def vm_outputs(program, inputs):
     return run_vm(program.vm(), inputs, device=program.device)
 
 
-@pytest.mark.parametrize("case", [*CONVS, *MATMULS])
+@pytest.mark.parametrize("case", [*CONVS, *MATMULS, *CONCATS])
 def test_every_pattern_matches_tvm_kernels(case):
-    mod, expected = {**CONVS, **MATMULS}[case]
+    mod, expected = {**CONVS, **MATMULS, **CONCATS}[case]
     expected = [expected] if isinstance(expected, str) else expected
     dispatched = dispatch_to_vendor(mod, local_cpu_target())
     names = vendor_names(dispatched)
     assert sorted(map(cost_name, names)) == sorted(f"paragraph.vendor.{e}" for e in expected)
     # on the CPU each constant weight is named by its digest (its packed form is cached by it)
-    assert all(bool(VendorOp.from_name(n).weight) == (".bmm" not in n) for n in names)
+    assert all(bool(VendorOp.from_name(n).weight) == (".bmm" not in n and ".concat" not in n)
+               for n in names)
     inputs = random_inputs(mod, seed=3)
     vendor = KernelProgram.build(mod, "llvm", kernels="vendor")
     assert vendor.sources().get("vendor") == len(expected)
@@ -165,7 +189,7 @@ def test_nchw_layout_and_what_is_not_dispatched():
 
 
 def test_vendor_op_names_round_trip():
-    names = [n for _, e in [*CONVS.values(), *MATMULS.values()]
+    names = [n for _, e in [*CONVS.values(), *MATMULS.values(), *CONCATS.values()]
              for n in ([e] if isinstance(e, str) else e)]
     for name in names:
         full = f"paragraph.vendor.{name}"
@@ -174,9 +198,27 @@ def test_vendor_op_names_round_trip():
             tagged = VendorOp.from_name(f"{full}.w0123abcd")
             assert tagged.weight == "0123abcd" and tagged.cost_name == full
     for bad in ["paragraph.vendor.pool", "paragraph.vendor.conv2d.NHWC.s1.p0x0.d1x1.g1",
-                "paragraph.vendor.matmul.sigmoid", "tvm.contrib.cudnn.conv2d"]:
+                "paragraph.vendor.matmul.sigmoid", "tvm.contrib.cudnn.conv2d",
+                "paragraph.vendor.concat", "paragraph.vendor.concat.a1.w0123abcd"]:
         with pytest.raises(ParagraphError):
             VendorOp.from_name(bad)
+
+
+def test_a_concat_read_elsewhere_too_is_not_flattened():
+    def body(bb, x):
+        inner = bb.emit(relax.op.concat([x, bb.emit(relax.op.exp(x))], axis=1))
+        first = bb.emit(relax.op.concat([inner, x], axis=1))
+        second = bb.emit(relax.op.concat([x, inner], axis=1))
+        return bb.emit(relax.op.add(first, second))
+    mod = module((1, 4, 3, 3), body)
+    dispatched = dispatch_to_vendor(mod, local_cpu_target())
+    assert vendor_names(dispatched) == ["paragraph.vendor.concat.a1"]
+    calls = [b.value for b in dispatched["main"].body.blocks[0].bindings
+             if "paragraph.vendor.concat" in str(b.value)]
+    assert [len(c.args[1].fields) for c in calls] == [2, 2, 2]  # the shared one stays
+    inputs = random_inputs(mod, seed=5)
+    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
+    np.testing.assert_allclose(got[0], vm_outputs(KernelProgram.build(mod, "llvm"), inputs)[0])
 
 
 def _profiled(fn, *args):
