@@ -32,6 +32,7 @@ from paragraph.bench import (
     check_outputs,
     executor_config,
     format_table,
+    time_in_blocks,
     time_round_robin,
     vm_config,
 )
@@ -122,22 +123,25 @@ def two_chains(target, kernels: str, repeat: int = 10) -> dict:
 
 
 def two_streams_paired(configs: list, rounds: int) -> dict:
-    """One 1-thread stream against critical-path on two 1-thread streams, alone and
-    alternating for ``rounds`` rounds: the issue's two-stream target, with the per-round ratio
-    (each pair timed back to back, so slow phases of a shared machine hit both)."""
+    """One 1-thread stream against critical-path on two 1-thread streams, alone, in blocks of
+    10 back-to-back runs each (after 2 untimed), alternating, until each has ``rounds`` timed
+    runs: the issue's two-stream target in each configuration's steady state, with the ratio
+    per block pair (slow phases of a shared machine hit both)."""
     by_name = {c.name: c for c in configs}
     pair = [by_name["executor:sequential-1thread"], by_name["executor:critical-path/2"]]
     kept = [len(c.samples) for c in pair]
-    time_round_robin(pair, rounds)
+    block = 10
+    one_blocks, two_blocks = time_in_blocks(pair, max(1, rounds // block), block)
     one, two = (c.samples[n:] for c, n in zip(pair, kept))
     for c, n in zip(pair, kept):
         del c.samples[n:]  # the main table keeps its own rounds
     return {"schedule": "critical-path/2", "streams": pair[1].info["streams"],
-            "threads": pair[1].info["threads"], "rounds": rounds,
+            "threads": pair[1].info["threads"], "runs": len(one), "block": block,
             "one_stream_ms": statistics.median(one) * 1e3,
             "two_streams_ms": statistics.median(two) * 1e3,
             "speedup": statistics.median(one) / statistics.median(two),
-            "median_round_speedup": statistics.median(a / b for a, b in zip(one, two))}
+            "median_block_speedup": statistics.median(
+                a / b for a, b in zip(one_blocks, two_blocks))}
 
 
 def bench_model(name: str, target, repeat: int, reduced: bool, log,

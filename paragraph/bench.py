@@ -107,6 +107,29 @@ def time_round_robin(configs: Sequence[Config], repeat: int, warmup: int = 2, se
             progress(r + 1)
 
 
+def time_in_blocks(configs: Sequence[Config], blocks: int, block: int = 10,
+                   settle: int = 2) -> list[list[float]]:
+    """``blocks`` rounds in which each configuration runs ``settle`` untimed, then ``block``
+    timed runs back to back: each timed run sees its configuration's steady state, also where
+    that takes longer than one run to reach (after a one-stream run, a second core idle for
+    tens of milliseconds made the next few runs of two-stream NASNet-A 15% slower on the
+    shared VM), while drift still hits all alike. Appends to each ``samples``; returns, per
+    configuration, the median of each block."""
+    medians: list[list[float]] = [[] for _ in configs]
+    for _ in range(blocks):
+        for c, got in zip(configs, medians):
+            for _ in range(settle):
+                c.run()
+            times = []
+            for _ in range(block):
+                start = time.perf_counter()
+                c.run()
+                times.append(time.perf_counter() - start)
+            c.samples += times
+            got.append(statistics.median(times))
+    return medians
+
+
 def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
               target: object = None, tuning_db: str | None = None, seed: int = 0,
               model: str = "", include_default: bool = True, kernels: str = "tvm",

@@ -149,3 +149,25 @@ def test_handoff_is_measured_and_cached_per_runner(tmp_path, monkeypatch):
         assert 0 < seconds < 1e-3
         assert db.get(CostKey("cpu", kernel)) == seconds  # the runner's own entry
         assert measure_handoff(db, "cpu") == seconds  # read back, not measured again
+
+
+def test_time_in_blocks_times_each_configuration_back_to_back():
+    import time
+
+    from paragraph.bench import Config, time_in_blocks
+
+    calls: list[str] = []
+
+    def runner(name: str, seconds: float):
+        def run():
+            calls.append(name)
+            time.sleep(seconds)
+        return run
+
+    fast, slow = Config("fast", runner("fast", 0.001)), Config("slow", runner("slow", 0.003))
+    medians = time_in_blocks([fast, slow], blocks=2, block=3, settle=1)
+    # per block: 1 untimed + 3 timed runs of one configuration, then the other
+    assert calls == (["fast"] * 4 + ["slow"] * 4) * 2
+    assert len(fast.samples) == len(slow.samples) == 6
+    assert [len(m) for m in medians] == [2, 2]
+    assert all(s > f for f, s in zip(*medians))
