@@ -439,6 +439,41 @@ def test_streams_run_on_cores_of_their_own(stream_runner):
     assert set(_worker_affinities()) == {process_cpus()}
 
 
+@needs_two_cores
+def test_cores_that_cannot_be_bound_warn_and_the_run_goes_on(monkeypatch):
+    from paragraph.tvm_interop import executor
+
+    monkeypatch.setattr(executor, "_warned_pin", [])
+    program = program_for("squeezenet1_1")
+    s = Schedule.build(program.graph, make_schedule("nimble", program.graph, cores=2).streams,
+                       threads=1)
+    inputs = random_inputs(models.get("squeezenet1_1", reduced=True))
+    want = run_vm(program.vm(), inputs, device=program.device)
+    with CPUExecutor(program, s) as ex:
+        ex.cores = [frozenset({100_000 + i}) for i in range(s.num_streams)]  # no such CPU
+        with pytest.warns(RuntimeWarning, match="cannot bind a stream"):
+            got = ex.run(*inputs)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stream_failing_outside_its_kernels_stops_all(monkeypatch, stream_runner):
+    from paragraph.tvm_interop import executor
+
+    tvm_ffi.register_global_func("paragraph_test.copy", lambda x, out: out.copyfrom(x.numpy()),
+                                 override=True)
+    program = packed_program("paragraph_test.copy")
+    s = Schedule.build(program.graph, make_schedule("nimble", program.graph).streams, threads=1)
+    with CPUExecutor(program, s) as ex:
+        def broken(n):
+            raise OSError("no thread pool today")
+        monkeypatch.setattr(executor, "_config_threads", broken)
+        start = time.time()
+        with pytest.raises(ParagraphError, match="outside its kernels: OSError"):
+            ex.run(np.ones((4, 8), "float32"))
+        assert time.time() - start < 10
+
+
 def test_repeated_runs_do_not_leak(stream_runner):
     program = program_for("squeezenet1_1")
     x = random_inputs(program.lowered)

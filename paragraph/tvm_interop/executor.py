@@ -229,11 +229,22 @@ def pinned(cores: frozenset[int] | None) -> Iterator[None]:
     if cores is None:
         yield
         return
-    os.sched_setaffinity(0, cores)
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as exc:  # the CPU set changed under us (hotplug, cgroup): run unbound
+        if not _warned_pin:
+            _warned_pin.append(exc)
+            warnings.warn(f"cannot bind a stream to CPUs {sorted(cores)} ({exc}); streams run "
+                          "unbound", RuntimeWarning, stacklevel=3)
+        yield
+        return
     try:
         yield
     finally:
         os.sched_setaffinity(0, process_cpus())
+
+
+_warned_pin: list[OSError] = []
 
 
 class Worker:
@@ -294,6 +305,7 @@ class CPUExecutor(_Base):
         self.timeline: dict[int, tuple[int, int, int]] | None = None
         self._error: tuple[Step, str, BaseException | None] | None = None
         self._abort = False
+        self._crash: tuple[int, BaseException] | None = None  # a stream failed outside kernels
         self._closed = False
         self.native = None if native is False else self._native_program()
         if native and self.native is None:
@@ -329,7 +341,7 @@ class CPUExecutor(_Base):
             self.native.reset()
         for ev in self.events.values():
             ev.clear()
-        self._error, self._abort = None, False
+        self._error, self._abort, self._crash = None, False, None
         self.timeline = {} if profile else None
         try:
             for s, (w, done) in enumerate(zip(self._workers, self._done)):
@@ -349,6 +361,10 @@ class CPUExecutor(_Base):
             step, message, exc = self._error
             raise KernelError(f"kernel {step.name!r} (node %{step.node}) failed: {message}") \
                 from exc
+        if self._crash is not None:
+            s, exc = self._crash
+            raise ParagraphError(f"stream {s} stopped outside its kernels: "
+                                 f"{type(exc).__name__}: {exc}") from exc
         return self.outputs(copy_outputs)
 
     def _stream_task(self, s: int, done: threading.Event) -> None:
@@ -360,6 +376,10 @@ class CPUExecutor(_Base):
                     self.run_stream(s)
                 else:
                     self._run_native(s)
+        except BaseException as exc:  # not a kernel's error: stop every stream, raise in run()
+            if self._crash is None:
+                self._crash = (s, exc)
+            self._stop_all()
         finally:
             done.set()
 
