@@ -112,7 +112,7 @@ def time_in_blocks(configs: Sequence[Config], blocks: int, block: int = 10,
     """``blocks`` rounds in which each configuration runs ``settle`` untimed, then ``block``
     timed runs back to back: each timed run sees its configuration's steady state, also where
     that takes longer than one run to reach (after a one-stream run, a second core idle for
-    tens of milliseconds made the next few runs of two-stream NASNet-A 15% slower on the
+    tens of milliseconds made the next few runs of two-stream NASNet-A 14% slower on the
     shared VM), while drift still hits all alike. Appends to each ``samples``; returns, per
     configuration, the median of each block."""
     medians: list[list[float]] = [[] for _ in configs]
