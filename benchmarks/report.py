@@ -21,8 +21,7 @@ def _date(result: dict) -> str:
 
 def _paired(name: str, p: dict) -> str:
     streams = "" if p["streams"] == 2 else f", {p['streams']} stream"
-    per = p.get("median_block_speedup", p.get("median_round_speedup"))
-    return f"{name} {p['speedup']:.2f}x ({per:.2f}x{streams})"
+    return f"{name} {p['speedup']:.2f}x ({p['median_block_speedup']:.2f}x{streams})"
 
 
 def executor_table(r: dict) -> list[str]:
@@ -54,12 +53,9 @@ def executor_table(r: dict) -> list[str]:
               if m.get("two_streams_paired")]
     if paired:
         p = paired[0][1]
-        how = (f"{p['runs']} runs each in alternating blocks of {p['block']} (speedup of the "
-               "medians; median of the per-block speedups)" if "block" in p else
-               f"{p['rounds']} alternating rounds (speedup of the medians; median of the "
-               "per-round speedups)")
         lines += ["", "One 1-thread stream against critical-path on two 1-thread streams, "
-                  f"{how}: "
+                  f"{p['runs']} runs each in alternating blocks of {p['block']} (speedup of the "
+                  "medians; median of the per-block speedups): "
                   + ", ".join(_paired(name, p) for name, p in paired) + "."]
     return lines
 

@@ -204,6 +204,11 @@ _warned_cap: list[int] = []
 PIN_ENV = "PARAGRAPH_PIN"
 
 
+def fits_cores(threads: Sequence[int]) -> bool:
+    """Whether streams with these thread counts can all run at once on the process's cores."""
+    return sum(threads) <= cpu_count()
+
+
 def stream_cores(threads: Sequence[int]) -> list[frozenset[int]] | None:
     """Disjoint cores for each stream, as many as its threads, or None: for one stream (the OS
     may move it off a busy core), where the threads do not fit the process's cores, off Linux,
@@ -215,9 +220,9 @@ def stream_cores(threads: Sequence[int]) -> list[frozenset[int]] | None:
     if (len(threads) < 2 or os.environ.get(PIN_ENV, "1") == "0"
             or not hasattr(os, "sched_setaffinity")):
         return None
-    cores = sorted(process_cpus())
-    if sum(threads) > len(cores):
+    if not fits_cores(threads):
         return None
+    cores = sorted(process_cpus())
     starts = np.cumsum([0, *threads])
     return [frozenset(cores[a:b]) for a, b in zip(starts[:-1], starts[1:])]
 
@@ -326,8 +331,8 @@ class CPUExecutor(_Base):
         streams = [[(st.fn if st.fn is None or isinstance(st.fn, tvm_ffi.Function)
                      else tvm_ffi.convert(st.fn), st.args, [slot[p] for p in st.waits],
                      slot.get(st.node, -1)) for st in steps] for steps in self.programs]
-        fits = sum(self.schedule.threads) <= cpu_count()
-        return _native.StreamProgram(module, streams, len(slot), SPIN_NS if fits else 0)
+        spin = SPIN_NS if fits_cores(self.schedule.threads) else 0
+        return _native.StreamProgram(module, streams, len(slot), spin)
 
     def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:
         """Run once; returns the outputs (numpy copies unless ``copy_outputs`` is False).

@@ -298,12 +298,16 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
 
     tasks = [bound(serve, cores and cores[1]), bound(volley, cores and cores[0])]
     samples = []
-    for _ in range(5):
+    try:
+        for _ in range(5):
+            if module is not None:
+                program.reset()
+            start = time.perf_counter()
+            _on_workers(tasks)
+            samples.append((time.perf_counter() - start) / (2 * rounds))
+    finally:
         if module is not None:
-            program.reset()
-        start = time.perf_counter()
-        _on_workers(tasks)
-        samples.append((time.perf_counter() - start) / (2 * rounds))
+            program.close()
     timing = Timing(tuple(samples))
     if db is not None:
         db.put(key, timing)
