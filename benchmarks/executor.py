@@ -122,20 +122,20 @@ def two_chains(target, kernels: str, repeat: int = 10) -> dict:
             "one_stream_ms": one_ms, "two_streams_ms": two_ms, "speedup": one_ms / two_ms}
 
 
-def two_streams_paired(configs: list, rounds: int) -> dict:
+def two_streams_paired(configs: list, rounds: int, schedule: str = "critical-path/2") -> dict:
     """One 1-thread stream against critical-path on two 1-thread streams, alone, in blocks of
     10 back-to-back runs each (after 2 untimed), alternating, until each has ``rounds`` timed
     runs: the issue's two-stream target in each configuration's steady state, with the ratio
     per block pair (slow phases of a shared machine hit both)."""
     by_name = {c.name: c for c in configs}
-    pair = [by_name["executor:sequential-1thread"], by_name["executor:critical-path/2"]]
+    pair = [by_name["executor:sequential-1thread"], by_name[f"executor:{schedule}"]]
     kept = [len(c.samples) for c in pair]
     block = 10
     one_blocks, two_blocks = time_in_blocks(pair, max(1, rounds // block), block)
     one, two = (c.samples[n:] for c, n in zip(pair, kept))
     for c, n in zip(pair, kept):
         del c.samples[n:]  # the main table keeps its own rounds
-    return {"schedule": "critical-path/2", "streams": pair[1].info["streams"],
+    return {"schedule": schedule, "streams": pair[1].info["streams"],
             "threads": pair[1].info["threads"], "runs": len(one), "block": block,
             "one_stream_ms": statistics.median(one) * 1e3,
             "two_streams_ms": statistics.median(two) * 1e3,
@@ -156,32 +156,42 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
     expected = vm.run()
     default = vm_config("tvm_compile_default", relax.VirtualMachine(
         tvm.compile(mod, target=program.target), program.device), inputs, program.device)
-    configs = [vm, default]
     on_gpu = program.device.dlpack_device_type() != tvm.cpu().dlpack_device_type()
-    # every algorithm as `paragraph run --schedule` gives it (critical-path: measured costs)
-    schedules = [plan_schedule(a, program, log=log)[1] for a in ALGORITHMS]
+    # every algorithm as `paragraph run --schedule` gives it (critical-path: measured costs,
+    # and lone convolutions split across the streams where that runs faster)
+    planned = [plan_schedule(a, program, log=log) for a in ALGORITHMS]
     two_streams: list[str] = []
-    work = optimum = 0.0
+    work = optimum = unsplit_optimum = 0.0
+    split: list[str] = []
     if not on_gpu:  # single-threaded kernels: one stream vs two streams
         one = make_schedule("sequential", program.graph, cores=1)
-        schedules += [one.__class__.build(program.graph, one.streams, threads=1,
-                                          name="sequential-1thread")]
-        two = [make_schedule(a, program.graph, max_streams=2, cores=2)
+        planned.append((program, one.__class__.build(program.graph, one.streams, threads=1,
+                                                      name="sequential-1thread")))
+        two = [(program, make_schedule(a, program.graph, max_streams=2, cores=2))
                for a in ("opara", "nimble", "wavefront")]
-        listed = plan_schedule("critical-path", program, cores=2)[1]
-        two.append(replace(listed, name="critical-path/2"))
-        work, optimum = listed.info["work_ms"], listed.info["optimum_ms"]
-        schedules += two
-        two_streams = [f"executor:{s.name}" for s in two if s.num_streams == 2]
-    for s in schedules:
-        configs.append(executor_config(program, s, inputs))
+        chosen, listed = plan_schedule("critical-path", program, cores=2)
+        _, unsplit = plan_schedule("critical-path", program, cores=2, split=False)
+        two.append((chosen, replace(listed, name="critical-path/2")))
+        split = list(chosen.split)
+        if split:  # the same planner on the model's own kernels, for comparison
+            two.append((program, replace(unsplit, name="critical-path/2-unsplit")))
+        # the bounds are over the model's own 1-thread work (what one stream runs)
+        work = unsplit.info["work_ms"]
+        optimum, unsplit_optimum = listed.info["optimum_ms"], unsplit.info["optimum_ms"]
+        planned += two
+        two_streams = [f"executor:{s.name}" for _, s in two if s.num_streams == 2]
+    configs = [vm, default]
+    for prog, s in planned:
+        configs.append(executor_config(prog, s, inputs))
         if on_gpu:
-            configs.append(executor_config(program, s, inputs, use_cuda_graph=False))
+            configs.append(executor_config(prog, s, inputs, use_cuda_graph=False))
     try:
         tol = {} if kernels == "tvm" else {"rtol": 1e-4, "atol": 1e-4}  # BN folded, oneDNN
         check_outputs(configs, expected, **tol)
         time_round_robin(configs, repeat)
         paired = None if on_gpu else two_streams_paired(configs, 4 * repeat)
+        paired_unsplit = None if on_gpu or not split else two_streams_paired(
+            configs, 4 * repeat, "critical-path/2-unsplit")
     finally:
         for c in configs:
             if c.close is not None:
@@ -195,10 +205,14 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
               "two_streams_1thread_speedup": two and rows["executor:sequential-1thread"] / two,
               "two_streams_best": two and min(two_streams, key=rows.__getitem__),
               "two_streams_paired": paired,
-              # no 2-stream schedule beats this: the 1-thread work (kernels timed in model
-              # order) over the shortest 2-stream makespan of those times (critical_path's
-              # exact search), before any hand-off or contention between the cores
+              "split": split,  # the lone convolutions critical-path split across streams
+              "two_streams_paired_unsplit": paired_unsplit,
+              # no 2-stream schedule beats this: the model's 1-thread work (kernels timed in
+              # model order) over the shortest 2-stream makespan (critical_path's exact
+              # search) of the program critical-path/2 runs (_unsplit: of the model's own
+              # kernels), before any hand-off or contention between the cores
               "two_streams_bound": None if on_gpu else work / optimum,
+              "two_streams_bound_unsplit": None if on_gpu else work / unsplit_optimum,
               "configs": [{**c.row(base), "kernels": "tvm" if c is default else kernels}
                           for c in configs]}
     log(format_table(result))

@@ -57,6 +57,15 @@ def executor_table(r: dict) -> list[str]:
                   f"{p['runs']} runs each in alternating blocks of {p['block']} (speedup of the "
                   "medians; median of the per-block speedups): "
                   + ", ".join(_paired(name, p) for name, p in paired) + "."]
+    split = [m for m in r["models"] if m.get("split")]
+    if split:
+        lines += ["", "critical-path split lone convolutions across the two streams (output "
+                  "channels; `paragraph.passes.split`) in "
+                  + ", ".join(f"{m['model']} ({len(m['split'])})" for m in split)
+                  + ". The same planner on the model's own kernels: "
+                  + ", ".join(f"{m['model']} {_paired('', m['two_streams_paired_unsplit'])[1:]}"
+                              f", bound {m['two_streams_bound_unsplit']:.2f}x"
+                              for m in split if m.get("two_streams_paired_unsplit")) + "."]
     return lines
 
 

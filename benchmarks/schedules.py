@@ -47,9 +47,9 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     configs = [vm]
     plans = {}  # config name -> what its run depends on (identical plans run the same)
     for h in HEURISTICS:  # critical-path: measured kernel times
-        schedule = plan_schedule(h, program, db=db)[1]
-        configs.append(executor_config(program, schedule, inputs))
-        plans[configs[-1].name] = _plan_digest(schedule)
+        planned, schedule = plan_schedule(h, program, db=db)  # critical-path may split
+        configs.append(executor_config(planned, schedule, inputs))
+        plans[configs[-1].name] = _plan_digest(schedule) if planned is program else None
     searches = {}
     warmup, repeat, number = (int(v) for v in args.ios_protocol.split(","))
     for mode in ("both", "parallel", "merge"):  # both first, on a cold cost database

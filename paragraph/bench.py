@@ -68,6 +68,8 @@ def executor_config(program: KernelProgram, schedule: Schedule, inputs: Sequence
             "waits": sum(map(len, schedule.waits.values())),
             "stages": len(schedule.stages) if schedule.stages else None,
             "peak_bytes": plan.peak_bytes, "no_reuse_bytes": plan.no_reuse_bytes}
+    if program.split:  # convolutions split across the streams (`paragraph.passes.split`)
+        info["split"] = list(program.split)
     on_cpu = program.device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
     name = f"executor:{schedule.name}" + ("" if use_cuda_graph or on_cpu else "+nograph")
     return Config(name, lambda: executor.run(*inputs), info, close=executor.close)
@@ -133,7 +135,7 @@ def time_in_blocks(configs: Sequence[Config], blocks: int, block: int = 10,
 def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
               target: object = None, tuning_db: str | None = None, seed: int = 0,
               model: str = "", include_default: bool = True, kernels: str = "tvm",
-              ios: IOSOptions | None = None, cores: int | None = None,
+              ios: IOSOptions | None = None, cores: int | None = None, split: bool = True,
               log: Callable[[str], None] = print) -> dict:
     """Build every configuration, check its outputs, time them side by side; returns the JSON
     result (per configuration ``config``, ``median_ms``, ``p10_ms``, ``p90_ms``,
@@ -141,7 +143,7 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
     versions). ``kernels`` ("tvm", "vendor", "auto") is the source of the program's kernels;
     ``tvm_compile_default`` always runs TVM's own. Schedules are names of
     `paragraph.passes.ios.plan_schedule`; IOS ones search with ``ios`` options first and
-    report their search time."""
+    report their search time; ``split`` lets critical-path split lone convolutions."""
     log(f"lowering and compiling the kernels ({kernels}) ...")
     start = time.perf_counter()
     program = KernelProgram.build(mod, target, tuning_db=tuning_db, kernels=kernels)
@@ -159,7 +161,7 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
     for name in schedules:
         start = time.perf_counter()
         planned, schedule = plan_schedule(name, program, options=ios, tuning_db=tuning_db,
-                                          cores=cores, log=log)
+                                          cores=cores, log=log, split=split)
         log(f"  {schedule.describe()}")
         config = executor_config(planned, schedule, inputs)
         if name.startswith("ios"):
@@ -171,7 +173,8 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
     for c in configs:
         c.info.setdefault("kernels", "tvm" if c.name == "tvm_compile_default" else kernels)
     try:
-        merged = any(c.info.get("schedule") in ("ios-merge", "ios-both") for c in configs)
+        merged = any(c.info.get("schedule") in ("ios-merge", "ios-both") or c.info.get("split")
+                     for c in configs)
         check_outputs(configs, expected, **_tolerance(kernels, merged))
         log(f"outputs of all {len(configs)} configurations agree; timing {repeat} rounds ...")
         time_round_robin(configs, repeat, progress=lambda r: log(f"  round {r}/{repeat}")

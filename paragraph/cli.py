@@ -107,7 +107,8 @@ def _schedule(args: argparse.Namespace, program):
             raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
         return program, Schedule.from_json(text, program.graph)
     return plan_schedule(args.schedule or "sequential", program, options=_ios_options(args),
-                         tuning_db=args.tuning_db, cores=args.threads, log=_say)
+                         tuning_db=args.tuning_db, cores=args.threads, log=_say,
+                         split=not args.no_split)
 
 
 def _ios_options(args: argparse.Namespace):
@@ -132,8 +133,9 @@ def _protocol(text: str) -> tuple[int, int, int]:
 
 
 def _merges(schedule) -> bool:
-    """Whether an IOS schedule may have merged convolutions (rounding differs slightly)."""
-    return schedule.name in ("ios-merge", "ios-both")
+    """Whether a schedule's program may have merged (IOS) or split (critical-path)
+    convolutions: rounding differs slightly."""
+    return schedule.name in ("ios-merge", "ios-both") or bool(schedule.info.get("split"))
 
 
 def _equal(expected, got, *, loose: bool = False) -> bool:
@@ -299,7 +301,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _say(f"benchmarking {label}")
     result = benchmark(mod, schedules=schedules, repeat=args.repeat, target=_target(args),
                        tuning_db=args.tuning_db, seed=args.seed, model=args.model, log=_say,
-                       kernels=args.kernels, ios=_ios_options(args), cores=args.threads)
+                       kernels=args.kernels, ios=_ios_options(args), cores=args.threads,
+                       split=not args.no_split)
     result.update(reduced=args.reduced, batch=args.batch)
     _say(format_table(result))
     if args.json:
@@ -414,7 +417,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--schedule-file", metavar="JSON",
                        help="use a schedule saved with --save-schedule instead")
         p.add_argument("--save-schedule", metavar="JSON", help="write the schedule as JSON")
+        split_option(p)
         ios_options(p)
+
+    def split_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--no-split", action="store_true",
+                       help="critical-path: do not split lone convolutions across the streams "
+                       "(by default it does where the split program measures faster)")
 
     p = sub.add_parser("run", help="import a model, round-trip it through paragraph's graph, "
                        "compile it, check outputs and time it on the parallel executor (or "
@@ -433,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"ios-MODE with --ios-mode; default: all but IOS)")
     p.add_argument("--repeat", type=_positive, default=20, help="timed rounds (default 20)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    split_option(p)
     ios_options(p)
     p.set_defaults(func=cmd_bench)
 

@@ -299,7 +299,7 @@ def test_plan_schedule_names(tmp_path):
     assert sched.name == "ios-parallel" and "states" in sched.info["search"]
     # critical-path: list scheduling (and search) on each kernel's measured 1-thread time
     db = CostDB(tmp_path / "cp.sqlite")
-    same, sched = plan_schedule("critical-path", program, db=db, cores=2)
+    same, sched = plan_schedule("critical-path", program, db=db, cores=2, split=False)
     assert same is program and sched.name == "critical-path"
     assert sched.num_streams <= 2  # fewer where the hand-offs cost more than they win
     assert sched.threads == (2 // sched.num_streams,) * sched.num_streams

@@ -71,7 +71,8 @@ def _parametric_rewrites(graph):
     return graph, applied
 
 
-TVM_MODELS = {"inception_v3": {"ios-merge-convs", "metaflow-fold-bn"},
+TVM_MODELS = {"inception_v3": {"ios-merge-convs", "metaflow-fold-bn", "split-conv-2",
+                               "split-conv-4"},
               "resnext50_32x4d": {"autograph-regroup-2", "autograph-split-groups-4"},
               "nasnet_a_mobile": {"taso-avgpool-pair-dwconv"},
               "squeezenet1_1": {"metaflow-conv-add", "ios-merge-convs"},

@@ -49,10 +49,12 @@ def main(full: bool = False) -> None:
     inputs = random_inputs(mod)
     expected = run_vm(program.vm(), inputs)
     for name in ALGORITHMS:
-        _, schedule = plan_schedule(name, program)
-        with make_executor(program, schedule) as executor:
+        # critical-path may hand back a program with lone convolutions split across streams
+        planned, schedule = plan_schedule(name, program)
+        with make_executor(planned, schedule) as executor:
             out = executor.run(*inputs)
-            assert np.array_equal(out[0], expected[0]), "the executor must match the VM"
+            np.testing.assert_allclose(out[0], expected[0], rtol=1e-5, atol=1e-5,
+                                       err_msg="the executor must match the VM")
             timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), 5)
         print(f"{schedule.describe()}\n    median {timing.median_ms:.2f} ms, "
               f"memory {executor.plan.summary()}")

@@ -752,6 +752,61 @@ def _plan_digest(schedule) -> str:
     return hashlib.blake2b(json.dumps(plan).encode(), digest_size=16).hexdigest()
 
 
+def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
+               check: bool = False) -> list[float]:
+    """Median seconds of whole runs of each ``(program, schedule)`` on the executor, timed
+    alternately, each timed run after an untimed one (see `bench.time_round_robin`), cached in
+    ``db`` (a `CostDB` or None) so that choices made from them are deterministic. With
+    ``check``, the candidates' outputs on one random input must agree (float32 tolerance),
+    else `ParagraphError`: a rewrite that changed the model is a bug, not a slower choice."""
+    from paragraph.tvm_interop.executor import make_executor
+    from paragraph.tvm_interop.measure import CostKey
+    from paragraph.tvm_interop.vm import Timing
+
+    keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{_plan_digest(s)}",
+                    tuning, ",".join(sorted(p.sources())), f"runs={repeat}")
+            for p, s in candidates]
+    seconds = [db.get(k) if db is not None else None for k in keys]
+    if None not in seconds and not check:
+        return seconds
+    samples: list[list[float]] = [[] for _ in candidates]
+    executors = [make_executor(p, s, use_cuda_graph=True) for p, s in candidates]
+    try:
+        graph = candidates[0][0].graph
+        if check:
+            rng = np.random.default_rng(0)
+            inputs = [rng.standard_normal(graph[i].type.shape).astype(graph[i].type.dtype)
+                      for i in graph.inputs]
+            outs = [[np.asarray(o) for o in ex.run(*inputs)] for ex in executors]
+            for (p, _), got in zip(candidates[1:], outs[1:]):
+                for a, b in zip(outs[0], got):
+                    if a.shape != b.shape or not np.allclose(a, b, rtol=1e-4, atol=1e-4):
+                        what = f" (split {', '.join(p.split)})" if p.split else ""
+                        raise ParagraphError(
+                            f"the rewritten program{what} does not compute the model's "
+                            "outputs: max difference "
+                            f"{float(np.max(np.abs(a - b))) if a.shape == b.shape else a.shape}")
+            if None not in seconds:
+                return seconds
+        inputs = [np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs]
+        for ex in executors:
+            for _ in range(max(1, warmup)):
+                ex.run(*inputs, copy_outputs=False)
+        for _ in range(max(3, repeat)):
+            for ex, got in zip(executors, samples):
+                ex.run(*inputs, copy_outputs=False)  # settle
+                t = time.perf_counter()
+                ex.run(*inputs, copy_outputs=False)
+                got.append(time.perf_counter() - t)
+    finally:
+        for ex in executors:
+            ex.close()
+    if db is not None:
+        for key, x in zip(keys, samples):
+            db.put(key, Timing(tuple(x)))
+    return [float(np.median(x)) for x in samples]
+
+
 def _confirm(original, searched, cores: int, options: IOSOptions, db, tuning: str, log):
     """The searched (program, schedule), or all of ``original`` in sequence (on ``cores``
     threads, and on one thread: the schedule of one-kernel stages, also in IOS's space),
@@ -761,39 +816,11 @@ def _confirm(original, searched, cores: int, options: IOSOptions, db, tuning: st
     streams), so the DP's sum can promise what a run does not keep."""
     from paragraph.passes.schedule import sequential
     from paragraph.schedule import Schedule
-    from paragraph.tvm_interop.executor import make_executor
-    from paragraph.tvm_interop.measure import CostKey
-    from paragraph.tvm_interop.vm import Timing
 
     program, schedule = searched
     plain = [sequential(original.graph, cores=c) for c in dict.fromkeys((cores, 1))]
     candidates = [(program, schedule)] + [(original, base) for base in plain]
-    keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{_plan_digest(s)}",
-                    tuning, ",".join(sorted(p.sources())), f"runs={options.repeat}")
-            for p, s in candidates]
-    seconds = [db.get(k) if db is not None else None for k in keys]
-    if None in seconds:
-        samples: list[list[float]] = [[] for _ in candidates]
-        executors = [make_executor(p, s, use_cuda_graph=True) for p, s in candidates]
-        try:
-            inputs = [np.zeros(program.graph[i].type.shape, program.graph[i].type.dtype)
-                      for i in program.graph.inputs]
-            for ex in executors:
-                for _ in range(max(1, options.warmup)):
-                    ex.run(*inputs, copy_outputs=False)
-            for _ in range(max(3, options.repeat)):
-                for ex, got in zip(executors, samples):
-                    ex.run(*inputs, copy_outputs=False)  # settle: see `bench.time_round_robin`
-                    t = time.perf_counter()
-                    ex.run(*inputs, copy_outputs=False)
-                    got.append(time.perf_counter() - t)
-        finally:
-            for ex in executors:
-                ex.close()
-        seconds = [float(np.median(x)) for x in samples]
-        if db is not None:
-            for key, x in zip(keys, samples):
-                db.put(key, Timing(tuple(x)))
+    seconds = end_to_end(candidates, db, tuning, options.repeat, options.warmup)
     best = min(range(len(candidates)), key=lambda i: (seconds[i], i))  # ties: the search
     names = ["the IOS schedule"] + [f"all kernels in sequence on {b.threads[0]} thread(s)"
                                     for b in plain]
@@ -882,33 +909,64 @@ def _to_schedule(program, planned: list[Planned], cores: int, options: IOSOption
 IOS_SCHEDULES = tuple(f"ios-{m}" for m in MODES)
 
 
-def _measured_critical_path(program, db, tuning_db, cores: int | None, log):
-    """`critical_path` over each kernel's 1-thread time in model order, measured (or from the
-    cost database): on a CPU every stream has one thread, so that is the time each kernel will
-    take; a blocking cross-stream wait is charged the measured worker hand-off. ``info`` in
-    ms: ``predicted_ms``, ``critical_path_ms``, ``work_ms``, ``handoff_us`` and ``optimum_ms``
-    (no schedule on these streams can beat it with these times: `critical_path`'s optimum
-    without hand-offs)."""
+def _measured_critical_path(program, db, tuning_db, cores: int | None, log,
+                            split: bool = True):
+    """``(program, schedule)``: `critical_path` over each kernel's 1-thread time in model
+    order, measured (or from the cost database): on a CPU every stream has one thread, so that
+    is the time each kernel will take; a blocking cross-stream wait is charged the measured
+    worker hand-off. With ``split`` (CPU, two streams or more), lone convolutions are also
+    split across the streams (`paragraph.passes.split`) and the split program is kept if its
+    outputs agree and it runs faster end to end. ``info`` in ms: ``predicted_ms``,
+    ``critical_path_ms``, ``work_ms``, ``handoff_us`` and ``optimum_ms`` (no schedule on these
+    streams can beat it with these times: `critical_path`'s optimum without hand-offs)."""
     from paragraph.machine import cpu_count
-    from paragraph.passes.schedule import critical_path, sequential
-    from paragraph.tvm_interop.executor import make_executor
-    from paragraph.tvm_interop.measure import CostDB, kernel_costs, measure_handoff
+    from paragraph.passes.split import split_program
+    from paragraph.tvm_interop.measure import CostDB
 
     on_cpu = program.target.kind.name == "llvm"
     streams = (cores or cpu_count()) if on_cpu else None
     own_db = db is None
     db = CostDB() if own_db else db
+    tuning = "" if tuning_db is None else str(tuning_db)
     try:
+        schedule = _plan_critical_path(program, db, tuning, streams, cores, log)
+        if not (split and on_cpu and streams >= 2):
+            return program, schedule
+        rebuilt = split_program(program, 4 if streams >= 4 else 2, tuning_db=tuning_db,
+                                log=log)
+        if rebuilt is None:
+            return program, schedule
+        other = _plan_critical_path(rebuilt, db, tuning, streams, cores, log)
         if log is not None:
-            log("  critical-path: kernel times (1 thread, in model order), measured or cached")
-        with make_executor(program, sequential(program.graph, cores=1),
-                           use_cuda_graph=False) as ex:
-            costs = kernel_costs(ex, db=db, threads=1, tuning="" if tuning_db is None
-                                 else str(tuning_db), progress=log is not None)
-        handoff = measure_handoff(db, str(program.target)) if on_cpu else 0.0
+            log("  critical-path: checking the split program's outputs, timing both ...")
+        unsplit_s, split_s = end_to_end([(program, schedule), (rebuilt, other)], db, tuning,
+                                        check=True)
     finally:
         if own_db:
             db.close()
+    keep = split_s < unsplit_s
+    if log is not None:
+        log(f"  critical-path end to end: {unsplit_s * 1e3:.2f} ms, split "
+            f"{split_s * 1e3:.2f} ms: keeping the {'split' if keep else 'unsplit'} program")
+    result = (rebuilt, other) if keep else (program, schedule)
+    result[1].info.update(split=rebuilt.split if keep else [], unsplit_ms=unsplit_s * 1e3,
+                          split_ms=split_s * 1e3)
+    return result
+
+
+def _plan_critical_path(program, db, tuning: str, streams: int | None, cores: int | None,
+                        log):
+    """`critical_path` of ``program`` over measured 1-thread kernel times and hand-off."""
+    from paragraph.passes.schedule import critical_path, sequential
+    from paragraph.tvm_interop.executor import make_executor
+    from paragraph.tvm_interop.measure import kernel_costs, measure_handoff
+
+    on_cpu = program.target.kind.name == "llvm"
+    if log is not None:
+        log("  critical-path: kernel times (1 thread, in model order), measured or cached")
+    with make_executor(program, sequential(program.graph, cores=1), use_cuda_graph=False) as ex:
+        costs = kernel_costs(ex, db=db, threads=1, tuning=tuning, progress=log is not None)
+    handoff = measure_handoff(db, str(program.target)) if on_cpu else 0.0
     schedule = critical_path(program.graph, cost=costs, streams=streams, cores=cores,
                              handoff=handoff)
     # the optimum is a bound only without hand-offs: with one, plan again without for it
@@ -926,17 +984,17 @@ def _measured_critical_path(program, db, tuning_db, cores: int | None, log):
 
 def plan_schedule(name: str, program, *, options: IOSOptions | None = None, db=None,
                   tuning_db=None, cores: int | None = None,
-                  log: Callable[[str], None] | None = None):
+                  log: Callable[[str], None] | None = None, split: bool = True):
     """``(program, schedule)`` for the schedule ``name``: one of
     `paragraph.passes.schedule.ALGORITHMS` (the program unchanged), ``ios`` (mode from
     ``options``) or ``ios-<mode>``. IOS searches with measured stages, cached in ``db`` (a
     `CostDB`; the default cache when None), and may return a program rebuilt with merged
-    convolutions."""
+    convolutions; ``critical-path`` may return one with split convolutions (``split``)."""
     from paragraph.passes.schedule import make_schedule
     from paragraph.tvm_interop.measure import CostDB
 
     if name == "critical-path":
-        return program, _measured_critical_path(program, db, tuning_db, cores, log)
+        return _measured_critical_path(program, db, tuning_db, cores, log, split)
     if name != "ios" and not name.startswith("ios-"):
         return program, make_schedule(name, program.graph, cores=cores)
     options = options or IOSOptions()

@@ -298,6 +298,129 @@ class SplitGroupedConv(ParametricRule):
         return Regroup("", "", "", "", self.parts).example(rng)
 
 
+@dataclass(frozen=True)
+class SplitConv(ParametricRule):
+    """A convolution and the per-channel element-wise chain after it -> ``parts`` copies on
+    slices of the output channels, concatenated (TASO axiom 39 and the element-wise axioms
+    read backwards; the inverse of the IOS merge). The parts can run on streams that would
+    otherwise idle (`paragraph.passes.split`)."""
+
+    parts: int = 2
+
+    def params(self) -> dict:
+        return {"parts": self.parts}
+
+    def find(self, graph: Graph) -> list[Match]:
+        out = []
+        for n in graph.nodes:
+            if (_plain_conv(n, graph) and n.attrs["groups"] == 1
+                    and n.type.shape[1] % self.parts == 0 and n.type.shape[1] >= self.parts):
+                out.append(Match(self, (n.id, *split_chain(graph, n))))
+        return out
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        conv, chain = graph[match.nodes[0]], [graph[i] for i in match.nodes[1:]]
+        w = graph[conv.inputs[1].node].value
+        channels, size = w.shape[0], w.shape[0] // self.parts
+        b = Builder(graph)
+        outs = []
+        for i in range(self.parts):
+            lo, hi = i * size, (i + 1) * size
+            part = f"{conv.name}_{i}" if conv.name else ""
+            value = b.op("conv2d", [conv.inputs[0], b.constant(w[lo:hi], name=part).out],
+                         dict(conv.attrs), name=part).out
+            for node in chain:
+                if len(node.inputs) == 1:
+                    value = b.op(node.kind, [value], dict(node.attrs)).out
+                    continue
+                pos = 0 if _is_weight(graph, node.inputs[0]) else 1
+                const = node.inputs[pos]
+                c = graph[const.node].value
+                if np.asarray(c).size > 1:  # a scalar is shared as it is
+                    const = b.constant(_channel_slice(c, channels, lo, hi)).out
+                ins = [const, value] if pos == 0 else [value, const]
+                value = b.op(node.kind, ins, dict(node.attrs)).out
+            outs.append(value)
+        last = match.nodes[-1]
+        cat = b.op("concat", outs, {"axis": 1}, name=graph[last].name)
+        return commit(graph, match.nodes, b, {TensorRef(last): cat.out})
+
+    def obligations(self) -> list[Obligation]:
+        xs, ws = [var(f"y{i}") for i in range(self.parts)], [var(f"w{i}") for i in
+                                                           range(self.parts)]
+        cs = [var(f"c{i}") for i in range(self.parts)]
+        x = var("x")
+        out = [("conv split along output channels",
+                [_conv(x, _balanced_concat(ws, -4))],
+                [_balanced_concat([_conv(x, w) for w in ws], -3)], ())]
+        for f in SPLIT_UNARY:
+            out.append((f"{f} after it", [app(f, _balanced_concat(xs, -3))],
+                        [_balanced_concat([app(f, y) for y in xs], -3)], ()))
+        for f in ("ewadd", "ewsub", "ewmul"):  # divide by a constant: multiply, reciprocal
+            for pos in (0, 1):
+                def op(a, b, f=f, pos=pos):
+                    return app(f, b, a) if pos == 0 else app(f, a, b)
+                out.append((f"{f} of a per-channel constant (operand {pos}) after it",
+                            [op(_balanced_concat(xs, -3), _balanced_concat(cs, -3))],
+                            [_balanced_concat([op(y, c) for y, c in zip(xs, cs)], -3)], ()))
+        return out
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        c, h = int(rng.integers(1, 4)), int(rng.integers(5, 9))
+        x = b.input((int(rng.integers(1, 3)), c, h, h + int(rng.integers(0, 3))))
+        o = self.parts * int(rng.integers(1, 4))
+        k = int(rng.choice([1, 3]))
+        w = b.weight(rng.standard_normal((o, c, k, k)).astype("f4"))
+        y = b.op("conv2d", [x, w], {"padding": k // 2, "strides": int(rng.integers(1, 3))})
+        # batch norm as `prepare` decomposes it, a scalar, then relu
+        for kind in ("subtract", "divide", "multiply", "add"):
+            y = b.op(kind, [y.out, b.weight(rng.uniform(0.5, 2, (1, o, 1, 1)).astype("f4"))])
+        y = b.op("add", [b.constant(np.float32(0.5)), y.out])
+        return b.build([b.op("relu", [y.out]).out])
+
+
+SPLIT_UNARY = ("relu", "sigmoid", "tanh", "gelu")
+SPLIT_BINARY = ("add", "subtract", "multiply", "divide")
+
+
+def split_chain(graph: Graph, conv: Node) -> tuple[int, ...]:
+    """The per-channel element-wise operators after ``conv``, each the only reader of the
+    one before, that `SplitConv` splits with it."""
+    channels, chain, value = conv.type.shape[1], [], conv.id
+    while True:
+        users = graph.users(value)
+        if len(users) != 1 or TensorRef(value) in graph.outputs:
+            break
+        node = graph[users[0]]
+        if node.kind in SPLIT_UNARY and len(node.inputs) == 1:
+            pass
+        elif node.kind in SPLIT_BINARY and len(node.inputs) == 2:
+            pos = 0 if _is_weight(graph, node.inputs[0]) else 1
+            other = node.inputs[1 - pos]
+            if (other.node != value or not _is_weight(graph, node.inputs[pos])
+                    or _channel_slice(graph[node.inputs[pos].node].value, channels, 0, 1)
+                    is None or node.type != graph[value].type):
+                break
+        else:
+            break
+        chain.append(node.id)
+        value = node.id
+    return tuple(chain)
+
+
+def _channel_slice(value: np.ndarray, channels: int, lo: int, hi: int) -> np.ndarray | None:
+    """Channels lo..hi of a constant that broadcasts per channel over NCHW (None if it does
+    not); shape kept as (..., hi - lo, 1, 1)."""
+    v = np.asarray(value)
+    if v.size == 1:
+        return v
+    if v.ndim < 3 or v.shape[-2:] != (1, 1) or v.shape[-3] != channels or any(
+            d != 1 for d in v.shape[:-3]):
+        return None
+    return np.ascontiguousarray(v[..., lo:hi, :, :])
+
+
 # ---------------------------------------------------------------------------- pools
 def _ratio_map(x_shape: tuple, attrs: dict) -> np.ndarray:
     """k*k / (window positions inside the input): turns a padding-counting average pool into
@@ -657,6 +780,12 @@ DESCRIPTIONS = {
         "target": "concat_1(conv2d(split_1(x)_i, split_0(W)_i, groups=g/parts))",
         "constraints": ["g divisible by parts", "W a weight"],
         "outputs": "conv2d -> concat"},
+    "split_conv": {
+        "source": "conv2d(x, W) and the per-channel element-wise chain after it",
+        "target": "concat_1(chain_i(conv2d(x, split_0(W)_i)))",
+        "constraints": ["groups 1", "W a weight", "output channels divisible by parts",
+                        "chain constants per channel or scalar, each chain value read once"],
+        "outputs": "last of the chain -> concat"},
     "avg_pool_pair": {
         "source": "add(avg_pool2d(x), avg_pool2d(x)), the same pool twice",
         "target": "conv2d(x, 2*C_pool, groups=C) [* constant ratio map if the pools do not "
@@ -691,7 +820,7 @@ DESCRIPTIONS = {
 }
 
 SCHEMAS = {"merge_convs": MergeConvs, "regroup": Regroup, "split_grouped_conv": SplitGroupedConv,
-           "avg_pool_pair": AvgPoolPair, "merge_matmuls": MergeMatmuls,
+           "split_conv": SplitConv, "avg_pool_pair": AvgPoolPair, "merge_matmuls": MergeMatmuls,
            "fold_batch_norm": FoldBatchNorm, "conv_add_identity": ConvAddIdentity,
            "sru_distribute": SruDistribute}
 
@@ -719,6 +848,10 @@ def all_parametric() -> list[ParametricRule]:
                         "MetaFlow fig. 4b", "conv_add_identity"),
         SruDistribute("metaflow-sru", "x*y + (1-x)*z -> x*(y-z) + z", "MetaFlow section 6",
                       "sru_distribute"),
+        SplitConv("split-conv-2", "conv + per-channel chain -> 2 convs on output channels",
+                  "TASO axiom 39 read backwards (IOS merge inverted)", "split_conv", 2),
+        SplitConv("split-conv-4", "conv + per-channel chain -> 4 convs on output channels",
+                  "TASO axiom 39 read backwards (IOS merge inverted)", "split_conv", 4),
     ]
 
 

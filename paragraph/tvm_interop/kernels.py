@@ -313,6 +313,8 @@ class KernelProgram:
     ops: Graph | None = None  # the operator graph the kernels were fused from
     kernel_ops: dict[int, tuple[int, ...]] | None = None  # kernel id -> its operator node ids
     kernel_source: str = "tvm"  # what `build` was asked for: tvm, vendor or auto
+    source: tvm.IRModule | Graph | None = None  # the model `build` lowered
+    split: list[str] = field(default_factory=list)  # convolutions `passes.split` split
 
     @classmethod
     def build(cls, mod: tvm.IRModule | Graph, target: tvm.target.Target | str | None = None, *,
@@ -336,7 +338,7 @@ class KernelProgram:
             elif not is_gpu(target):  # offset views are made through host memory (DLPack)
                 graph = _slices_as_views(graph, ops, kernel_ops)
         program = cls(lowered, graph, target, device, executable, ops=ops,
-                      kernel_ops=kernel_ops, kernel_source=kernels)
+                      kernel_ops=kernel_ops, kernel_source=kernels, source=mod)
         program._link()
         return program
 

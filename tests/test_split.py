@@ -1,0 +1,122 @@
+"""Splitting lone convolutions across streams: which ones, the rewrite's numerics, the rebuilt
+program on the executor, and the end-to-end check that refuses a program that changed."""
+
+import numpy as np
+import pytest
+
+from paragraph import GraphBuilder, models
+from paragraph.errors import ParagraphError
+from paragraph.graph import Graph
+from paragraph.ops import run_graph
+from paragraph.passes.ios import end_to_end, plan_schedule
+from paragraph.passes.schedule import make_schedule, sequential
+from paragraph.passes.split import lone_ops, split_lone_convs, split_program
+from paragraph.tvm_interop import random_inputs
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.importers import prepare
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import CostDB
+from paragraph.tvm_interop.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.vm import run_vm
+
+
+def _stem_and_branches() -> Graph:
+    """conv -> relu -> two branch convs -> add: the first conv and relu (and the add) are
+    lone, the branch convs are not."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input((1, 3, 8, 8))
+    c0 = b.op("conv2d", [x, b.weight(rng.standard_normal((8, 3, 3, 3)).astype("f4"))],
+              {"padding": 1})
+    r = b.op("relu", [c0.out])
+    c1 = b.op("conv2d", [r.out, b.weight(rng.standard_normal((8, 8, 1, 1)).astype("f4"))])
+    c2 = b.op("conv2d", [r.out, b.weight(rng.standard_normal((8, 8, 3, 3)).astype("f4"))],
+              {"padding": 1})
+    return b.build([b.op("add", [c1.out, c2.out]).out])
+
+
+def test_lone_ops_are_those_nothing_can_run_beside():
+    g = _stem_and_branches()
+    kinds = {i: g[i].kind for i in lone_ops(g)}
+    assert sorted(kinds.values()) == ["add", "conv2d", "relu"]
+    convs = [n.id for n in g.nodes if n.kind == "conv2d"]
+    assert convs[0] in kinds and not set(convs[1:]) & set(kinds)
+
+
+def test_split_rewrites_only_lone_convolutions_and_keeps_the_outputs():
+    g = _stem_and_branches()
+    split, names = split_lone_convs(g, 2, min_share=0.0)
+    assert len(names) == 1
+    assert sum(n.kind == "conv2d" for n in split.nodes) == 4  # 1 -> 2, branches kept
+    assert sum(n.kind == "concat" for n in split.nodes) == 1
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("f4")
+    np.testing.assert_allclose(run_graph(split, [x])[0], run_graph(g, [x])[0], rtol=1e-5,
+                               atol=1e-5)
+    # a share above every convolution's splits nothing
+    assert split_lone_convs(g, 2, min_share=1.0)[1] == []
+
+
+def test_inception_stem_is_split_and_batch_norm_chains_go_with_it():
+    mod = models.get("inception_v3", reduced=True)
+    ops = from_relax(prepare(mod))
+    split, names = split_lone_convs(ops, 2)
+    assert names  # the stem's convolutions
+    lone = lone_ops(ops)
+    for name in names:  # only lone convolutions, each with its whole chain
+        conv = next(n for n in ops.nodes if n.name == name)
+        assert conv.id in lone
+    concats = [n for n in split.nodes if n.kind == "concat" and n.attrs["axis"] == 1
+               and all(split[r.node].kind == "relu" for r in n.inputs)]
+    assert len(concats) >= len(names)
+    inputs = random_inputs(mod, seed=3)
+    np.testing.assert_allclose(run_graph(split, inputs)[0], run_graph(ops, inputs)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def inception():
+    return KernelProgram.build(models.get("inception_v3", reduced=True), "llvm")
+
+
+def test_split_program_runs_on_two_streams_like_the_vm(inception):
+    split = split_program(inception, 2)
+    assert split is not None and split.split
+    assert len(split.kernels) > len(inception.kernels)
+    x = random_inputs(inception.lowered, seed=4)
+    expected = run_vm(inception.vm(), x)
+    for algorithm in ("nimble", "critical-path", "opara"):
+        with make_executor(split, make_schedule(algorithm, split.graph, cores=2)) as ex:
+            for g, e in zip(ex.run(*x), expected):
+                np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_critical_path_keeps_whichever_program_runs_faster(inception, tmp_path):
+    db = CostDB(tmp_path / "c.sqlite")
+    program, schedule = plan_schedule("critical-path", inception, db=db, cores=2)
+    info = schedule.info
+    assert info["split_ms"] > 0 and info["unsplit_ms"] > 0
+    assert (program is not inception) == (info["split_ms"] < info["unsplit_ms"])
+    assert info["split"] == (program.split if program is not inception else [])
+    x = random_inputs(inception.lowered, seed=5)
+    with make_executor(program, schedule) as ex:
+        for g, e in zip(ex.run(*x), run_vm(inception.vm(), x)):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+    # the choice is cached: planning again measures nothing new and decides the same
+    again, schedule2 = plan_schedule("critical-path", inception, db=db, cores=2)
+    assert schedule2.info["split_ms"] == info["split_ms"]
+    assert (again is inception) == (program is inception)
+    unsplit_program, _ = plan_schedule("critical-path", inception, db=db, cores=2, split=False)
+    assert unsplit_program is inception
+
+
+def test_end_to_end_check_refuses_a_program_that_computes_something_else(inception):
+    ops = from_relax(prepare(inception.source))
+    split, _ = split_lone_convs(ops, 2)
+    conv = next(n for n in split.nodes if n.kind == "conv2d" and n.name.endswith("_1"))
+    w = split[conv.inputs[1].node]
+    broken = Graph([n.replace(value=n.value * 2) if n.id == w.id else n for n in split.nodes],
+                   split.outputs, split.meta)
+    wrong = KernelProgram.build(to_relax(broken), "llvm")
+    candidates = [(p, sequential(p.graph, cores=1)) for p in (inception, wrong)]
+    with pytest.raises(ParagraphError, match="does not compute the model's outputs"):
+        end_to_end(candidates, None, "", repeat=1, warmup=0, check=True)
