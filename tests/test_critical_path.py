@@ -113,3 +113,22 @@ def test_segments_split_at_kernels_on_every_path():
             k = seg[0]
             related = graph.ancestors(k) | graph.descendants(k) | {k}
             assert set(kernel_ids(graph)) <= related | set(graph.inputs)
+
+
+def test_hand_offs_that_do_not_pay_back_give_one_stream():
+    # a and b start at once on two streams; c reads both, d reads b and c, e reads b and d:
+    # greedy keeps b apart and every later kernel waits for its hand-off (1.5): 8.5 against 8
+    # for all five in sequence
+    t = (TensorType((4,)),)
+    reads = {1: [0], 2: [0], 3: [1, 2], 4: [2, 3], 5: [2, 4]}
+    nodes = [Node(0, "input", outputs=t)] + [
+        Node(i, "kernel", [TensorRef(j) for j in ins], t, {"func": f"k{i}"})
+        for i, ins in reads.items()]
+    graph = Graph(nodes, [TensorRef(5)])
+    cost = {1: 1.0, 2: 1.0, 3: 1.0, 4: 3.0, 5: 2.0}
+    assert makespan(graph, ((1, 3, 4, 5), (2,)), cost, 1.5) == 8.5  # the greedy placement
+    costly = critical_path(graph, cost=cost, streams=2, handoff=1.5, search_budget=0)
+    assert costly.streams == ((1, 2, 3, 4, 5),)
+    assert costly.info["predicted"] == costly.info["work"] == 8.0
+    cheap = critical_path(graph, cost=cost, streams=2, handoff=0.1, search_budget=0)
+    assert cheap.num_streams == 2 and cheap.info["predicted"] < 8.0

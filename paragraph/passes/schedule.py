@@ -352,6 +352,9 @@ def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
     ``handoff`` (same unit as ``cost``) is charged when a producer ran on another stream: a
     blocking cross-stream wait costs the CPU executor tens of microseconds (a thread wake-up).
 
+    Where the placement predicts a longer run than all kernels on one stream (hand-offs that
+    greedy choices did not pay back), it returns that one stream.
+
     ``info``: ``predicted`` makespan, ``critical_path``, ``work``, and ``optimum``: the
     shortest makespan any schedule on these streams can have with these costs and no hand-off
     (exact where every segment's search finished, else a lower bound: ``optimum_exact``).
@@ -400,11 +403,15 @@ def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
         lists[at.stream_of[k]].append(k)
     used = [ks for ks in lists if ks]
     used.sort(key=lambda ks: position[ks[0]])
+    predicted = max(at.finish.values(), default=0.0)
+    work = sum(cost.get(k, 0.0) for k in kernels)
+    if predicted > work:  # greedy placement plus hand-offs lost to one stream: take that
+        used, order, predicted = [list(kernels)], list(kernels), work
     return Schedule.build(graph, used, threads=_threads(len(used), cores), launch_order=order,
                           name="critical-path",
-                          info={"predicted": max(at.finish.values(), default=0.0),
+                          info={"predicted": predicted,
                                 "critical_path": max(bottom.values(), default=0.0),
-                                "work": sum(cost.get(k, 0.0) for k in kernels),
+                                "work": work,
                                 "optimum": optimum,
                                 "optimum_exact": exact and handoff == 0.0})
 
