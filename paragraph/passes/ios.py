@@ -753,10 +753,11 @@ def _plan_digest(schedule) -> str:
 
 
 def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
-               check: bool = False) -> list[float]:
-    """Median seconds of whole runs of each ``(program, schedule)`` on the executor, timed
-    alternately, each timed run after an untimed one (see `bench.time_round_robin`), cached in
-    ``db`` (a `CostDB` or None) so that choices made from them are deterministic. With
+               check: bool = False, block: int = 5) -> list[float]:
+    """Median seconds of whole runs of each ``(program, schedule)`` on the executor: ``repeat``
+    rounds, each running every candidate once untimed and then ``block`` times timed (a
+    candidate's steady state, which strict alternation disturbs: `bench.time_in_blocks`),
+    cached in ``db`` (a `CostDB` or None) so that choices made from them are deterministic. With
     ``check``, the candidates' outputs on one random input must agree (float32 tolerance),
     else `ParagraphError`: a rewrite that changed the model is a bug, not a slower choice."""
     from paragraph.tvm_interop.executor import make_executor
@@ -764,7 +765,7 @@ def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
     from paragraph.tvm_interop.vm import Timing
 
     keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{_plan_digest(s)}",
-                    tuning, ",".join(sorted(p.sources())), f"runs={repeat}")
+                    tuning, ",".join(sorted(p.sources())), f"runs={repeat}x{block}")
             for p, s in candidates]
     seconds = [db.get(k) if db is not None else None for k in keys]
     if None not in seconds and not check:
@@ -795,9 +796,10 @@ def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
         for _ in range(max(3, repeat)):
             for ex, got in zip(executors, samples):
                 ex.run(*inputs, copy_outputs=False)  # settle
-                t = time.perf_counter()
-                ex.run(*inputs, copy_outputs=False)
-                got.append(time.perf_counter() - t)
+                for _ in range(max(1, block)):
+                    t = time.perf_counter()
+                    ex.run(*inputs, copy_outputs=False)
+                    got.append(time.perf_counter() - t)
     finally:
         for ex in executors:
             ex.close()
@@ -810,8 +812,8 @@ def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
 def _confirm(original, searched, cores: int, options: IOSOptions, db, tuning: str, log):
     """The searched (program, schedule), or all of ``original`` in sequence (on ``cores``
     threads, and on one thread: the schedule of one-kernel stages, also in IOS's space),
-    whichever runs fastest end to end on the executor (timed alternately, each timed run
-    after an untimed one, cached in the cost database so the choice is deterministic).
+    whichever runs fastest end to end on the executor (`end_to_end`: alternating blocks of
+    runs, cached in the cost database so the choice is deterministic).
     Stage latencies measured alone do not add up to a whole run (caches, hand-offs between
     streams), so the DP's sum can promise what a run does not keep."""
     from paragraph.passes.schedule import sequential
