@@ -754,9 +754,10 @@ def _plan_digest(schedule) -> str:
 
 def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
                check: bool = False, block: int = 5) -> list[float]:
-    """Median seconds of whole runs of each ``(program, schedule)`` on the executor: ``repeat``
-    rounds, each running every candidate once untimed and then ``block`` times timed (a
-    candidate's steady state, which strict alternation disturbs: `bench.time_in_blocks`),
+    """Median seconds of whole runs of each ``(program, schedule)`` on the executor: after a
+    warm-up block each, ``repeat`` rounds (in forward, then reverse order) running every
+    candidate once untimed and then ``block`` times timed (a candidate's steady state, which
+    strict alternation disturbs: `bench.time_in_blocks`),
     cached in ``db`` (a `CostDB` or None) so that choices made from them are deterministic. With
     ``check``, the candidates' outputs on one random input must agree (float32 tolerance),
     else `ParagraphError`: a rewrite that changed the model is a bug, not a slower choice."""
@@ -790,11 +791,12 @@ def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
             if None not in seconds:
                 return seconds
         inputs = [np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs]
-        for ex in executors:
-            for _ in range(max(1, warmup)):
+        for ex in executors:  # a whole block each: a process's first runs are slow
+            for _ in range(max(1, warmup, block)):
                 ex.run(*inputs, copy_outputs=False)
-        for _ in range(max(3, repeat)):
-            for ex, got in zip(executors, samples):
+        pairs = list(zip(executors, samples))
+        for r in range(max(3, repeat)):
+            for ex, got in pairs if r % 2 == 0 else pairs[::-1]:  # drifts hit both orders
                 ex.run(*inputs, copy_outputs=False)  # settle
                 for _ in range(max(1, block)):
                     t = time.perf_counter()
