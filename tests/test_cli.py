@@ -72,6 +72,17 @@ def test_inspect_draws_a_timeline(capsys, tmp_path):
     assert dot.read_text().startswith("digraph")
 
 
+def test_critical_path_splits_lone_convolutions_unless_told_not_to(capsys, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    args = ("run", "inception_v3", "--reduced", "--repeat", "1", "--schedule", "critical-path")
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0  # outputs checked against the VM of the model's own program
+    assert "into 2 on output channels" in out and "critical-path end to end" in out
+    code, out, _ = run_cli(capsys, *args, "--no-split")
+    assert code == 0 and "output channels" not in out and "end to end" not in out
+
+
 QUICK_IOS = ("--ios-protocol", "0,1,1")  # one run per stage: tests check wiring, not speed
 
 

@@ -766,7 +766,7 @@ def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
     from paragraph.tvm_interop.vm import Timing
 
     keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{_plan_digest(s)}",
-                    tuning, ",".join(sorted(p.sources())), f"runs={repeat}x{block}")
+                    tuning, ",".join(sorted(p.sources())), f"blocks={repeat}x{block}")
             for p, s in candidates]
     seconds = [db.get(k) if db is not None else None for k in keys]
     if None not in seconds and not check:
