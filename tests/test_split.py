@@ -120,3 +120,17 @@ def test_end_to_end_check_refuses_a_program_that_computes_something_else(incepti
     candidates = [(p, sequential(p.graph, cores=1)) for p in (inception, wrong)]
     with pytest.raises(ParagraphError, match="does not compute the model's outputs"):
         end_to_end(candidates, None, "", repeat=1, warmup=0, check=True)
+
+
+def test_a_split_that_cannot_be_built_leaves_the_plain_schedule(inception, tmp_path,
+                                                                monkeypatch):
+    import paragraph.passes.split as split_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("lowering failed")
+
+    monkeypatch.setattr(split_module, "split_program", broken)
+    with pytest.warns(RuntimeWarning, match="could not be built.*lowering failed"):
+        program, schedule = plan_schedule("critical-path", inception,
+                                          db=CostDB(tmp_path / "c.sqlite"), cores=2)
+    assert program is inception and "split" not in schedule.info

@@ -30,6 +30,7 @@ final `Schedule`.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -936,8 +937,14 @@ def _measured_critical_path(program, db, tuning_db, cores: int | None, log,
         schedule = _plan_critical_path(program, db, tuning, streams, cores, log)
         if not (split and on_cpu and streams >= 2):
             return program, schedule
-        rebuilt = split_program(program, 4 if streams >= 4 else 2, tuning_db=tuning_db,
-                                log=log)
+        try:
+            rebuilt = split_program(program, 4 if streams >= 4 else 2, tuning_db=tuning_db,
+                                    log=log)
+        except Exception as exc:  # an optional rewrite: the plain schedule still stands
+            warnings.warn(f"critical-path: the split program could not be built "
+                          f"({type(exc).__name__}: {exc}); keeping the model's own kernels",
+                          RuntimeWarning, stacklevel=3)
+            rebuilt = None
         if rebuilt is None:
             return program, schedule
         other = _plan_critical_path(rebuilt, db, tuning, streams, cores, log)
