@@ -132,12 +132,6 @@ def _protocol(text: str) -> tuple[int, int, int]:
     return warmup, repeat, number
 
 
-def _merges(schedule) -> bool:
-    """Whether a schedule's program may have merged (IOS) or split (critical-path)
-    convolutions: rounding differs slightly."""
-    return schedule.name in ("ios-merge", "ios-both") or bool(schedule.info.get("split"))
-
-
 def _equal(expected, got, *, loose: bool = False) -> bool:
     """Outputs equal within float32 tolerance (looser for vendor kernels and merges, which
     accumulate in another order)."""
@@ -204,6 +198,7 @@ def _check_and_time(args: argparse.Namespace, program, schedule, inputs, expecte
                     label: str) -> int:
     """Run ``schedule`` on the executor, compare with ``expected`` (exit status 1 if they
     differ), then time ``--repeat`` runs and print the median."""
+    from paragraph.bench import rewrites_convolutions
     from paragraph.tvm_interop.executor import make_executor
     from paragraph.tvm_interop.vm import time_calls
 
@@ -213,7 +208,8 @@ def _check_and_time(args: argparse.Namespace, program, schedule, inputs, expecte
     with executor:
         worst = max((float(np.max(np.abs(a - b))) if a.size and a.shape == b.shape
                      else 0.0 for a, b in zip(expected, got)), default=0.0)
-        ok = _equal(expected, got, loose=args.kernels != "tvm" or _merges(schedule))
+        ok = _equal(expected, got,
+                    loose=args.kernels != "tvm" or rewrites_convolutions(schedule))
         _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
              f"{'equal' if ok else 'DIFFERENT'}")
         _say(f"  memory: {executor.plan.summary()}")

@@ -10,7 +10,7 @@ from paragraph.graph import Graph
 from paragraph.ops import run_graph
 from paragraph.passes.ios import end_to_end, plan_schedule
 from paragraph.passes.schedule import make_schedule, sequential
-from paragraph.passes.split import lone_ops, split_lone_convs, split_program
+from paragraph.passes.split import is_lone, split_lone_convs, split_program
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.importers import prepare
@@ -37,7 +37,7 @@ def _stem_and_branches() -> Graph:
 
 def test_lone_ops_are_those_nothing_can_run_beside():
     g = _stem_and_branches()
-    kinds = {i: g[i].kind for i in lone_ops(g)}
+    kinds = {n.id: n.kind for n in g.nodes if not n.is_source and is_lone(g, n.id)}
     assert sorted(kinds.values()) == ["add", "conv2d", "relu"]
     convs = [n.id for n in g.nodes if n.kind == "conv2d"]
     assert convs[0] in kinds and not set(convs[1:]) & set(kinds)
@@ -61,10 +61,9 @@ def test_inception_stem_is_split_and_batch_norm_chains_go_with_it():
     ops = from_relax(prepare(mod))
     split, names = split_lone_convs(ops, 2)
     assert names  # the stem's convolutions
-    lone = lone_ops(ops)
     for name in names:  # only lone convolutions, each with its whole chain
         conv = next(n for n in ops.nodes if n.name == name)
-        assert conv.id in lone
+        assert is_lone(ops, conv.id)
     concats = [n for n in split.nodes if n.kind == "concat" and n.attrs["axis"] == 1
                and all(split[r.node].kind == "relu" for r in n.inputs)]
     assert len(concats) >= len(names)

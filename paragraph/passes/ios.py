@@ -33,7 +33,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, partial
 from itertools import combinations
 
 import networkx as nx
@@ -762,6 +762,7 @@ def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
     cached in ``db`` (a `CostDB` or None) so that choices made from them are deterministic. With
     ``check``, the candidates' outputs on one random input must agree (float32 tolerance),
     else `ParagraphError`: a rewrite that changed the model is a bug, not a slower choice."""
+    from paragraph.bench import Config, time_in_blocks
     from paragraph.tvm_interop.executor import make_executor
     from paragraph.tvm_interop.measure import CostKey
     from paragraph.tvm_interop.vm import Timing
@@ -792,17 +793,13 @@ def end_to_end(candidates, db, tuning: str, repeat: int = 6, warmup: int = 2,
             if None not in seconds:
                 return seconds
         inputs = [np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs]
-        for ex in executors:  # a whole block each: a process's first runs are slow
+        configs = [Config(str(i), partial(ex.run, *inputs, copy_outputs=False), samples=got)
+                   for i, (ex, got) in enumerate(zip(executors, samples))]
+        for c in configs:  # a whole block each: a process's first runs are slow
             for _ in range(max(1, warmup, block)):
-                ex.run(*inputs, copy_outputs=False)
-        pairs = list(zip(executors, samples))
-        for r in range(max(3, repeat)):
-            for ex, got in pairs if r % 2 == 0 else pairs[::-1]:  # drifts hit both orders
-                ex.run(*inputs, copy_outputs=False)  # settle
-                for _ in range(max(1, block)):
-                    t = time.perf_counter()
-                    ex.run(*inputs, copy_outputs=False)
-                    got.append(time.perf_counter() - t)
+                c.run()
+        for r in range(max(3, repeat)):  # drifts hit both orders
+            time_in_blocks(configs if r % 2 == 0 else configs[::-1], 1, max(1, block), settle=1)
     finally:
         for ex in executors:
             ex.close()

@@ -27,26 +27,11 @@ def conv_flops(graph: Graph, node: Node) -> float:
     return 2.0 * n * w[0] * oh * ow * w[1] * w[2] * w[3]
 
 
-def lone_ops(graph: Graph) -> set[int]:
-    """Operators comparable with every other operator: each other one is an ancestor or a
-    descendant, so nothing can run beside them."""
-    ops = [n.id for n in graph.nodes if not n.is_source]
-    bit = {i: 1 << j for j, i in enumerate(ops)}
-    before: dict[int, int] = {}
-    for n in graph.nodes:  # nodes are in topological order
-        if not n.is_source:
-            before[n.id] = 0
-            for r in n.inputs:
-                if r.node in before:
-                    before[n.id] |= before[r.node] | bit[r.node]
-    after = dict.fromkeys(ops, 0)
-    for n in reversed(graph.nodes):
-        if not n.is_source:
-            for r in n.inputs:
-                if r.node in after:
-                    after[r.node] |= after[n.id] | bit[n.id]
-    everyone = (1 << len(ops)) - 1
-    return {i for i in ops if (before[i] | after[i] | bit[i]) == everyone}
+def is_lone(graph: Graph, node_id: int) -> bool:
+    """Whether nothing can run beside ``node_id``: every other operator is its ancestor or its
+    descendant."""
+    related = graph.ancestors(node_id) | graph.descendants(node_id) | {node_id}
+    return all(n.id in related for n in graph.nodes if not n.is_source)
 
 
 def split_lone_convs(graph: Graph, parts: int, *, min_share: float = MIN_SHARE,
@@ -59,8 +44,8 @@ def split_lone_convs(graph: Graph, parts: int, *, min_share: float = MIN_SHARE,
     rule = SplitConv("split-conv", "", "", "split_conv", parts)
     convs = [n for n in graph.nodes if n.kind == "conv2d"]
     total = sum(conv_flops(graph, n) for n in convs)
-    lone = lone_ops(graph)
-    chosen = [n.id for n in convs if n.id in lone and conv_flops(graph, n) >= min_share * total]
+    chosen = [n.id for n in convs
+              if conv_flops(graph, n) >= min_share * total and is_lone(graph, n.id)]
     names = []
     for conv in chosen:
         match = next((m for m in rule.find(graph) if m.nodes[0] == conv), None)
