@@ -18,8 +18,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from paragraph.errors import GraphError, ModelLoadError, ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType
-
-__version__ = "0.1.0"
+from paragraph.version import __version__
 
 __all__ = ["Graph", "GraphBuilder", "Node", "TensorRef", "TensorType", "ParagraphError",
            "UnsupportedModelError", "ModelLoadError", "GraphError", "__version__"]

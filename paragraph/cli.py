@@ -171,7 +171,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         roundtrip = to_relax(graph)
     opaque = sum(n.kind == "opaque" for n in graph.nodes)
     _say(f"  {graph.summary()}")
-    _say(f"  {len(graph.ops)} operators, {opaque} opaque; hash {graph.structural_hash()[:16]}")
+    _say(f"  {len(graph.operators)} operators, {opaque} opaque; "
+         f"hash {graph.structural_hash()[:16]}")
     target = _target(args)
     with _Step(f"lowering and compiling for {target.kind.name} "
                f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} kernels"):

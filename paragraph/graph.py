@@ -11,42 +11,20 @@ the Relax round trip) builds on these few types.
 from __future__ import annotations
 
 import hashlib
-import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from paragraph import ops
+from paragraph.dag import CycleError, toposort
 from paragraph.errors import GraphError
+from paragraph.tensor import TensorRef, TensorType
+
+__all__ = ["Attrs", "Graph", "GraphBuilder", "Node", "SOURCE_KINDS", "TensorRef", "TensorType"]
 
 SOURCE_KINDS = frozenset({"input", "weight", "constant"})
-
-
-@dataclass(frozen=True)
-class TensorType:
-    """Static shape and dtype of one tensor."""
-
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-    @property
-    def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    def __str__(self) -> str:
-        return f"{self.dtype}[{'x'.join(map(str, self.shape))}]"
-
-
-@dataclass(frozen=True)
-class TensorRef:
-    """One output (``index``) of one node (``node``, its id)."""
-
-    node: int
-    index: int = 0
-
-    def __str__(self) -> str:
-        return f"%{self.node}" + (f".{self.index}" if self.index else "")
 
 
 class Attrs(Mapping):
@@ -184,7 +162,7 @@ class Graph:
         return self._by_id[ref.node].outputs[ref.index]
 
     @property
-    def ops(self) -> list[Node]:
+    def operators(self) -> list[Node]:
         """The operator nodes (everything but inputs, weights and constants), in order."""
         return [n for n in self.nodes if not n.is_source]
 
@@ -230,7 +208,7 @@ class Graph:
                 stack.extend(self.users(nid))
         return seen
 
-    def critical_path(self, cost: Mapping[int, float]) -> tuple[float, list[int]]:
+    def longest_path(self, cost: Mapping[int, float]) -> tuple[float, list[int]]:
         """The longest path by summed node costs, and its node ids from source to sink.
 
         Nodes missing from ``cost`` cost 0 (inputs and weights usually are).
@@ -295,8 +273,6 @@ class Graph:
         Operators paragraph models have their output types recomputed from their inputs
         (`paragraph.ops`); opaque nodes are trusted to declare their own.
         """
-        from paragraph import ops  # ops builds on graph; import late to keep graph first
-
         seen: set[int] = set()
         for n in self.nodes:
             for r in n.inputs:
@@ -414,30 +390,17 @@ def _dot_escape(s: str) -> str:
 
 
 def _toposort(nodes: Sequence[Node]) -> list[Node]:
-    """Kahn's algorithm, stable: a node comes as early as its position and inputs allow."""
+    """``nodes`` in a stable topological order (`paragraph.dag.toposort`)."""
     by_id = {n.id: n for n in nodes}
-    pending = {n.id: len({r.node for r in n.inputs}) for n in nodes}
-    users: dict[int, list[int]] = {n.id: [] for n in nodes}
     for n in nodes:
-        for src in {r.node for r in n.inputs}:
-            if src not in by_id:
-                raise GraphError(f"{n!r}: input %{src} names no node")
-            users[src].append(n.id)
-    rank = {n.id: i for i, n in enumerate(nodes)}
-    ready = [(rank[i], i) for i, c in pending.items() if c == 0]
-    heapq.heapify(ready)
-    order: list[Node] = []
-    while ready:
-        _, nid = heapq.heappop(ready)
-        order.append(by_id[nid])
-        for u in users[nid]:
-            pending[u] -= 1
-            if pending[u] == 0:
-                heapq.heappush(ready, (rank[u], u))
-    if len(order) != len(nodes):
-        stuck = sorted(i for i, c in pending.items() if c > 0)
-        raise GraphError(f"the graph has a cycle through nodes {stuck[:10]}")
-    return order
+        for r in n.inputs:
+            if r.node not in by_id:
+                raise GraphError(f"{n!r}: input %{r.node} names no node")
+    try:
+        order = toposort(list(by_id), {n.id: [r.node for r in n.inputs] for n in nodes})
+    except CycleError as e:
+        raise GraphError(f"the graph has a cycle through nodes {e.stuck[:10]}") from None
+    return [by_id[i] for i in order]
 
 
 class GraphBuilder:
@@ -475,8 +438,6 @@ class GraphBuilder:
            *, outputs: Sequence[TensorType] | None = None, name: str = "",
            payload: Any = None) -> Node:
         """Append an operator; modeled kinds get canonical attributes and inferred outputs."""
-        from paragraph import ops  # ops builds on graph; import late to keep graph first
-
         in_types = [self.type_of(r) for r in inputs]
         attrs = Attrs(ops.canonical(kind, attrs or {}, in_types) if kind in ops.SPECS
                       else attrs or {})

@@ -7,6 +7,8 @@ import os
 import platform
 from importlib import metadata
 
+from paragraph.version import __version__
+
 
 def process_cpus() -> frozenset[int]:
     """The CPUs this process may run on: the main thread's affinity mask (which respects
@@ -47,8 +49,6 @@ def describe_machine() -> dict:
     Every JSON result under ``benchmarks/results/`` carries this, so numbers can be compared
     only where they were taken on the same kind of machine.
     """
-    import paragraph
-
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": _cpu_model(),
@@ -56,7 +56,7 @@ def describe_machine() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": {
-            "paragraph": paragraph.__version__,
+            "paragraph": __version__,
             "apache-tvm": _version("apache-tvm"),
             "apache-tvm-ffi": _version("apache-tvm-ffi"),
             "numpy": _version("numpy"),

@@ -4,7 +4,7 @@ Kinds and attribute names follow Relax (``relax.op.nn.conv2d`` -> kind ``"conv2d
 ``strides``, ``padding``, ...), so the Relax round trip is a direct mapping. Shape functions
 reproduce Relax's own type inference (pool sizes with ``ceil_mode``, split sections, slice
 clamping), which `Graph.validate` relies on. The numpy references define what each operator
-computes; `run_graph` uses them to execute a graph without TVM (tests, rule checks).
+computes; `paragraph.interpret` runs a graph with them, without TVM (tests, rule checks).
 Layouts are NCHW / OIHW: a Relax conv or pool in another layout stays an opaque node.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from paragraph.graph import Graph, Node, TensorRef, TensorType
+from paragraph.tensor import TensorType
 
 Shape = tuple[int, ...]
 
@@ -85,59 +85,6 @@ def compute(kind: str, args: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> 
     """Run the numpy reference of ``kind``; returns one array per output."""
     out = SPECS[kind].compute(*args, **attrs_with_defaults(kind, attrs))
     return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Execute ``graph`` with the numpy references (no TVM); opaque nodes cannot run."""
-    if len(inputs) != len(graph.inputs):
-        raise ValueError(f"graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
-    values: dict[TensorRef, np.ndarray] = {}
-    feed = dict(zip(graph.inputs, inputs))
-    for n in graph.nodes:
-        if n.kind == "input":
-            outs = [np.asarray(feed[n.id])]
-        elif n.kind in ("weight", "constant"):
-            outs = [n.value]
-        elif n.kind in SPECS:
-            outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
-        else:
-            raise NotImplementedError(f"no numpy reference for {n!r}")
-        for i, v in enumerate(outs):
-            values[TensorRef(n.id, i)] = v
-    return [values[r] for r in graph.outputs]
-
-
-def fold_weights(graph: Graph, only: Any = None) -> Graph:
-    """Pre-compute operators whose inputs are all weights or constants (TASO section 2.8).
-
-    Each such node (and, transitively, what it feeds) is evaluated with the numpy references
-    and replaced by weight nodes holding its outputs, so a concatenated or zero-padded kernel
-    is computed once. ``only`` (node ids) limits folding to those nodes, e.g. the ones a
-    rewrite added. Opaque nodes are never folded.
-    """
-    values: dict[TensorRef, np.ndarray] = {}
-    for n in graph.nodes:
-        if n.kind in ("weight", "constant"):
-            values[n.out] = n.value
-    removed, added, remap = [], [], {}
-    next_id = graph.next_id
-    for n in graph.nodes:
-        if (n.is_source or n.kind not in SPECS or (only is not None and n.id not in only)
-                or not n.inputs or not all(r in values for r in n.inputs)):
-            continue
-        outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
-        removed.append(n.id)
-        for i, (v, t) in enumerate(zip(outs, n.outputs)):
-            v = np.ascontiguousarray(np.asarray(v).astype(t.dtype, copy=False))
-            w = Node(id=next_id, kind="weight" if v.size > 1 else "constant", outputs=(t,),
-                     value=v, name=f"{n.name}_folded" if n.name else "")
-            next_id += 1
-            added.append(w)
-            values[TensorRef(n.id, i)] = v
-            remap[TensorRef(n.id, i)] = w.out
-    if not removed:
-        return graph
-    return graph.replace_subgraph(removed, added, remap).without_dead_nodes()
 
 
 # ---------------------------------------------------------------------------- helpers

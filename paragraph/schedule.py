@@ -10,14 +10,13 @@ The happens-before partial order it induces is what makes a concurrent memory pl
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-import numpy as np
-
+from paragraph.dag import CycleError, toposort
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 
@@ -43,10 +42,9 @@ def producers(graph: Graph, node_id: int) -> list[int]:
 
 def bytes_moved(graph: Graph, k: int) -> int:
     """Bytes kernel ``k`` reads (every input once) and writes (every output once)."""
-    def size(t) -> int:
-        return t.numel * np.dtype(t.dtype).itemsize
     node = graph[k]
-    return sum(size(graph.type_of(r)) for r in node.inputs) + sum(map(size, node.outputs))
+    return (sum(graph.type_of(r).nbytes for r in node.inputs)
+            + sum(t.nbytes for t in node.outputs))
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,8 @@ class Schedule:
     """Streams of kernels with their launch order, waits, thread counts and optional stages.
 
     Build one with `Schedule.build`, which derives the minimal cross-stream waits from the
-    graph's data dependencies; ``validate`` checks it against a graph.
+    graph's data dependencies; ``validate`` checks it against a graph. A value: ``waits`` and
+    ``info`` are read-only mappings (derive a new schedule with `dataclasses.replace`).
     """
 
     streams: tuple[tuple[int, ...], ...]
@@ -65,6 +64,12 @@ class Schedule:
     name: str = ""
     graph_hash: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("waits", "info"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
 
     # -- construction
     @classmethod
@@ -250,24 +255,8 @@ class Schedule:
 
 
 def _topological(preds: Mapping[int, set[int]], order: Sequence[int]) -> list[int]:
-    """Kahn's algorithm over ``preds``, preferring the given order; a cycle raises."""
-    rank = {k: i for i, k in enumerate(order)}
-    pending = {k: len(preds[k]) for k in order}
-    succs: dict[int, list[int]] = {k: [] for k in order}
-    for k in order:
-        for p in preds[k]:
-            succs[p].append(k)
-    ready = [(rank[k], k) for k in order if pending[k] == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, k = heapq.heappop(ready)
-        out.append(k)
-        for s in succs[k]:
-            pending[s] -= 1
-            if pending[s] == 0:
-                heapq.heappush(ready, (rank[s], s))
-    if len(out) != len(order):
-        stuck = sorted(k for k in order if pending[k] > 0)
-        raise ScheduleError(f"circular waits among kernels {stuck[:10]}")
-    return out
+    """``order`` sorted topologically by ``preds`` (stable); a cycle raises `ScheduleError`."""
+    try:
+        return toposort(order, preds)
+    except CycleError as e:
+        raise ScheduleError(f"circular waits among kernels {e.stuck[:10]}") from None

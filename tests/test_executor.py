@@ -547,7 +547,7 @@ def test_kernels_are_traced_to_their_operators(name):
 def test_traced_operators_compute_what_their_kernel_computes():
     """Each kernel's output equals its operators' output evaluated in numpy."""
     from paragraph.graph import Graph
-    from paragraph.ops import run_graph
+    from paragraph.interpret import run_graph
     from paragraph.tvm_interop.memory import Block, MemoryPlan
 
     program = program_for("inception_v3")

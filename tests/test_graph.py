@@ -5,7 +5,7 @@ import pytest
 
 from paragraph import GraphBuilder, GraphError, Node, TensorRef
 from paragraph.graph import Graph
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 
 
 def branchy(seed: int = 0, *, relu_first: bool = True, order_flip: bool = False,
@@ -105,16 +105,16 @@ def test_topological_views_and_critical_path():
     sig = next(n for n in g if n.kind == "sigmoid")
     assert set(g.ancestors(sig.id)) == {n.id for n in g if n.id != sig.id}
     x = g[g.inputs[0]]
-    assert g.descendants(x.id) == {n.id for n in g.ops}
+    assert g.descendants(x.id) == {n.id for n in g.operators}
     ca = next(n for n in g if n.name == "ca")
     cb = next(n for n in g if n.name == "cb")
-    cost = {n.id: 1.0 for n in g.ops}
+    cost = {n.id: 1.0 for n in g.operators}
     cost[cb.id] = 5.0
-    length, path = g.critical_path(cost)
+    length, path = g.longest_path(cost)
     assert length == 5.0 + 1 + 1
     assert path[0] == x.id and cb.id in path and path[-1] == sig.id
     cost[ca.id] = 10.0
-    length, path = g.critical_path(cost)
+    length, path = g.longest_path(cost)
     assert length == 10 + 1 + 1 + 1 and ca.id in path
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from paragraph import GraphBuilder, models
 from paragraph.errors import ParagraphError
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 from paragraph.passes.ios import (
     CONCURRENT,
     MERGE,

@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 from paragraph import GraphBuilder
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 from paragraph.tvm_interop import from_relax, to_relax
 
 RNG = np.random.default_rng(0)

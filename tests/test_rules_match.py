@@ -4,7 +4,7 @@ import numpy as np
 
 from paragraph import GraphBuilder
 from paragraph.graph import TensorRef
-from paragraph.ops import fold_weights, run_graph
+from paragraph.interpret import fold_weights, run_graph
 from paragraph.rules.match import apply_match, both_directions, find_matches, usable
 from paragraph.rules.rule import PInput, POp, Rule
 from paragraph.rules.specs import NONE, RELU, SAME
@@ -68,7 +68,7 @@ def test_fuse_convs_match_rewrite_and_fold():
     assert new is not None
     new.validate()
     check_same(g, new)
-    kinds = [n.kind for n in new.ops]
+    kinds = [n.kind for n in new.operators]
     assert kinds.count("conv2d") == 1 and "split" in kinds
     assert "concat" not in kinds  # the concatenated kernel was folded into one weight
 
@@ -128,7 +128,7 @@ def test_identity_rules_and_reverse_direction():
     g = b.build([b.op("relu", [t2.out]).out])
     (m,) = find_matches(g, tt)
     new = apply_match(g, m)
-    assert [n.kind for n in new.ops] == ["relu"]
+    assert [n.kind for n in new.operators] == ["relu"]
     check_same(g, new)
     assert not usable(tt.reversed())  # x => transpose(transpose(x)) matches nothing
     assert both_directions([tt]) == [tt]
@@ -151,7 +151,7 @@ def test_fold_weights_folds_weight_only_chains():
     k2 = b.op("relu", [k.out])
     g = b.build([b.op("matmul", [x, k2.out]).out])
     folded = fold_weights(g)
-    assert [n.kind for n in folded.ops] == ["matmul"]
+    assert [n.kind for n in folded.operators] == ["matmul"]
     check_same(g, folded)
     assert fold_weights(g, only=set()) is g
     assert TensorRef(k2.id, 0) not in folded.outputs
@@ -200,5 +200,5 @@ def test_fused_relu_conv_reached_from_its_reader():
     g = b.build([b.op("concat", [r1.out, r2.out], {"axis": 1}).out])
     (m,) = find_matches(g, cat)
     new = apply_match(g, m)
-    assert [n.kind for n in new.ops] == ["conv2d", "relu"]
+    assert [n.kind for n in new.operators] == ["conv2d", "relu"]
     check_same(g, new)

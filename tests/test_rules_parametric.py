@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from paragraph import GraphBuilder
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 from paragraph.rules.parametric import (
     AvgPoolPair,
     MergeConvs,
@@ -71,8 +71,8 @@ def test_merge_convs_of_three_kernel_sizes_is_one_conv():
     rule = MergeConvs("m", "m", "", "merge_convs")
     full = [m for m in rule.find(g) if len(m.nodes) == 3]
     new = rule.rewrite(g, full[0])
-    assert [n.kind for n in new.ops] == ["conv2d", "split"]
-    assert new.ops[0].attrs["padding"] == (1, 2, 1, 2)
+    assert [n.kind for n in new.operators] == ["conv2d", "split"]
+    assert new.operators[0].attrs["padding"] == (1, 2, 1, 2)
     xs = [rng.standard_normal((1, 3, 7, 7)).astype("f4")]
     for a, c in zip(run_graph(g, xs), run_graph(new, xs)):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from paragraph import GraphBuilder
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 from paragraph.rules.match import lower
 from paragraph.rules.specs import (
     NONE,

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from paragraph import GraphBuilder, models
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 from paragraph.rules import apply_match, find_matches, load_library
 from paragraph.rules.match import kind_index
 from paragraph.tvm_interop import from_relax, to_relax

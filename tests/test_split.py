@@ -7,7 +7,7 @@ import pytest
 from paragraph import GraphBuilder, models
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 from paragraph.passes.ios import end_to_end, plan_schedule
 from paragraph.passes.schedule import make_schedule, sequential
 from paragraph.passes.split import is_lone, split_lone_convs, split_program

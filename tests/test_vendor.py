@@ -17,7 +17,7 @@ from tvm import relax
 from paragraph import models
 from paragraph.cli import main
 from paragraph.errors import ParagraphError
-from paragraph.ops import run_graph
+from paragraph.interpret import run_graph
 from paragraph.passes.schedule import ALGORITHMS, make_schedule
 from paragraph.tvm_interop import from_relax, random_inputs
 from paragraph.tvm_interop.executor import _config_threads, gpu_available, make_executor

@@ -2,7 +2,8 @@
 
 Each takes the kernel graph (`KernelProgram.graph`: ``kernel`` and ``view`` nodes) and returns a
 `paragraph.schedule.Schedule`. On a CPU every stream gets ``cores // streams`` threads (at least
-one); the IOS search (which chooses per stage by measurement) lives beside these.
+one). Pure: costs come in as numbers (`paragraph.planner` measures them); the IOS dynamic
+program is `paragraph.passes.ios`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
+from paragraph.dag import lone
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.machine import cpu_count
@@ -203,31 +205,12 @@ def cap_streams(graph: Graph, schedule: Schedule, max_streams: int, *,
                           info={**schedule.info, "capped_from": schedule.num_streams})
 
 
-def _cuts(kernels: list[int], preds: Mapping[int, list[int]]) -> set[int]:
-    """Kernels ordered against every other one (each other kernel is an ancestor or a
-    descendant): they split the graph into segments that no schedule can overlap. A superset
-    of IOS's `paragraph.passes.ios.cut_nodes` (kernels on every path), which misses a kernel
-    that an edge bypasses (a -> v -> b beside a -> b), though nothing can run beside it."""
-    bit = {k: 1 << i for i, k in enumerate(kernels)}
-    up: dict[int, int] = {}
-    for k in kernels:
-        up[k] = 0
-        for p in preds[k]:
-            up[k] |= up[p] | bit[p]
-    down = dict.fromkeys(kernels, 0)
-    for k in reversed(kernels):
-        for p in preds[k]:
-            down[p] |= down[k] | bit[k]
-    n = len(kernels)
-    return {k for k in kernels if up[k].bit_count() + down[k].bit_count() + 1 == n}
-
-
 def segments(graph: Graph) -> list[list[int]]:
-    """The kernels in topological order, split at `_cuts`: each cut kernel alone, and the
-    kernels between two cuts together (an inception block, a NASNet cell, ...)."""
+    """The kernels in topological order, split at the lone ones (`paragraph.dag.lone`: nothing
+    can run beside them): each lone kernel alone, and the kernels between two lone ones
+    together (an inception block, a NASNet cell, ...)."""
     kernels = kernel_ids(graph)
-    preds = {k: producers(graph, k) for k in kernels}
-    cuts = _cuts(kernels, preds)
+    cuts = lone(kernels, {k: producers(graph, k) for k in kernels})
     out: list[list[int]] = []
     for k in kernels:
         if k in cuts or not out or out[-1][-1] in cuts:
@@ -341,14 +324,14 @@ def critical_path(graph: Graph, *, cost: Mapping[int, float] | None = None,
     exact search where it is small: kernels in order of their bottom level (longest ``cost``
     path from the kernel to the end), each placed on the stream where it can start first given
     its producers' finish times; ties go to the stream of its first producer, then the lowest
-    index. Then each segment between two `_cuts` (an inception block) gets a branch-and-bound
+    index. Then each segment between two lone kernels (an inception block) gets a branch-and-bound
     search for its shortest makespan (`_search_segment`, at most ``search_budget`` nodes),
     kept where it beats the list schedule.
 
     Unlike Opara and Nimble, which choose streams from the graph's shape alone, this balances
     the streams by time, so with ``streams`` equal to the cores (the default on a CPU, one
     thread each) it packs the branches around the critical path. ``cost`` defaults to
-    `estimated_cost`; `paragraph.passes.ios.plan_schedule` passes measured 1-thread times.
+    `estimated_cost`; `paragraph.planner.plan_schedule` passes measured 1-thread times.
     ``handoff`` (same unit as ``cost``) is charged when a producer ran on another stream: a
     blocking cross-stream wait costs the CPU executor tens of microseconds (a thread wake-up).
 

@@ -29,6 +29,7 @@ import numpy as np
 from paragraph import ops as graph_ops
 from paragraph.errors import GraphError
 from paragraph.graph import Graph, Node, TensorRef, TensorType
+from paragraph.interpret import fold_weights
 from paragraph.rules.rule import Rule, infer_side, resolve_params
 from paragraph.rules.specs import (
     OPS,
@@ -423,7 +424,7 @@ def commit(graph: Graph, removed: Iterable[int], builder: Builder,
         result = graph.replace_subgraph(removed, builder.added, remap)
     except GraphError:
         return None
-    result = graph_ops.fold_weights(result, only={n.id for n in builder.added})
+    result = fold_weights(result, only={n.id for n in builder.added})
     return result.without_dead_nodes()
 
 
