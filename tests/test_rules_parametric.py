@@ -71,10 +71,80 @@ def test_merge_convs_of_three_kernel_sizes_is_one_conv():
     rule = MergeConvs("m", "m", "", "merge_convs")
     full = [m for m in rule.find(g) if len(m.nodes) == 3]
     new = rule.rewrite(g, full[0])
-    assert [n.kind for n in new.operators] == ["conv2d", "split"]
+    assert [n.kind for n in new.operators] == ["conv2d"] + ["strided_slice"] * 3
     assert new.operators[0].attrs["padding"] == (1, 2, 1, 2)
     xs = [rng.standard_normal((1, 3, 7, 7)).astype("f4")]
-    for a, c in zip(run_graph(g, xs), run_graph(new, xs)):
+    for a, c in zip(run_graph(g, xs), run_graph(new, xs), strict=True):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
+
+
+def _conv_chains(b, x, rng, chains, sizes=((1, 1), (3, 3))):
+    """Convolutions of ``x`` (SAME), each followed by the chain of operator kinds given."""
+    outs, convs = [], []
+    for (kh, kw), chain in zip(sizes, chains, strict=True):
+        k = b.weight(rng.standard_normal((2, 3, kh, kw)).astype("f4"))
+        y = b.op("conv2d", [x, k], {"padding": (kh // 2, kw // 2)})
+        convs.append(y.id)
+        y = y.out
+        for kind in chain:
+            if kind == "relu":
+                y = b.op("relu", [y]).out
+            else:
+                y = b.op(kind, [y, b.weight(rng.uniform(0.5, 2, (1, 2, 1, 1)).astype("f4"))]).out
+        outs.append(y)
+    return outs, convs
+
+
+def test_merge_convs_carries_equal_chains_and_not_unequal_ones():
+    """IOS merges fused kernels: convolutions with their bias, scale and activation. The
+    chains merge when they have the same operators in the same places; otherwise only the
+    bare convolutions do, and the chains stay on the slices."""
+    rng = np.random.default_rng(5)
+    rule = MergeConvs("m", "m", "", "merge_convs")
+    b = GraphBuilder()
+    x = b.input((1, 3, 6, 6))
+    outs, convs = _conv_chains(b, x, rng, [("add", "relu"), ("add", "relu")])
+    g = b.build(outs)
+    units = [rule.unit(g, [c, *g.users(c), *g.users(g.users(c)[0])]) for c in convs]
+    assert all(u is not None and len(u[1]) == 2 for u in units)
+    match = rule.match_units(g, units)
+    new = rule.rewrite(g, match)
+    assert [n.kind for n in new.operators] == ["conv2d", "add", "relu", "strided_slice",
+                                               "strided_slice"]
+    xs = [rng.standard_normal((1, 3, 6, 6)).astype("f4")]
+    for a, c in zip(run_graph(g, xs), run_graph(new, xs), strict=True):
+        np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
+    assert any(len(m.nodes) == 6 for m in rule.find(g))  # found with the chains too
+
+    b = GraphBuilder()
+    x = b.input((1, 3, 6, 6))
+    outs, convs = _conv_chains(b, x, rng, [("add", "relu"), ("multiply", "relu")])
+    g = b.build(outs)
+    chained = [(c, (g.users(c)[0], g.users(g.users(c)[0])[0])) for c in convs]
+    assert rule.match_units(g, chained) is None
+    assert rule.match_units(g, [(c, ()) for c in convs]) is not None
+    assert all(len(m.nodes) == 2 for m in rule.find(g))
+    # a fused kernel that is not one convolution and its chain is no unit
+    assert rule.unit(g, [convs[0], g.users(convs[0])[0]]) is not None
+    assert rule.unit(g, convs) is None
+    assert rule.unit(g, [g.users(convs[0])[0]]) is None
+
+
+def test_merge_convs_of_one_kernel_size_keeps_its_padding():
+    rng = np.random.default_rng(6)
+    b = GraphBuilder()
+    x = b.input((1, 3, 7, 7))
+    ks = [b.weight(rng.standard_normal((2, 3, 3, 3)).astype("f4")) for _ in range(2)]
+    valid = [b.op("conv2d", [x, k]).out for k in ks]  # no padding: not SAME
+    wide = b.op("conv2d", [x, b.weight(rng.standard_normal((2, 3, 5, 5)).astype("f4"))])
+    g = b.build([*valid, wide.out])
+    rule = MergeConvs("m", "m", "", "merge_convs")
+    matches = rule.find(g)
+    assert [len(m.nodes) for m in matches] == [2]  # the two 3x3 ones, not the 5x5 beside
+    new = rule.rewrite(g, matches[0])
+    assert new.operators[0].attrs["padding"] == (0, 0, 0, 0)
+    xs = [rng.standard_normal((1, 3, 7, 7)).astype("f4")]
+    for a, c in zip(run_graph(g, xs), run_graph(new, xs), strict=True):
         np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-4)
 
 

@@ -29,6 +29,7 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+import z3
 
 from paragraph.rules.specs import (
     NONE,
@@ -43,6 +44,7 @@ from paragraph.rules.specs import (
     term_vars,
     to_z3,
     var,
+    z3_sorts,
 )
 
 x, y, z, w = var("x"), var("y"), var("z"), var("w")
@@ -65,10 +67,6 @@ class Axiom:
 
     def formula(self):
         """The z3 formula ``ForAll vars. hypotheses -> lhs == rhs``."""
-        import z3
-
-        from paragraph.rules.specs import z3_sorts
-
         tensor_sort, _ = z3_sorts()
         tv, pv = term_vars(self.lhs)
         term_vars(self.rhs, tv, pv)
@@ -92,8 +90,6 @@ class Axiom:
 
 
 def _consts(t) -> list:
-    import z3
-
     out, stack = [], [t]
     while stack:
         e = stack.pop()
@@ -412,8 +408,6 @@ def redundant(axioms: Sequence[Axiom] | None = None, timeout_ms: int = 2000,
     TASO section 2.4: an entailed axiom is redundant, and a surprising entailment often reveals
     a wrong axiom.
     """
-    import z3
-
     axioms = list(all_axioms() if axioms is None else axioms)
     formulas = [a.formula() for a in axioms]
     result = {}

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from paragraph.errors import ParagraphError
+from paragraph.rules.axioms import all_axioms, redundant, validate
+from paragraph.rules.library import build_library, load_library, prove_parametric, verify_library
+from paragraph.rules.rule import Rule
 
 
 def _say(msg: str) -> None:
@@ -13,8 +17,9 @@ def _say(msg: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from paragraph.rules.library import build_library
-
+    if args.parametric:
+        prove_parametric(args.out, log=_say)
+        return 0
     if args.k < 1 or args.k > 4:
         raise ParagraphError(f"--k {args.k}: the generator enumerates 1 to 4 operators")
     meta = build_library(args.k, args.out, workers=args.workers, log=_say)
@@ -28,8 +33,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from paragraph.rules.library import verify_library
-
     start = time.perf_counter()
     results = verify_library(args.file, use_cache=not args.no_cache, log=_say)
     _say(f"done in {time.perf_counter() - start:.1f} s")
@@ -37,8 +40,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from paragraph.rules.library import load_library
-
     lib = load_library(args.file)
     rows = [r for r in lib.all() if args.origin in (None, r.origin)]
     for r in rows:
@@ -52,11 +53,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    import json
-
-    from paragraph.rules.library import load_library
-    from paragraph.rules.rule import Rule
-
     lib = load_library(args.file)
     rule = lib.get(args.id)
     data = json.loads(lib.path.read_text())
@@ -72,8 +68,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_axioms(args: argparse.Namespace) -> int:
-    from paragraph.rules.axioms import all_axioms, redundant, validate
-
     bad = 0
     for a in all_axioms():
         failures = validate(a)
@@ -101,6 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "minutes on 2 cores; 4 takes hours and about 12 GB)")
     g.add_argument("--out", default=None, help="library file (default: the shipped one)")
     g.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    g.add_argument("--parametric", action="store_true",
+                   help="only re-prove the parametric rules and rewrite their entries "
+                   "(seconds; the generated rules stay as they are)")
     g.set_defaults(func=cmd_generate)
     v = verbs.add_parser("verify", help="re-prove every rule with z3 and check it numerically")
     v.add_argument("file", nargs="?", default=None, help="library file (default: shipped)")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import multiprocessing
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from functools import cache
 
 import numpy as np
 
+from paragraph.rules.match import usable
 from paragraph.rules.rule import (
     PInput,
     POp,
@@ -62,6 +64,7 @@ from paragraph.rules.specs import (
     constant_value,
     infer,
 )
+from paragraph.rules.verify import Prover, z3_version
 
 COMMUTATIVE = frozenset({"ewadd", "ewmul"})
 TOLERANCE = 1e-5
@@ -821,8 +824,6 @@ def run_domain(domain_name: str, k: int, rlimit: int = 500_000, gen_rlimit: int 
     a pair is dropped only if a generalisation of it is verified; otherwise it is verified
     itself.
     """
-    from paragraph.rules.verify import Prover
-
     domain = DOMAINS[domain_name]()
     report = Report(k)
 
@@ -882,17 +883,11 @@ def run_domain(domain_name: str, k: int, rlimit: int = 500_000, gen_rlimit: int 
         rule, used = generalise(c.rule, quick, status[c.key][1], domain.dims)
         rule = Rule(rule.id, rule.name, rule.inputs, rule.source, rule.target, rule.outputs,
                     rule.constraints, rule.origin,
-                    {"status": "verified", "axioms": list(used), "z3": _z3_version()})
+                    {"status": "verified", "axioms": list(used), "z3": z3_version()})
         general.setdefault(canonical_key(rule), rule)
     report.rules = list(general.values())
     stage("parameters generalised", len(report.rules), t)
     return report
-
-
-def _z3_version() -> str:
-    from paragraph.rules.verify import z3_version
-
-    return z3_version()
 
 
 def _run_domain_job(args: tuple) -> Report:
@@ -911,8 +906,6 @@ def generate(k: int = 3, domains: Sequence[str] = ("matrix", "image"), workers: 
     parallel = workers > 1 and len(domains) > 1
     jobs = [(d, k, rlimit, None if parallel else log) for d in domains]
     if parallel:
-        import multiprocessing
-
         with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
             reports = pool.map(_run_domain_job, jobs)
     else:
@@ -921,8 +914,6 @@ def generate(k: int = 3, domains: Sequence[str] = ("matrix", "image"), workers: 
     for i, (name, _, _) in enumerate(reports[0].stages):  # noqa: B007
         total.add(name, sum(r.stages[i][1] for r in reports),
                   max(r.stages[i][2] for r in reports))
-    from paragraph.rules.match import usable
-
     seen: dict[tuple, Rule] = {}
     for r in reports:
         for rule in r.rules:

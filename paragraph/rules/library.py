@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -24,8 +25,18 @@ from typing import Any
 
 from paragraph.errors import RuleLibraryError
 from paragraph.files import atomic_write_bytes
-from paragraph.rules.parametric import SCHEMAS, ParametricRule, all_parametric
-from paragraph.rules.rule import Rule, check_structure, rule_from_json
+from paragraph.rules.generator import generate
+from paragraph.rules.match import both_directions
+from paragraph.rules.parametric import (
+    DESCRIPTIONS,
+    SCHEMAS,
+    ParametricRule,
+    all_parametric,
+    check_numeric,
+    prove,
+)
+from paragraph.rules.rule import Rule, check_structure, random_check, rule_from_json
+from paragraph.rules.verify import prove_rule, z3_version
 
 FORMAT, VERSION = "paragraph-rules", 1
 LIBRARY_PATH = Path(__file__).with_name("library.json")
@@ -55,8 +66,6 @@ class Library:
     def for_search(self) -> list[Any]:
         """The rules a search applies: each pattern rule both ways (where the reverse can
         match) and the parametric rules."""
-        from paragraph.rules.match import both_directions
-
         return both_directions(self.rules) + list(self.parametric)
 
 
@@ -68,8 +77,6 @@ def _entry_hash(entry: dict) -> str:
 
 def parametric_entry(rule: ParametricRule, proof: dict) -> dict:
     """The JSON entry of a parametric rule (with its hash)."""
-    from paragraph.rules.parametric import DESCRIPTIONS
-
     entry = {"id": rule.id, "name": rule.name, "origin": "parametric", "schema": rule.schema,
              "params": rule.params(), "paper": rule.paper, **DESCRIPTIONS[rule.schema],
              "description": " ".join((type(rule).__doc__ or "").split()), "proof": proof}
@@ -163,12 +170,6 @@ def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
 
     Returns the file's metadata (generator settings, stage counts, rule counts).
     """
-    import time
-
-    from paragraph.rules.generator import generate
-    from paragraph.rules.parametric import prove
-    from paragraph.rules.verify import z3_version
-
     start = time.perf_counter()
     log(f"generating substitutions with up to {k} operators ...")
     report = generate(k, workers=workers, log=log)
@@ -192,14 +193,34 @@ def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
     return meta
 
 
+def prove_parametric(path: str | Path | None = None,
+                     log: Callable[[str], None] = print) -> dict:
+    """Re-prove every parametric rule paragraph ships and rewrite their entries in the library
+    file (the generated rules are kept as they are; a new parametric rule is added, a retired
+    one dropped): what a change to `paragraph.rules.parametric` needs, without the minutes
+    the generator takes. Refuses (and writes nothing) if a proof does not verify. Returns the
+    file's metadata."""
+    path = Path(path) if path is not None else LIBRARY_PATH
+    lib = load_library(path)
+    proved = []
+    for rule in all_parametric():
+        proof = prove(rule)
+        log(f"  {rule.id:<28} {proof['status']:<9} axioms {', '.join(proof['axioms'])}")
+        if proof["status"] != "verified":
+            raise RuleLibraryError(f"{path}: parametric rule {rule.id} did not verify "
+                                   f"({proof['status']}); the library was not changed")
+        proved.append((rule, proof))
+    meta = {k: v for k, v in lib.meta.items() if k not in ("format", "version")}
+    meta["counts"] = {**meta.get("counts", {}), "parametric": len(proved)}
+    write_library(path, lib.rules, proved, meta)
+    log(f"wrote {len(lib.rules)} generated + {len(proved)} parametric rules to {path}")
+    return meta
+
+
 def verify_library(path: str | Path | None = None, use_cache: bool = True,
                    log: Callable[[str], None] = print) -> dict[str, str]:
     """Re-prove every rule of a library with z3 and check it numerically; maps rule ids to
     ``"ok"`` or what failed."""
-    from paragraph.rules.parametric import check_numeric, prove
-    from paragraph.rules.rule import random_check
-    from paragraph.rules.verify import prove_rule
-
     lib = load_library(path)
     results = {}
     for rule in lib.rules:

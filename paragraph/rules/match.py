@@ -30,6 +30,7 @@ from paragraph import ops as graph_ops
 from paragraph.errors import GraphError
 from paragraph.graph import Graph, Node, TensorRef, TensorType
 from paragraph.interpret import fold_weights
+from paragraph.rules.axioms import _hyp_holds
 from paragraph.rules.rule import Rule, infer_side, resolve_params
 from paragraph.rules.specs import (
     OPS,
@@ -301,8 +302,6 @@ def _complete(graph: Graph, rule: Rule, st: _State) -> bool:
 
 
 def _holds(constraint: tuple, bindings: dict) -> bool:
-    from paragraph.rules.axioms import _hyp_holds
-
     try:
         return _hyp_holds(constraint, bindings)
     except KeyError:

@@ -19,7 +19,7 @@ covers that step.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +27,10 @@ import numpy as np
 from paragraph import ops as graph_ops
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef
 from paragraph.interpret import run_graph
+from paragraph.rules.axioms import all_axioms
 from paragraph.rules.match import Builder, Match, commit
 from paragraph.rules.specs import NONE, SAME, Term, app, var
+from paragraph.rules.verify import Prover, z3_version
 
 Obligation = tuple[str, list[Term], list[Term], tuple]
 
@@ -115,64 +117,221 @@ class ParametricRule:
         return {}
 
 
+# ---------------------------------------------------------------------------- conv chains
+CHAIN_UNARY = ("relu", "sigmoid", "tanh", "gelu")
+CHAIN_BINARY = ("add", "subtract", "multiply", "divide")
+
+
+def chain_step(graph: Graph, node: Node, value: int, channels: int) -> tuple | None:
+    """What ``node`` is as the next operator of a convolution's per-channel chain after
+    ``value`` (which has ``channels`` channels): ``(kind,)`` for a unary operator,
+    ``(kind, position of the constant)`` for one with a per-channel (or scalar) constant; None
+    if it is neither."""
+    if node.kind in CHAIN_UNARY and len(node.inputs) == 1:
+        return (node.kind,)
+    if node.kind not in CHAIN_BINARY or len(node.inputs) != 2:
+        return None
+    pos = 0 if _is_weight(graph, node.inputs[0]) else 1
+    const, other = node.inputs[pos], node.inputs[1 - pos]
+    if (other.node != value or not _is_weight(graph, const) or node.type != graph[value].type
+            or _channel_slice(graph[const.node].value, channels, 0, 1) is None):
+        return None
+    return (node.kind, pos)
+
+
+def conv_chain(graph: Graph, conv: Node, within: Collection[int] | None = None
+               ) -> tuple[int, ...]:
+    """The per-channel element-wise operators after ``conv`` (`chain_step`), each the only
+    reader of the value before it, which is no graph output; with ``within``, only operators
+    among those ids (one fused kernel's). What `SplitConv` splits and `MergeConvs` merges
+    along with the convolution."""
+    channels, chain, value = conv.type.shape[1], [], conv.id
+    while True:
+        users = graph.users(value)
+        if (len(users) != 1 or TensorRef(value) in graph.outputs
+                or within is not None and users[0] not in within):
+            break
+        if chain_step(graph, graph[users[0]], value, channels) is None:
+            break
+        chain.append(users[0])
+        value = users[0]
+    return tuple(chain)
+
+
+def _chain_signature(graph: Graph, conv: Node, chain: Sequence[int]) -> tuple | None:
+    """The steps of ``chain`` after ``conv`` (None if it is not such a chain)."""
+    steps, value = [], conv.id
+    for i in chain:
+        if graph.users(value) != [i] or TensorRef(value) in graph.outputs:
+            return None
+        step = chain_step(graph, graph[i], value, conv.type.shape[1])
+        if step is None:
+            return None
+        steps.append(step)
+        value = i
+    return tuple(steps)
+
+
+def _per_channel(value: np.ndarray, channels: int) -> np.ndarray:
+    """A chain constant (`_channel_slice` accepts it) as a (1, C, 1, 1) array."""
+    v = np.asarray(value)
+    return np.full((1, channels, 1, 1), v.reshape(()), v.dtype) if v.size == 1 else \
+        v.reshape(1, channels, 1, 1)
+
+
+def _chain_obligations(parts: int) -> list[Obligation]:
+    """Every chain operator commutes with a concat of ``parts`` pieces along channels (its
+    constant cut the same way): what carries a chain through a split or a merge."""
+    xs, cs = [var(f"y{i}") for i in range(parts)], [var(f"c{i}") for i in range(parts)]
+    out = []
+    for f in CHAIN_UNARY:
+        out.append((f"{f} after it", [app(f, _balanced_concat(xs, -3))],
+                    [_balanced_concat([app(f, y) for y in xs], -3)], ()))
+    for f in ("ewadd", "ewsub", "ewmul"):  # divide by a constant: multiply, reciprocal
+        for pos in (0, 1):
+            def op(a, b, f=f, pos=pos):
+                return app(f, b, a) if pos == 0 else app(f, a, b)
+            out.append((f"{f} of a per-channel constant (operand {pos}) after it",
+                        [op(_balanced_concat(xs, -3), _balanced_concat(cs, -3))],
+                        [_balanced_concat([op(y, c) for y, c in zip(xs, cs, strict=True)],
+                                          -3)], ()))
+    return out
+
+
 # ---------------------------------------------------------------------------- merge convs
+Unit = tuple[int, tuple[int, ...]]  # a convolution and its chain (operator ids)
+
+
 @dataclass(frozen=True)
 class MergeConvs(ParametricRule):
-    """n convolutions reading the same input, same stride, SAME padding, any odd kernel
-    sizes -> one convolution: kernels enlarged to the largest, concatenated, output split
-    (IOS operator merge; MetaFlow fig. 1 enlarge + fig. 4a fuse; TASO axioms 21, 39)."""
+    """n convolutions reading the same tensor, each with its per-channel element-wise chain
+    (possibly empty; the same operators at the same places in every chain), with equal
+    strides and output sizes -> one convolution on the kernels enlarged to the largest and
+    concatenated, the chain on the concatenated constants, and each output a slice of the
+    channels (IOS operator merge with the fused epilogue; MetaFlow fig. 1 enlarge + fig. 4a
+    fuse; TASO axioms 21, 39 and the element-wise axioms). Kernels of different sizes need
+    SAME padding; kernels of one size may share any padding."""
+
+    def unit(self, graph: Graph, members: Collection[int]) -> Unit | None:
+        """The convolution and chain that the operators ``members`` (one fused kernel's) are,
+        or None if they are something else."""
+        convs = [i for i in members if graph[i].kind == "conv2d"]
+        if len(convs) != 1:
+            return None
+        chain = conv_chain(graph, graph[convs[0]], within=set(members))
+        return (convs[0], chain) if len(chain) + 1 == len(members) else None
+
+    def _key(self, graph: Graph, unit: Unit) -> tuple | None:
+        conv = graph[unit[0]]
+        a = conv.attrs
+        if (not _plain_conv(conv, graph) or a["groups"] != 1
+                or a["strides"][0] != a["strides"][1]):
+            return None
+        signature = _chain_signature(graph, conv, unit[1])
+        if signature is None:
+            return None
+        return (conv.inputs[0], a["strides"], conv.type.shape[2:], conv.type.dtype, signature)
+
+    def match_units(self, graph: Graph, units: Sequence[Unit]) -> Match | None:
+        """The match merging exactly ``units``, or None where they cannot merge."""
+        keys = [self._key(graph, u) for u in units]
+        if len(units) < 2 or None in keys or len(set(keys)) != 1:
+            return None
+        convs = [graph[c] for c, _ in units]
+        sizes = {graph.type_of(c.inputs[1]).shape[2:] for c in convs}
+        same = len(sizes) == 1 and len({c.attrs["padding"] for c in convs}) == 1
+        if not same and not all(_centred(c, graph) for c in convs):
+            return None
+        nodes = tuple(i for c, chain in units for i in (c, *chain))
+        return Match(self, nodes, extra={"units": tuple(units)})
 
     def find(self, graph: Graph) -> list[Match]:
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple, list[Unit]] = {}
         for node in graph.nodes:
-            if (_plain_conv(node, graph) and node.attrs["groups"] == 1
-                    and node.attrs["strides"][0] == node.attrs["strides"][1]
-                    and _centred(node, graph)):
-                key = (node.inputs[0], node.attrs["strides"], node.type.dtype)
-                groups.setdefault(key, []).append(node.id)
-        return [Match(self, tuple(ids), extra={"convs": tuple(ids)})
-                for ids in groups.values() for ids in _groups_and_pairs(ids)]
+            if node.kind != "conv2d":
+                continue
+            chain = conv_chain(graph, node)
+            for unit in {(node.id, chain), (node.id, ())}:  # with its chain, and bare
+                key = self._key(graph, unit)
+                if key is not None:
+                    groups.setdefault(key, []).append(unit)
+        matches = (self.match_units(graph, units) for group in groups.values()
+                   for units in _groups_and_pairs(group))
+        return [m for m in matches if m is not None]
 
     def rewrite(self, graph: Graph, match: Match) -> Graph | None:
-        convs = [graph[i] for i in match.extra["convs"]]
+        units = match.extra["units"]
+        convs = [graph[c] for c, _ in units]
         shapes = [graph.type_of(c.inputs[1]).shape for c in convs]
         kh, kw = max(s[2] for s in shapes), max(s[3] for s in shapes)
         b = Builder(graph)
         kernels = []
-        for c, s in zip(convs, shapes):
+        for c, s in zip(convs, shapes, strict=True):
             w = c.inputs[1]
             if s[2:] != (kh, kw):
                 w = b.op("enlarge", [w], {"kernel_size": (kh, kw)}).out
             kernels.append(w)
         cat = b.op("concat", kernels, {"axis": 0})
         first = convs[0]
-        conv = b.op("conv2d", [first.inputs[0], cat.out],
-                    {**first.attrs, "padding": (kh // 2, kw // 2) * 2}, name=first.name)
-        cuts = list(itertools.accumulate(s[0] for s in shapes))[:-1]
-        split = b.op("split", [conv.out], {"indices_or_sections": tuple(cuts), "axis": 1})
-        remap = {c.out: TensorRef(split.id, i) for i, c in enumerate(convs)}
-        return commit(graph, [c.id for c in convs], b, remap)
+        padding = first.attrs["padding"] if all(s[2:] == (kh, kw) for s in shapes) else (
+            kh // 2, kw // 2) * 2
+        value = b.op("conv2d", [first.inputs[0], cat.out], {**first.attrs, "padding": padding},
+                     name=first.name).out
+        channels = [s[0] for s in shapes]
+        for step in range(len(units[0][1])):
+            nodes = [graph[chain[step]] for _, chain in units]
+            if len(nodes[0].inputs) == 1:
+                value = b.op(nodes[0].kind, [value], dict(nodes[0].attrs)).out
+                continue
+            pos = 0 if _is_weight(graph, nodes[0].inputs[0]) else 1
+            const = b.constant(np.concatenate(
+                [_per_channel(graph[n.inputs[pos].node].value, c)
+                 for n, c in zip(nodes, channels, strict=True)], axis=1)).out
+            value = b.op(nodes[0].kind, [const, value] if pos == 0 else [value, const],
+                         dict(nodes[0].attrs)).out
+        remap, offset = {}, 0
+        for (conv, chain), c in zip(units, channels, strict=True):
+            last = chain[-1] if chain else conv
+            remap[TensorRef(last)] = b.op("strided_slice", [value], {
+                "axes": (1,), "begin": (offset,), "end": (offset + c,)}).out
+            offset += c
+        return commit(graph, match.nodes, b, remap)
 
     def obligations(self) -> list[Obligation]:
         out = []
+        x = var("x")
         for n in (2, 3):
-            x, ws = var("x"), [var(f"w{i}") for i in range(n)]
+            ws = [var(f"w{i}") for i in range(n)]
             big = [app("enlarge", w, kh="kh", kw="kw") for w in ws]
             merged = _conv(x, _nested_concat(big, -4))
-            out.append((f"n={n}", [_conv(x, w) for w in ws], _nested_split(merged, n, -3), ()))
-        return out
+            out.append((f"n={n}, SAME kernels enlarged", [_conv(x, w) for w in ws],
+                        _nested_split(merged, n, -3), ()))
+            merged = _conv(x, _nested_concat(ws, -4), pad="p")
+            out.append((f"n={n}, kernels of one size and padding",
+                        [_conv(x, w, pad="p") for w in ws], _nested_split(merged, n, -3), ()))
+        return out + _chain_obligations(2)
 
     def example(self, rng: np.random.Generator) -> Graph:
         b = GraphBuilder()
         c, h = int(rng.integers(1, 5)), int(rng.integers(5, 9))
         x = b.input((int(rng.integers(1, 3)), c, h, h + int(rng.integers(0, 3))))
         stride = int(rng.integers(1, 3))
+        same = bool(rng.integers(0, 4))  # else one kernel size, no padding
+        chained = bool(rng.integers(0, 2))
         outs = []
         for _ in range(int(rng.integers(2, 4))):
-            kh, kw = (int(v) for v in rng.choice([1, 3, 5], 2))
-            w = b.weight(rng.standard_normal((int(rng.integers(1, 5)), c, kh, kw)).astype("f4"))
-            outs.append(b.op("conv2d", [x, w], {"strides": stride,
-                                                 "padding": (kh // 2, kw // 2)}).out)
+            kh, kw = (int(v) for v in rng.choice([1, 3, 5], 2)) if same else (3, 3)
+            o = int(rng.integers(1, 5))
+            w = b.weight(rng.standard_normal((o, c, kh, kw)).astype("f4"))
+            y = b.op("conv2d", [x, w], {"strides": stride,
+                                        "padding": (kh // 2, kw // 2) if same else 0}).out
+            if chained:  # a bias, a scale in front, a scalar, relu
+                y = b.op("add", [y, b.weight(rng.standard_normal((1, o, 1, 1)).astype("f4"))]).out
+                y = b.op("multiply", [b.weight(rng.uniform(0.5, 2, (o, 1, 1)).astype("f4")),
+                                      y]).out
+                y = b.op("subtract", [y, b.constant(np.float32(0.25))]).out
+                y = b.op("relu", [y]).out
+            outs.append(y)
         return b.build(outs)
 
 
@@ -316,7 +475,7 @@ class SplitConv(ParametricRule):
         for n in graph.nodes:
             if (_plain_conv(n, graph) and n.attrs["groups"] == 1
                     and n.type.shape[1] % self.parts == 0 and n.type.shape[1] >= self.parts):
-                out.append(Match(self, (n.id, *split_chain(graph, n))))
+                out.append(Match(self, (n.id, *conv_chain(graph, n))))
         return out
 
     def rewrite(self, graph: Graph, match: Match) -> Graph | None:
@@ -347,24 +506,11 @@ class SplitConv(ParametricRule):
         return commit(graph, match.nodes, b, {TensorRef(last): cat.out})
 
     def obligations(self) -> list[Obligation]:
-        xs, ws = [var(f"y{i}") for i in range(self.parts)], [var(f"w{i}") for i in
-                                                           range(self.parts)]
-        cs = [var(f"c{i}") for i in range(self.parts)]
+        ws = [var(f"w{i}") for i in range(self.parts)]
         x = var("x")
-        out = [("conv split along output channels",
-                [_conv(x, _balanced_concat(ws, -4))],
-                [_balanced_concat([_conv(x, w) for w in ws], -3)], ())]
-        for f in SPLIT_UNARY:
-            out.append((f"{f} after it", [app(f, _balanced_concat(xs, -3))],
-                        [_balanced_concat([app(f, y) for y in xs], -3)], ()))
-        for f in ("ewadd", "ewsub", "ewmul"):  # divide by a constant: multiply, reciprocal
-            for pos in (0, 1):
-                def op(a, b, f=f, pos=pos):
-                    return app(f, b, a) if pos == 0 else app(f, a, b)
-                out.append((f"{f} of a per-channel constant (operand {pos}) after it",
-                            [op(_balanced_concat(xs, -3), _balanced_concat(cs, -3))],
-                            [_balanced_concat([op(y, c) for y, c in zip(xs, cs)], -3)], ()))
-        return out
+        return [("conv split along output channels", [_conv(x, _balanced_concat(ws, -4))],
+                 [_balanced_concat([_conv(x, w) for w in ws], -3)], ())
+                ] + _chain_obligations(self.parts)
 
     def example(self, rng: np.random.Generator) -> Graph:
         b = GraphBuilder()
@@ -379,35 +525,6 @@ class SplitConv(ParametricRule):
             y = b.op(kind, [y.out, b.weight(rng.uniform(0.5, 2, (1, o, 1, 1)).astype("f4"))])
         y = b.op("add", [b.constant(np.float32(0.5)), y.out])
         return b.build([b.op("relu", [y.out]).out])
-
-
-SPLIT_UNARY = ("relu", "sigmoid", "tanh", "gelu")
-SPLIT_BINARY = ("add", "subtract", "multiply", "divide")
-
-
-def split_chain(graph: Graph, conv: Node) -> tuple[int, ...]:
-    """The per-channel element-wise operators after ``conv``, each the only reader of the
-    one before, that `SplitConv` splits with it."""
-    channels, chain, value = conv.type.shape[1], [], conv.id
-    while True:
-        users = graph.users(value)
-        if len(users) != 1 or TensorRef(value) in graph.outputs:
-            break
-        node = graph[users[0]]
-        if node.kind in SPLIT_UNARY and len(node.inputs) == 1:
-            pass
-        elif node.kind in SPLIT_BINARY and len(node.inputs) == 2:
-            pos = 0 if _is_weight(graph, node.inputs[0]) else 1
-            other = node.inputs[1 - pos]
-            if (other.node != value or not _is_weight(graph, node.inputs[pos])
-                    or _channel_slice(graph[node.inputs[pos].node].value, channels, 0, 1)
-                    is None or node.type != graph[value].type):
-                break
-        else:
-            break
-        chain.append(node.id)
-        value = node.id
-    return tuple(chain)
 
 
 def _channel_slice(value: np.ndarray, channels: int, lo: int, hi: int) -> np.ndarray | None:
@@ -766,11 +883,16 @@ def _unique(matches: list[Match]) -> list[Match]:
 # What each schema matches, what it builds, under which conditions, and how outputs map.
 DESCRIPTIONS = {
     "merge_convs": {
-        "source": "conv2d(x, W_i) for i = 1..n, n >= 2, the same x",
-        "target": "split(conv2d(x, concat_0(enlarge(W_i, K))), cumulative out channels)",
-        "constraints": ["groups 1", "equal strides", "SAME padding (odd kernels)",
-                        "W_i weights", "K = the largest kernel height and width"],
-        "outputs": "conv2d_i -> split piece i"},
+        "source": "chain_i(conv2d(x, W_i)) for i = 1..n, n >= 2, the same x, chain_i a "
+                  "per-channel element-wise chain (possibly empty)",
+        "target": "slice_1(chain(conv2d(x, concat_0(enlarge(W_i, K))), concat_1 of the "
+                  "chains' constants), channels of i)",
+        "constraints": ["groups 1", "equal square strides", "equal output sizes",
+                        "SAME padding (odd kernels), or one kernel size and padding",
+                        "W_i weights", "K = the largest kernel height and width",
+                        "the same chain operators at the same places, constants per channel "
+                        "or scalar, each chain value read once"],
+        "outputs": "last of chain_i (or conv2d_i) -> slice i"},
     "regroup": {
         "source": "conv2d(x, W, groups=g)",
         "target": "conv2d(x, blockdiag(W), groups=g/factor)",
@@ -859,8 +981,6 @@ def all_parametric() -> list[ParametricRule]:
 # ---------------------------------------------------------------------------- checks
 def prove(rule: ParametricRule, prover=None) -> dict:
     """Discharge every obligation with z3; the proof record for the library."""
-    from paragraph.rules.verify import Prover, z3_version
-
     prover = prover or Prover()
     axioms: set[str] = set()
     instances = []
@@ -872,7 +992,6 @@ def prove(rule: ParametricRule, prover=None) -> dict:
         axioms.update(p.axioms)
         if p.status != "verified":
             status = p.status
-    from paragraph.rules.axioms import all_axioms
 
     order = [a.name for a in all_axioms()]
     return {"status": status, "axioms": sorted(axioms, key=order.index), "z3": z3_version(),

@@ -17,6 +17,9 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
+from paragraph.rules.axioms import _hyp_holds
 from paragraph.rules.specs import (
     OPS,
     Meta,
@@ -24,6 +27,7 @@ from paragraph.rules.specs import (
     Term,
     app,
     constant_shape,
+    evaluate,
     infer,
     param_value,
     var,
@@ -231,10 +235,6 @@ def check_numeric(rule: Rule, dims: dict[str, int], bindings: dict[str, Any] | N
     """Evaluate both sides on random float64 inputs (template shapes with ``dims``): True if
     every mapped output agrees within ``tol``, False if one differs, None if the shapes or
     parameters do not apply."""
-    import numpy as np
-
-    from paragraph.rules.specs import evaluate
-
     rng = np.random.default_rng(seed)
     tensors = {i.name: rng.uniform(-1, 1, m.shape)
                for i, m in zip(rule.inputs, template_metas(rule, dims))}
@@ -265,8 +265,6 @@ def random_check(rule: Rule, seed: int = 0, tries: int = 60) -> int:
 
     Raises AssertionError naming the instance when the two sides differ.
     """
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     names = sorted({v for o in rule.source + rule.target for _, v in o.params
                     if isinstance(v, str)})
@@ -281,8 +279,6 @@ def random_check(rule: Rule, seed: int = 0, tries: int = 60) -> int:
         for n in names:
             choices = _PARAM_CHOICES[n.lstrip("?").rstrip("0123456789")]
             bindings[n] = int(choices[0] if rng.random() < 0.5 else rng.choice(choices))
-        from paragraph.rules.axioms import _hyp_holds
-
         if not all(_hyp_holds(c, bindings) for c in rule.constraints):
             continue
         ok = check_numeric(rule, dims, bindings, seed=int(rng.integers(1 << 30)), tol=1e-4)

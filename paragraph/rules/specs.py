@@ -25,6 +25,7 @@ from functools import cache
 from typing import Any
 
 import numpy as np
+import z3
 
 SAME, VALID = 0, 1  # padding modes
 NONE, RELU = 0, 1  # activations
@@ -426,16 +427,12 @@ def compute(name: str, params: dict, args: Sequence[np.ndarray], metas: Sequence
 @cache
 def z3_sorts():
     """The z3 sort of tensors (uninterpreted) and of parameters (integers)."""
-    import z3
-
     return z3.DeclareSort("T"), z3.IntSort()
 
 
 @cache
 def z3_function(name: str, out: int = 0):
     """The uninterpreted function (or constant) of output ``out`` of operator ``name``."""
-    import z3
-
     op = OPS[name]
     tensor, param = z3_sorts()
     fname = name if op.n_out == 1 else f"{name}{out}"
@@ -445,8 +442,6 @@ def z3_function(name: str, out: int = 0):
 
 def z3_apply(name: str, params: Sequence[Any], args: Sequence[Any], out: int = 0):
     """``name``'s z3 term for output ``out`` (``params`` ints or z3 integer terms)."""
-    import z3
-
     f = z3_function(name, out)
     if not params and not args:
         return f

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+import z3
+
 from paragraph.files import atomic_write_json, cache_dir
-from paragraph.rules.axioms import Axiom, all_axioms, hypothesis_z3
+from paragraph.rules.axioms import Axiom, all_axioms, by_name, hypothesis_z3
 from paragraph.rules.rule import Rule
 from paragraph.rules.specs import Term, term_vars, to_z3, z3_sorts
 
@@ -39,8 +41,6 @@ class Proof:
 
 
 def z3_version() -> str:
-    import z3
-
     return z3.get_version_string()
 
 
@@ -55,8 +55,6 @@ class Prover:
 
     def __init__(self, axioms: Sequence[Axiom] | None = None,
                  rlimit: int = DEFAULT_RLIMIT) -> None:
-        import z3
-
         self.axioms = tuple(all_axioms() if axioms is None else axioms)
         self.rlimit = rlimit
         self.solver = z3.Solver()
@@ -73,8 +71,6 @@ class Prover:
     def prove(self, lhs: Sequence[Term], rhs: Sequence[Term],
               hypotheses: Sequence[tuple] = ()) -> Proof:
         """Prove ``lhs[i] == rhs[i]`` for all i, for all variables, under ``hypotheses``."""
-        import z3
-
         tensor_sort, _ = z3_sorts()
         tv, pv = set(), set()
         for t in (*lhs, *rhs):
@@ -137,8 +133,6 @@ def prove_rule(rule: Rule, use_cache: bool = True) -> Proof:
     those re-proves it quickly and deterministically (z3's search over all axioms depends on
     the solver's history). Otherwise, or if that fails, every axiom is used.
     """
-    from paragraph.rules.axioms import by_name
-
     used = (rule.proof or {}).get("axioms")
     if used:
         axioms = by_name(used)
