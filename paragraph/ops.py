@@ -20,6 +20,7 @@ import numpy as np
 from paragraph.tensor import TensorType
 
 Shape = tuple[int, ...]
+InferFn = Callable[[list[TensorType], Mapping[str, Any]], list[TensorType]]
 
 
 @dataclass(frozen=True)
@@ -27,15 +28,19 @@ class OpSpec:
     """Defaults of an operator's attributes, its shape function and its numpy reference."""
 
     defaults: Mapping[str, Any]
-    infer: Callable[[list[TensorType], Mapping[str, Any]], list[TensorType]]
+    infer: InferFn
     compute: Callable[..., Any]
 
 
 SPECS: dict[str, OpSpec] = {}
 
+# an operator's shape function and numpy reference (arrays and attributes in, arrays out)
+_OpPair = tuple[InferFn, Callable[..., Any]]
 
-def _register(kind: str, defaults: Mapping[str, Any] | None = None):
-    def deco(pair):
+
+def _register(kind: str, defaults: Mapping[str, Any] | None = None
+              ) -> Callable[[_OpPair], _OpPair]:
+    def deco(pair: _OpPair) -> _OpPair:
         infer, compute = pair
         SPECS[kind] = OpSpec(dict(defaults or {}), infer, compute)
         return pair
@@ -127,15 +132,18 @@ def _pair(v: Any) -> tuple[int, int]:
 
 
 def _quad(v: Any) -> tuple[int, int, int, int]:
-    v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    """Padding as (top, left, bottom, right) from 1, 2 or 4 values."""
+    v = tuple(int(x) for x in v) if isinstance(v, (tuple, list)) else (int(v),)
     if len(v) == 1:
         return (v[0],) * 4
     if len(v) == 2:
         return (v[0], v[1], v[0], v[1])
-    return tuple(int(x) for x in v)
+    if len(v) != 4:
+        raise ValueError(f"padding {v}: give 1, 2 or 4 values")
+    return (v[0], v[1], v[2], v[3])
 
 
-def _int_tuple(v: Any) -> Any:
+def _int_tuple(v: Any) -> tuple[int, ...] | None:
     return None if v is None else tuple(int(x) for x in (v if isinstance(v, (tuple, list))
                                                         else (v,)))
 
@@ -151,34 +159,35 @@ _CANONICAL["split.indices_or_sections"] = lambda v: v if isinstance(v, int) else
 
 
 def _check_layout(attrs: Mapping[str, Any], *keys: str) -> None:
-    for k, want in zip(keys, ("NCHW", "OIHW", "NCHW")):
+    for k, want in zip(keys, ("NCHW", "OIHW", "NCHW"), strict=True):
         if attrs.get(k) not in (want, None):
             raise ValueError(f"{k}={attrs[k]!r}: paragraph models NCHW/OIHW only")
 
 
 # ---------------------------------------------------------------------------- element-wise
-def _binary_infer(types, attrs):
+def _binary_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     a, b = types
     return [TensorType(_broadcast(a.shape, b.shape), _dtype_of(types))]
 
 
-for _kind, _fn in {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
-                   "divide": np.divide}.items():
-    _register(_kind)((_binary_infer, lambda a, b, _f=_fn: _f(a, b).astype(
+for _kind, _ufunc in {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+                      "divide": np.divide}.items():
+    _register(_kind)((_binary_infer, lambda a, b, _f=_ufunc: _f(a, b).astype(
         np.result_type(a, b), copy=False)))
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf  # scipy comes with xgboost, a MetaSchedule dependency
+    from scipy.special import erf  # half a second to import, for GELU's reference only
 
-    return erf(x)
+    out: np.ndarray = erf(x)
+    return out
 
 
-def _unary_infer(types, attrs):
+def _unary_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     return _same(types[0])
 
 
-_UNARY = {
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda x: np.maximum(x, 0).astype(x.dtype),
     "sigmoid": lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype),
     "tanh": lambda x: np.tanh(x),
@@ -189,12 +198,13 @@ for _kind, _fn in _UNARY.items():
     _register(_kind)((_unary_infer, _fn))
 
 
-def _softmax(x, axis):
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e: np.ndarray = np.exp(x - x.max(axis=axis, keepdims=True))
+    out: np.ndarray = (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
+    return out
 
 
-def _softmax_infer(types, attrs):
+def _softmax_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     _norm_axis(attrs["axis"], len(types[0].shape))
     return _same(types[0])
 
@@ -203,7 +213,7 @@ _register("softmax", {"axis": -1})((_softmax_infer, _softmax))
 
 
 # ---------------------------------------------------------------------------- normalisation
-def _layer_norm_infer(types, attrs):
+def _layer_norm_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     x = types[0]
     axes = [_norm_axis(a, len(x.shape)) for a in attrs["axes"]]
     norm_shape = tuple(x.shape[a] for a in axes)
@@ -213,11 +223,12 @@ def _layer_norm_infer(types, attrs):
     return _same(x)
 
 
-def _layer_norm(x, gamma, beta, axes, epsilon, center, scale):
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, axes: Sequence[int],
+                epsilon: float, center: bool, scale: bool) -> np.ndarray:
     axes = tuple(a % x.ndim for a in axes)
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + epsilon)
+    mean: np.ndarray = x.mean(axis=axes, keepdims=True)
+    var: np.ndarray = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y: np.ndarray = (x - mean) / np.sqrt(var + epsilon)
     bshape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
     if scale:
         y = y * gamma.reshape(bshape)
@@ -230,7 +241,7 @@ _register("layer_norm", {"axes": (-1,), "epsilon": 1e-5, "center": True, "scale"
     (_layer_norm_infer, _layer_norm))
 
 
-def _batch_norm_infer(types, attrs):
+def _batch_norm_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     x = types[0]
     c = x.shape[_norm_axis(attrs["axis"], len(x.shape))]
     for t in types[1:]:
@@ -239,7 +250,9 @@ def _batch_norm_infer(types, attrs):
     return [x, types[3], types[4]]
 
 
-def _batch_norm(x, gamma, beta, mean, var, axis, epsilon, center, scale, momentum, training):
+def _batch_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray,
+                var: np.ndarray, axis: int, epsilon: float, center: bool, scale: bool,
+                momentum: float, training: bool) -> list[np.ndarray]:
     if training:
         raise NotImplementedError("batch_norm with training=True has no inference reference")
     bshape = [1] * x.ndim
@@ -263,7 +276,7 @@ _CONV_DEFAULTS = {"strides": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1)
                   "out_dtype": None}
 
 
-def _conv2d_infer(types, attrs):
+def _conv2d_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     x, w = types
     _check_layout(attrs, "data_layout", "kernel_layout", "out_layout")
     if len(x.shape) != 4 or len(w.shape) != 4:
@@ -291,8 +304,9 @@ def _windows(x: np.ndarray, kh: int, kw: int, s: tuple[int, int], d: tuple[int, 
         (sn, sc, sh_ * s[0], sw_ * s[1], sh_ * d[0], sw_ * d[1]), writeable=False)
 
 
-def _conv2d(x, w, strides, padding, dilation, groups, data_layout, kernel_layout, out_layout,
-            out_dtype):
+def _conv2d(x: np.ndarray, w: np.ndarray, strides: Any, padding: Any, dilation: Any,
+            groups: int, data_layout: str, kernel_layout: str, out_layout: str,
+            out_dtype: str | None) -> np.ndarray:
     (out_t,) = _conv2d_infer([TensorType(x.shape, str(x.dtype)), TensorType(w.shape)],
                              {"strides": strides, "padding": padding, "dilation": dilation,
                               "groups": groups, "out_dtype": out_dtype})
@@ -321,7 +335,7 @@ def _matmul_shape(a: Shape, b: Shape) -> Shape:
     return tuple(d for d in out if d is not None)
 
 
-def _matmul_infer(types, attrs):
+def _matmul_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     a, b = types
     return [TensorType(_matmul_shape(a.shape, b.shape), attrs["out_dtype"] or _dtype_of(types))]
 
@@ -330,7 +344,7 @@ _register("matmul", {"out_dtype": None})(
     (_matmul_infer, lambda a, b, out_dtype: np.matmul(a, b).astype(out_dtype or a.dtype)))
 
 
-def _linear_infer(types, attrs):
+def _linear_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     x, w = types[:2]
     if len(w.shape) != 2:
         raise ValueError(f"linear weight must be 2-D (out, in), got {w.shape}")
@@ -340,8 +354,9 @@ def _linear_infer(types, attrs):
     return [TensorType(shape, attrs["out_dtype"] or x.dtype)]
 
 
-def _linear(x, w, b=None, out_dtype=None):
-    y = np.matmul(x, w.T)
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
+            out_dtype: str | None = None) -> np.ndarray:
+    y: np.ndarray = np.matmul(x, w.T)
     return (y if b is None else y + b).astype(out_dtype or x.dtype)
 
 
@@ -354,7 +369,7 @@ _POOL_DEFAULTS = {"pool_size": (1, 1), "strides": (1, 1), "padding": (0, 0, 0, 0
                   "layout": "NCHW", "out_layout": "NCHW"}
 
 
-def _pool_infer(types, attrs):
+def _pool_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     (x,) = types
     _check_layout(attrs, "layout", "", "out_layout")
     if len(x.shape) != 4:
@@ -367,8 +382,9 @@ def _pool_infer(types, attrs):
     return [TensorType(x.shape[:2] + (oh, ow), x.dtype)]
 
 
-def _pool(x, reduce: str, pool_size, strides, padding, dilation, ceil_mode, count_include_pad,
-          layout, out_layout):
+def _pool(x: np.ndarray, reduce: str, pool_size: Any, strides: Any, padding: Any,
+          dilation: Any, ceil_mode: bool, count_include_pad: bool, layout: str,
+          out_layout: str) -> np.ndarray:
     (out_t,) = _pool_infer([TensorType(x.shape, str(x.dtype))],
                            {"pool_size": pool_size, "strides": strides, "padding": padding,
                             "dilation": dilation, "ceil_mode": ceil_mode})
@@ -381,7 +397,8 @@ def _pool(x, reduce: str, pool_size, strides, padding, dilation, ceil_mode, coun
     pads = ((0, 0), (0, 0), (pt, pb + extra_h), (pl, pr + extra_w))
     if reduce == "max":
         xp = np.pad(x, pads, constant_values=-np.inf)
-        return _windows(xp, kh, kw, s, d, oh, ow).max(axis=(4, 5)).astype(x.dtype)
+        high: np.ndarray = _windows(xp, kh, kw, s, d, oh, ow).max(axis=(4, 5))
+        return high.astype(x.dtype)
     xp = np.pad(x, pads)
     total = _windows(xp, kh, kw, s, d, oh, ow).sum(axis=(4, 5))
     inside = np.zeros((1, 1) + xp.shape[2:], x.dtype)
@@ -390,14 +407,15 @@ def _pool(x, reduce: str, pool_size, strides, padding, dilation, ceil_mode, coun
     else:
         inside[..., pt:pt + x.shape[2], pl:pl + x.shape[3]] = 1
     count = _windows(inside, kh, kw, s, d, oh, ow).sum(axis=(4, 5))
-    return (total / np.maximum(count, 1)).astype(x.dtype)
+    out: np.ndarray = (total / np.maximum(count, 1)).astype(x.dtype)
+    return out
 
 
 _register("max_pool2d", _POOL_DEFAULTS)((_pool_infer, lambda x, **a: _pool(x, "max", **a)))
 _register("avg_pool2d", _POOL_DEFAULTS)((_pool_infer, lambda x, **a: _pool(x, "avg", **a)))
 
 
-def _adaptive_infer(types, attrs):
+def _adaptive_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     (x,) = types
     _check_layout(attrs, "layout", "", "out_layout")
     size = attrs["output_size"]
@@ -405,7 +423,8 @@ def _adaptive_infer(types, attrs):
     return [TensorType(x.shape[:2] + (oh, ow), x.dtype)]
 
 
-def _adaptive_avg_pool2d(x, output_size, layout, out_layout):
+def _adaptive_avg_pool2d(x: np.ndarray, output_size: Any, layout: str,
+                         out_layout: str) -> np.ndarray:
     oh, ow = (x.shape[2], x.shape[3]) if output_size is None else _pair(output_size)
     h, w = x.shape[2:]
     out = np.empty(x.shape[:2] + (oh, ow), x.dtype)
@@ -422,7 +441,7 @@ _register("adaptive_avg_pool2d", {"output_size": None, "layout": "NCHW", "out_la
 
 
 # ---------------------------------------------------------------------------- data movement
-def _concat_infer(types, attrs):
+def _concat_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     if not types:
         raise ValueError("concat of nothing")
     ndim = len(types[0].shape)
@@ -453,7 +472,7 @@ def split_bounds(dim: int, indices_or_sections: int | Sequence[int]) -> list[tup
     return [(edges[i], max(edges[i], edges[i + 1])) for i in range(len(edges) - 1)]
 
 
-def _split_infer(types, attrs):
+def _split_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     (x,) = types
     axis = _norm_axis(attrs["axis"], len(x.shape))
     outs = []
@@ -464,7 +483,8 @@ def _split_infer(types, attrs):
     return outs
 
 
-def _split(x, indices_or_sections, axis):
+def _split(x: np.ndarray, indices_or_sections: int | Sequence[int],
+           axis: int) -> list[np.ndarray]:
     axis %= x.ndim
     return [np.take(x, range(b, e), axis=axis)
             for b, e in split_bounds(x.shape[axis], indices_or_sections)]
@@ -473,18 +493,19 @@ def _split(x, indices_or_sections, axis):
 _register("split", {"indices_or_sections": 1, "axis": 0})((_split_infer, _split))
 
 
-def _slices(shape: Shape, axes, begin, end, strides) -> list[slice]:
+def _slices(shape: Shape, axes: Sequence[int], begin: Sequence[int], end: Sequence[int],
+            strides: Sequence[int] | None) -> list[slice]:
     strides = strides or (1,) * len(axes)
     sl = [slice(None)] * len(shape)
-    for a, b, e, s in zip(axes, begin, end, strides):
+    for a, b, e, s in zip(axes, begin, end, strides, strict=True):
         sl[_norm_axis(a, len(shape))] = slice(b, e, s)
     return sl
 
 
-def _strided_slice_infer(types, attrs):
+def _strided_slice_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     (x,) = types
     sl = _slices(x.shape, attrs["axes"], attrs["begin"], attrs["end"], attrs["strides"])
-    shape = tuple(len(range(*s.indices(d))) for s, d in zip(sl, x.shape))
+    shape = tuple(len(range(*s.indices(d))) for s, d in zip(sl, x.shape, strict=True))
     return [TensorType(shape, x.dtype)]
 
 
@@ -495,7 +516,7 @@ _register("strided_slice", {"axes": (), "begin": (), "end": (), "strides": None,
      np.ascontiguousarray(x[tuple(_slices(x.shape, axes, begin, end, strides))])))
 
 
-def _reshape_infer(types, attrs):
+def _reshape_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     (x,) = types
     shape = list(attrs["shape"])
     if shape.count(-1) > 1:
@@ -511,7 +532,7 @@ def _reshape_infer(types, attrs):
 _register("reshape", {"shape": ()})((_reshape_infer, lambda x, shape: x.reshape(shape)))
 
 
-def _permute_infer(types, attrs):
+def _permute_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     (x,) = types
     axes = attrs["axes"]
     axes = tuple(reversed(range(len(x.shape)))) if axes is None else tuple(axes)
@@ -524,7 +545,7 @@ _register("permute_dims", {"axes": None})(
     (_permute_infer, lambda x, axes: np.ascontiguousarray(np.transpose(x, axes))))
 
 
-def _enlarge_infer(types, attrs):
+def _enlarge_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:
     (w,) = types
     kh, kw = _pair(attrs["kernel_size"])
     if len(w.shape) != 4 or w.shape[2] > kh or w.shape[3] > kw or (kh - w.shape[2]) % 2 or (
@@ -533,7 +554,7 @@ def _enlarge_infer(types, attrs):
     return [TensorType(w.shape[:2] + (kh, kw), w.dtype)]
 
 
-def _enlarge(w, kernel_size):
+def _enlarge(w: np.ndarray, kernel_size: Any) -> np.ndarray:
     kh, kw = _pair(kernel_size)
     dh, dw = (kh - w.shape[2]) // 2, (kw - w.shape[3]) // 2
     return np.pad(w, ((0, 0), (0, 0), (dh, dh), (dw, dw)))

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import z3
@@ -38,6 +38,7 @@ from paragraph.rules.specs import (
     VALID,
     ShapeError,
     Term,
+    Z3Expr,
     app,
     evaluate,
     param_value,
@@ -51,6 +52,11 @@ x, y, z, w = var("x"), var("y"), var("z"), var("w")
 x1, x2, w1, w2 = var("x1"), var("x2"), var("w1"), var("w2")
 s = var("s")  # a scalar tensor (smul's second operand)
 
+# a parameter condition (op, expr, expr): op "ne", "eq" or "ge"; each expr an int, a parameter
+# variable or an expression such as ("%", "g", 2)
+Hypothesis = tuple[str, Any, Any]
+Case = dict[str, Any]  # a validation case: tensor name -> shape, parameter name -> value
+
 
 @dataclass(frozen=True)
 class Axiom:
@@ -60,12 +66,12 @@ class Axiom:
     lhs: Term
     rhs: Term
     comment: str
-    cases: tuple[dict, ...] = ()
-    hypotheses: tuple[tuple[str, str, Any], ...] = ()
+    cases: tuple[Case, ...] = ()
+    hypotheses: tuple[Hypothesis, ...] = ()
     table: bool = True  # from TASO table 2.2 (False: an extension of paragraph)
-    extra: dict = field(default_factory=dict, hash=False, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
-    def formula(self):
+    def formula(self) -> Z3Expr:
         """The z3 formula ``ForAll vars. hypotheses -> lhs == rhs``."""
         tensor_sort, _ = z3_sorts()
         tv, pv = term_vars(self.lhs)
@@ -89,8 +95,9 @@ class Axiom:
                                                                                      body)
 
 
-def _consts(t) -> list:
-    out, stack = [], [t]
+def _consts(t: Z3Expr) -> list[Z3Expr]:
+    out: list[Z3Expr] = []
+    stack = [t]
     while stack:
         e = stack.pop()
         if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
@@ -99,37 +106,40 @@ def _consts(t) -> list:
     return out
 
 
-def hypothesis_z3(h: tuple[str, Any, Any], params: dict):
+def hypothesis_z3(h: Hypothesis, params: Mapping[str, Z3Expr]) -> Z3Expr:
     """A parameter condition ``(op, expr, expr)`` (op ne, eq or ge) as a z3 boolean."""
     return _compare(h, params)
 
 
-def _compare(h: tuple[str, Any, Any], params: dict):
+def _compare(h: Hypothesis, params: Mapping[str, Any]) -> Any:
     op, a, b = h
     left, right = param_value(a, params), param_value(b, params)
     return {"ne": lambda: left != right, "eq": lambda: left == right,
             "ge": lambda: left >= right}[op]()
 
 
-def _hyp_holds(h: tuple[str, Any, Any], params: dict) -> bool:
+def _hyp_holds(h: Hypothesis, params: Mapping[str, Any]) -> bool:
     return bool(_compare(h, params))
 
 
 # ---------------------------------------------------------------------------- cases
-def _grid(**choices: Sequence[Any]) -> list[dict]:
+def _grid(**choices: Sequence[Any]) -> list[Case]:
     keys = list(choices)
-    return [dict(zip(keys, vals)) for vals in itertools.product(*(choices[k] for k in keys))]
+    return [dict(zip(keys, vals, strict=True))
+            for vals in itertools.product(*(choices[k] for k in keys))]
 
 
-def _same_shape(names: str, shapes=((3, 4), (2, 3, 4), (2, 3, 4, 5))) -> tuple[dict, ...]:
+def _same_shape(names: str, shapes: Sequence[tuple[int, ...]] = ((3, 4), (2, 3, 4), (2, 3, 4, 5))
+                ) -> tuple[Case, ...]:
     return tuple({n: sh for n in names} for sh in shapes)
 
 
-def _with_scalar(cases: Sequence[dict], *names: str) -> tuple[dict, ...]:
+def _with_scalar(cases: Sequence[Case], *names: str) -> tuple[Case, ...]:
     return tuple({**c, **{n: () for n in names}} for c in cases)
 
 
-def _concat_cases(names_a: str, names_b: str, axis_choices=(-1, -2, -3)) -> tuple[dict, ...]:
+def _concat_cases(names_a: str, names_b: str,
+                  axis_choices: Sequence[int] = (-1, -2, -3)) -> tuple[Case, ...]:
     """Shapes where tensors in ``names_a`` and in ``names_b`` differ along the axis ``a``."""
     out = []
     for a in axis_choices:
@@ -146,8 +156,10 @@ def _concat_cases(names_a: str, names_b: str, axis_choices=(-1, -2, -3)) -> tupl
 _CONV_P = dict(s=(1, 2), p=(SAME, VALID))
 
 
-def _conv_cases(kernel_names: str = "y", data: str = "x", groups=(1, 2), acts=(NONE, RELU),
-                ks=((3, 3), (1, 3)), out_ch=4, in_ch=4, extra: dict | None = None) -> tuple:
+def _conv_cases(kernel_names: str = "y", data: str = "x", groups: Sequence[int] = (1, 2),
+                acts: Sequence[int] = (NONE, RELU),
+                ks: Sequence[tuple[int, int]] = ((3, 3), (1, 3)), out_ch: int = 4, in_ch: int = 4,
+                extra: Case | None = None) -> tuple[Case, ...]:
     out = []
     for c in _grid(**_CONV_P, c=acts, g=groups, k=ks):
         kh, kw = c.pop("k")
@@ -160,7 +172,7 @@ def _conv_cases(kernel_names: str = "y", data: str = "x", groups=(1, 2), acts=(N
     return tuple(out)
 
 
-def _pool_cases(extra_axis: int, names="xy") -> tuple:
+def _pool_cases(extra_axis: int, names: str = "xy") -> tuple[Case, ...]:
     out = []
     for c in _grid(kh=(3, 1), kw=(3,), s=(1, 2), p=(SAME, VALID)):
         other = [2, 3, 6, 5]
@@ -170,7 +182,8 @@ def _pool_cases(extra_axis: int, names="xy") -> tuple:
 
 
 # ---------------------------------------------------------------------------- the axioms
-def _conv(xx: Term, yy: Term, c: Any = "c", g: Any = "g", pad: Any = "p", stride: Any = "s"):
+def _conv(xx: Term, yy: Term, c: Any = "c", g: Any = "g", pad: Any = "p",
+          stride: Any = "s") -> Term:
     return app("conv2d", xx, yy, stride=stride, pad=pad, act=c, groups=g)
 
 
@@ -186,7 +199,8 @@ def _build() -> list[Axiom]:
     ew = _same_shape("xyz")
     ax: list[Axiom] = []
 
-    def add(name, lhs, rhs, comment, cases, **kw):
+    def add(name: str, lhs: Term, rhs: Term, comment: str, cases: Iterable[Case],
+            **kw: Any) -> None:
         ax.append(Axiom(name, lhs, rhs, comment, tuple(cases), **kw))
 
     add("1", app("ewadd", x, app("ewadd", y, z)), app("ewadd", app("ewadd", x, y), z),
@@ -377,7 +391,8 @@ def validate(axiom: Axiom, seed: int = 0, tol: float = 1e-8) -> list[str]:
     term_vars(axiom.rhs, tv)
     failures = []
     for case in axiom.cases:
-        tensors = {n: rng.standard_normal(case[n]) for n in tv}
+        # a case gives every tensor a shape (a tuple), so each draw is an array
+        tensors = {n: cast(np.ndarray, rng.standard_normal(case[n])) for n in tv}
         params = {k: v for k, v in case.items() if k not in tv}
         if not all(_hyp_holds(h, params) for h in axiom.hypotheses):
             failures.append(f"{axiom.name}: case {case} violates the hypotheses")
@@ -401,7 +416,7 @@ def validate_all(axioms: Sequence[Axiom] | None = None) -> dict[str, list[str]]:
 
 
 def redundant(axioms: Sequence[Axiom] | None = None, timeout_ms: int = 2000,
-              progress=None) -> dict[str, str]:
+              progress: Callable[[Axiom, str, float], object] | None = None) -> dict[str, str]:
     """For each axiom, whether the others entail it: ``"redundant"``, ``"independent"``
     (z3 found a countermodel) or ``"unknown"`` (timeout; z3 searches for ever otherwise).
 

@@ -59,7 +59,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     entry = next(e for e in data["rules"] if e["id"] == rule.id.rstrip("~"))
     if isinstance(rule, Rule):
         _say(f"{rule.id}: {rule.name}")
-        for a, b in zip(rule.terms("source"), rule.terms("target")):
+        for a, b in zip(rule.terms("source"), rule.terms("target"), strict=True):
             _say(f"  {a!r}\n    => {b!r}")
         if rule.constraints:
             _say(f"  constraints: {rule.constraints}")
@@ -84,7 +84,7 @@ def cmd_axioms(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``rules`` command and its verbs to the ``paragraph`` parser."""
     p = subparsers.add_parser("rules", help="generate, verify and inspect the verified "
                               "substitution library")

@@ -37,9 +37,10 @@ import itertools
 import multiprocessing
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, ItemsView, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from paragraph.rules.match import usable
 from paragraph.rules.rule import (
     PInput,
     POp,
+    Ref,
     Rule,
     check_numeric,
     infer_side,
@@ -59,6 +61,7 @@ from paragraph.rules.specs import (
     SAME,
     VALID,
     Meta,
+    Params,
     ShapeError,
     compute,
     constant_value,
@@ -69,6 +72,12 @@ from paragraph.rules.verify import Prover, z3_version
 COMMUTATIVE = frozenset({"ewadd", "ewmul"})
 TOLERANCE = 1e-5
 
+Dim = str | int  # a symbolic dimension ("N") or a fixed size
+# an enumerated graph: (choice index, input tensor indices) per operator, tensors numbered
+# inputs first, then each operator's outputs; ((-1, inputs),) is a graph of bare inputs
+EncodedGraph = tuple[tuple[int, tuple[int, ...]], ...]
+RuleKey = tuple[tuple[Any, ...], ...]  # `pair_key`, `canonical_key`
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -76,13 +85,13 @@ class Choice:
 
     op: str
     params: tuple[tuple[str, int], ...] = ()
-    shape: tuple[int, ...] | None = None  # constants: their shape in this domain
+    shape: tuple[Dim, ...] | None = None  # constants: their shape in this domain
 
 
 @dataclass(frozen=True)
 class InputSpec:
     name: str
-    dims: tuple[str, ...]
+    dims: tuple[Dim, ...]
     role: str  # "data", "kernel", "scalar"
 
 
@@ -92,15 +101,16 @@ class Domain:
 
     name: str
     inputs: tuple[InputSpec, ...]
-    dims: dict
+    dims: dict[str, int]
     choices: tuple[Choice, ...]
 
-    def shape(self, dims: Sequence[str], values: dict | None = None) -> tuple[int, ...]:
+    def shape(self, dims: Sequence[Dim], values: Mapping[str, int] | None = None
+              ) -> tuple[int, ...]:
         values = values or self.dims
         return tuple(d if isinstance(d, int) else values[d] for d in dims)
 
 
-def _p(**kw) -> tuple[tuple[str, int], ...]:
+def _p(**kw: int) -> tuple[tuple[str, int], ...]:
     return tuple(kw.items())
 
 
@@ -141,9 +151,10 @@ DOMAINS: dict[str, Callable[[], Domain]] = {"matrix": matrix_domain, "image": im
 
 
 # ---------------------------------------------------------------------------- values
-def _inputs(domain: Domain, mode: str, seed: int, values: dict | None = None):
+def _inputs(domain: Domain, mode: str, seed: int,
+            values: Mapping[str, int] | None = None) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[np.ndarray] = []
     for spec in domain.inputs:
         shape = domain.shape(spec.dims, values)
         if mode == "int":
@@ -153,7 +164,7 @@ def _inputs(domain: Domain, mode: str, seed: int, values: dict | None = None):
     return out
 
 
-def _params(choice: Choice, metas: Sequence[Meta]) -> dict:
+def _params(choice: Choice, metas: Sequence[Meta]) -> Params:
     p = dict(choice.params)
     if choice.op == "conv2d":
         x, w = metas
@@ -170,13 +181,16 @@ def _content_hash(value: np.ndarray, meta: Meta) -> int:
 
 
 @cache
-def _stable(*parts) -> int:
+def _stable(*parts: Hashable) -> int:
     """A hash that is the same in every process (Python randomises str and bytes hashes)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
 
 # ---------------------------------------------------------------------------- enumeration
+_EnumOp = tuple[int, tuple[int, ...], int]  # (choice index, input tensor indices, struct hash)
+
+
 @dataclass
 class _Tensor:
     value: np.ndarray
@@ -192,7 +206,7 @@ class _Tensor:
 class Enumeration:
     """What step 1 produced: fingerprint buckets (graphs as tuples of (choice, inputs))."""
 
-    buckets: dict[int, list[tuple]]
+    buckets: dict[int, list[EncodedGraph]]
     graphs: int
     seconds: float
     duplicate_outputs: int = 0
@@ -203,14 +217,14 @@ def enumerate_graphs(domain: Domain, k: int, seed: int = 0) -> Enumeration:
     graphs of one or two bare inputs, the targets of rules such as ``T(T(x)) = x``)."""
     start = time.perf_counter()
     values = _inputs(domain, "int", seed)
-    tensors = []
-    for i, (spec, v) in enumerate(zip(domain.inputs, values)):
+    tensors: list[_Tensor] = []
+    for i, (spec, v) in enumerate(zip(domain.inputs, values, strict=True)):
         meta = Meta(v.shape)
         tensors.append(_Tensor(v, meta, _content_hash(v, meta), hash((-1, i)), spec.role, -1))
-    buckets: dict[int, list[tuple]] = defaultdict(list)
+    buckets: dict[int, list[EncodedGraph]] = defaultdict(list)
     counter = {"graphs": 0, "dup": 0}
-    ops: list[tuple] = []  # (choice index, input tensor indices, op struct hash)
-    op_keys: set = set()
+    ops: list[_EnumOp] = []  # (choice index, input tensor indices, op struct hash)
+    op_keys: set[tuple[int, tuple[int, ...]]] = set()
     consumers = [0] * len(tensors)
     contents = {t.content: i for i, t in enumerate(tensors)}
     n_in = len(tensors)
@@ -235,7 +249,7 @@ def enumerate_graphs(domain: Domain, k: int, seed: int = 0) -> Enumeration:
             buckets[hash(tuple(sorted((tensors[i].content, tensors[j].content))))].append(
                 ((-1, (i, j)),))
 
-    def candidates():
+    def candidates() -> Iterator[tuple[int, tuple[int, ...]]]:
         for ci, choice in enumerate(domain.choices):
             spec = OPS[choice.op]
             n = len(tensors)
@@ -255,7 +269,7 @@ def enumerate_graphs(domain: Domain, k: int, seed: int = 0) -> Enumeration:
                         if a != b:
                             yield ci, (a, b)
 
-    def allowed(choice: Choice, ins: tuple) -> bool:
+    def allowed(choice: Choice, ins: tuple[int, ...]) -> bool:
         roles = [tensors[i].role for i in ins]
         if choice.op == "conv2d":  # data in, kernel as weights (TASO: no input weight as data)
             return roles[0] == "data"
@@ -290,6 +304,7 @@ def enumerate_graphs(domain: Domain, k: int, seed: int = 0) -> Enumeration:
             try:
                 params = _params(choice, metas)
                 if spec.constant:
+                    assert choice.shape is not None  # a constant's choice gives its shape
                     out_metas = [Meta(domain.shape(choice.shape))]
                     outs = [constant_value(choice.op, out_metas[0].shape, "int")]
                 else:
@@ -300,7 +315,8 @@ def enumerate_graphs(domain: Domain, k: int, seed: int = 0) -> Enumeration:
                 continue
             role = _role(choice, tensors, ins)
             new = [_Tensor(v, m, _content_hash(v, m), hash((struct, j)), role, len(ops),
-                           spec.constant) for j, (v, m) in enumerate(zip(outs, out_metas))]
+                           spec.constant)
+                   for j, (v, m) in enumerate(zip(outs, out_metas, strict=True))]
             duplicate = any(t.content in contents for t in new) or (
                 len(new) == 2 and new[0].content == new[1].content)
             ops.append((ci, ins, struct))
@@ -332,7 +348,7 @@ def enumerate_graphs(domain: Domain, k: int, seed: int = 0) -> Enumeration:
                        counter["dup"])
 
 
-def _role(choice: Choice, tensors, ins) -> str:
+def _role(choice: Choice, tensors: Sequence[_Tensor], ins: tuple[int, ...]) -> str:
     if choice.op in ("enlarge", "c_pool", "i_conv"):
         return "kernel"
     if not ins:
@@ -340,7 +356,7 @@ def _role(choice: Choice, tensors, ins) -> str:
     return tensors[ins[0]].role
 
 
-def _connected(ops: Sequence[tuple], producers: Sequence[int]) -> bool:
+def _connected(ops: Sequence[_EnumOp], producers: Sequence[int]) -> bool:
     """Whether the operators form one component (an op joins the producers of its inputs
     and every op reading the same input tensor)."""
     if len(ops) <= 1:
@@ -369,17 +385,26 @@ def _connected(ops: Sequence[tuple], producers: Sequence[int]) -> bool:
 class Candidate:
     """A pair of equivalent graphs: ``graph`` (source) and ``rep`` (the bucket's smallest)."""
 
-    graph: tuple
-    rep: tuple
+    graph: EncodedGraph
+    rep: EncodedGraph
     rule: Rule | None = None
-    key: tuple = ()
+    key: RuleKey = ()
 
 
-def _evaluate(domain: Domain, graph: tuple, inputs: Sequence[np.ndarray], mode: str):
+def _rule_of(c: Candidate) -> Rule:
+    """The rule of candidate ``c`` (`test_candidates` gives every candidate one)."""
+    assert c.rule is not None
+    return c.rule
+
+
+def _evaluate(domain: Domain, graph: EncodedGraph, inputs: Sequence[np.ndarray], mode: str
+              ) -> tuple[list[np.ndarray], list[Meta], list[Params], list[int], list[int]]:
     """Values, metas and op params of every tensor of an encoded graph; and its outputs."""
     values = list(inputs)
     metas = [Meta(v.shape) for v in inputs]
-    params_of, consumed, producer = [], set(), [-1] * len(values)
+    params_of: list[Params] = []
+    consumed: set[int] = set()
+    producer = [-1] * len(values)
     if graph and graph[0][0] == -1:
         return values, metas, [], list(graph[0][1]), producer
     for j, (ci, ins) in enumerate(graph):
@@ -388,6 +413,7 @@ def _evaluate(domain: Domain, graph: tuple, inputs: Sequence[np.ndarray], mode: 
         in_metas = [metas[i] for i in ins]
         p = _params(choice, in_metas)
         if spec.constant:
+            assert choice.shape is not None  # a constant's choice gives its shape
             shape = domain.shape(choice.shape, {d: v for d, v in _dim_values(domain, inputs)})
             outs, out_metas = [constant_value(choice.op, shape, mode)], [Meta(shape)]
         else:
@@ -395,7 +421,7 @@ def _evaluate(domain: Domain, graph: tuple, inputs: Sequence[np.ndarray], mode: 
             outs = compute(choice.op, p, [values[i] for i in ins], in_metas, mode)
         params_of.append(p)
         consumed.update(ins)
-        for v, m in zip(outs, out_metas):
+        for v, m in zip(outs, out_metas, strict=True):
             values.append(v)
             metas.append(m)
             producer.append(j)
@@ -403,23 +429,25 @@ def _evaluate(domain: Domain, graph: tuple, inputs: Sequence[np.ndarray], mode: 
     return values, metas, params_of, outputs, producer
 
 
-def _dim_values(domain: Domain, inputs: Sequence[np.ndarray]):
-    seen = {}
-    for spec, v in zip(domain.inputs, inputs):
-        for d, n in zip(spec.dims, v.shape):
+def _dim_values(domain: Domain, inputs: Sequence[np.ndarray]) -> ItemsView[str, int]:
+    seen: dict[str, int] = {}
+    for spec, v in zip(domain.inputs, inputs, strict=True):
+        for d, n in zip(spec.dims, v.shape, strict=True):
             if isinstance(d, str):
                 seen[d] = n
     return seen.items()
 
 
-def _side(domain: Domain, graph: tuple, inputs, used: dict[int, int]):
+def _side(domain: Domain, graph: EncodedGraph, inputs: Sequence[np.ndarray],
+          used: dict[int, int]) -> tuple[tuple[POp, ...], list[Ref]]:
     """Rule ops of an encoded graph; ``used`` maps pool input index -> rule input index."""
     _, _, params_of, outputs, producer = _evaluate(domain, graph, inputs, "int")
     if graph[0][0] == -1:
         return (), [(used[t], 0) for t in outputs]
     n = len(used)
-    ref: dict[int, tuple[int, int]] = {i: (r, 0) for i, r in used.items()}
-    ops, t = [], len(inputs)
+    ref: dict[int, Ref] = {i: (r, 0) for i, r in used.items()}
+    ops: list[POp] = []
+    t = len(inputs)
     for j, (ci, ins) in enumerate(graph):
         choice = domain.choices[ci]
         ops.append(POp(choice.op, tuple(params_of[j].items()) if OPS[choice.op].params else (),
@@ -433,7 +461,7 @@ def _side(domain: Domain, graph: tuple, inputs, used: dict[int, int]):
     return tuple(ops), [ref[t] for t in outputs]
 
 
-def _used_inputs(graph: tuple, n_in: int) -> set[int]:
+def _used_inputs(graph: EncodedGraph, n_in: int) -> set[int]:
     if graph[0][0] == -1:
         return set(graph[0][1])
     return {i for _, ins in graph for i in ins if i < n_in}
@@ -443,7 +471,8 @@ def _match_outputs(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> list[int
     """For each array of ``a`` the index of an equal one in ``b`` (a bijection), or None."""
     if len(a) != len(b):
         return None
-    taken, mapping = set(), []
+    taken: set[int] = set()
+    mapping: list[int] = []
     for u in a:
         for j, v in enumerate(b):
             if j not in taken and u.shape == v.shape and np.allclose(u, v, rtol=TOLERANCE,
@@ -460,7 +489,7 @@ def test_candidates(domain: Domain, enum: Enumeration, seed: int = 1) -> list[Ca
     """Step 2: pair each bucket's smallest graph with the others; keep pairs equal on floats."""
     n_in = len(domain.inputs)
     floats = _inputs(domain, "float", seed)
-    out = []
+    out: list[Candidate] = []
     for graphs in enum.buckets.values():
         if len(graphs) < 2:
             continue
@@ -482,12 +511,12 @@ def test_candidates(domain: Domain, enum: Enumeration, seed: int = 1) -> list[Ca
             rule = Rule(id="", name="", inputs=tuple(
                 PInput(domain.inputs[i].name, domain.inputs[i].dims) for i in used),
                 source=src_ops, target=tgt_ops,
-                outputs=tuple((s, tgt_outs[m]) for s, m in zip(src_outs, mapping)),
+                outputs=tuple((s, tgt_outs[m]) for s, m in zip(src_outs, mapping, strict=True)),
                 origin="generated")
-            rule = drop_identical_outputs(rule)
-            if rule is None:
+            pruned = drop_identical_outputs(rule)
+            if pruned is None:
                 continue
-            for part in components(rule):
+            for part in components(pruned):
                 if shape_checkable(part, domain.dims):
                     out.append(Candidate(g, rep, part))
     return out
@@ -508,9 +537,9 @@ def drop_identical_outputs(rule: Rule) -> Rule | None:
 
 
 # ---------------------------------------------------------------------------- renaming
-def _side_hashes(ops: Sequence[POp], labels: Sequence[int], n: int) -> list[int]:
+def _side_hashes(ops: Sequence[POp], labels: Sequence[int], n: int) -> dict[Ref, int]:
     """Structural hash of every tensor a side defines, inputs labelled by ``labels``."""
-    h: dict[tuple[int, int], int] = {(i, 0): hash((-1, labels[i])) for i in range(n)}
+    h: dict[Ref, int] = {(i, 0): hash((-1, labels[i])) for i in range(n)}
     for j, o in enumerate(ops):
         args = [h[r] for r in o.inputs]
         if o.op in COMMUTATIVE:
@@ -521,7 +550,7 @@ def _side_hashes(ops: Sequence[POp], labels: Sequence[int], n: int) -> list[int]
     return h
 
 
-def pair_key(rule: Rule, labels: Sequence[int] | None = None) -> tuple:
+def pair_key(rule: Rule, labels: Sequence[int] | None = None) -> RuleKey:
     """A key equal for rules equal up to the input labelling ``labels`` (default: identity)
     and to the order of their operators; the two sides are unordered."""
     n = len(rule.inputs)
@@ -533,14 +562,15 @@ def pair_key(rule: Rule, labels: Sequence[int] | None = None) -> tuple:
     return tuple(sorted((src, tgt))) + (outs,)
 
 
-def _signature(rule: Rule, i: int, base: Sequence[int], ranked: bool = True) -> tuple:
+def _signature(rule: Rule, i: int, base: Sequence[int], ranked: bool = True
+               ) -> tuple[int, tuple[tuple[Any, ...], ...], tuple[str, ...]]:
     """What does not change under renaming: the rank of input class ``i`` and its uses."""
     n = len(rule.inputs)
 
-    def mine(r) -> bool:
+    def mine(r: Ref) -> bool:
         return r[0] < n and r[1] == 0 and base[r[0]] == i
 
-    uses = []
+    uses: list[tuple[str, str, tuple[tuple[str, Any], ...], int]] = []
     for side, ops in (("s", rule.source), ("t", rule.target)):
         for o in ops:
             for pos, r in enumerate(o.inputs):
@@ -551,7 +581,7 @@ def _signature(rule: Rule, i: int, base: Sequence[int], ranked: bool = True) -> 
 
 
 def canonical_key(rule: Rule, merge: tuple[int, int] | None = None,
-                  ranked: bool = True) -> tuple:
+                  ranked: bool = True) -> RuleKey:
     """`pair_key` minimised over input renamings (inputs of equal rank and use signature);
     ``merge=(a, b)`` first identifies input b with a (a specialisation). ``ranked=False``
     ignores ranks (rules are rank-agnostic: the same rule found on matrices and images)."""
@@ -559,23 +589,24 @@ def canonical_key(rule: Rule, merge: tuple[int, int] | None = None,
     base = list(range(n))
     if merge is not None:
         base[merge[1]] = merge[0]
-    sigs = {}
+    sigs: dict[tuple[int, tuple[tuple[Any, ...], ...], tuple[str, ...]], list[int]] = {}
     for i in set(base):
         sig = _signature(rule, i, base, ranked)
         if sig[1] or sig[2]:  # an unused input has no label
             sigs.setdefault(sig, []).append(i)
     groups = [sigs[s] for s in sorted(sigs)]
-    best = None
+    best: RuleKey | None = None
     for perm in itertools.product(*(itertools.permutations(g) for g in groups)):
         order = [i for g in perm for i in g]
         label = {i: r for r, i in enumerate(order)}
         key = pair_key(rule, [label.get(base[i], -1) for i in range(n)])
         if best is None or key < best:
             best = key
+    assert best is not None  # the product of the (non-empty) groups' permutations is not empty
     return best
 
 
-def _generality(rule: Rule) -> tuple:
+def _generality(rule: Rule) -> tuple[int, int]:
     dims = {d for i in rule.inputs for d in i.dims if isinstance(d, str)}
     return (-len(dims), -len(rule.inputs))
 
@@ -590,17 +621,18 @@ def _to_fresh(ops: Sequence[POp], old: tuple[int, int], n: int) -> tuple[POp, ..
 def prune_renaming(cands: list[Candidate]) -> list[Candidate]:
     """Step 3: drop pairs equal to another up to renaming inputs, and specialisations of
     another pair by identifying two inputs of the same rank; keep the most general."""
-    cands = sorted(cands, key=lambda c: _generality(c.rule))
-    by_key: dict[tuple, Candidate] = {}
+    cands = sorted(cands, key=lambda c: _generality(_rule_of(c)))
+    by_key: dict[RuleKey, Candidate] = {}
     for c in cands:
-        c.key = canonical_key(c.rule)
+        c.key = canonical_key(_rule_of(c))
         by_key.setdefault(c.key, c)
-    special = set()
+    special: set[RuleKey] = set()
     for c in by_key.values():
-        n = len(c.rule.inputs)
+        rule = _rule_of(c)
+        n = len(rule.inputs)
         for a, b in itertools.combinations(range(n), 2):
-            if c.rule.inputs[a].rank == c.rule.inputs[b].rank:
-                k = canonical_key(c.rule, (a, b))
+            if rule.inputs[a].rank == rule.inputs[b].rank:
+                k = canonical_key(rule, (a, b))
                 if k != c.key and k in by_key:
                     special.add(k)
     return [c for k, c in by_key.items() if k not in special]
@@ -615,7 +647,7 @@ _GENERAL = ("stride", "pad", "act", "groups", "axis", "kh", "kw")
 
 
 def _with_params(rule: Rule, subst: dict[tuple[str, int], str]) -> Rule:
-    def side(ops):
+    def side(ops: Sequence[POp]) -> tuple[POp, ...]:
         return tuple(POp(o.op, tuple((k, subst.get((k, v), v) if isinstance(v, int) else v)
                                      for k, v in o.params), o.inputs) for o in ops)
     names: dict[str, list[str]] = {}
@@ -631,7 +663,7 @@ _ALTERNATIVES = {"stride": (1, 2), "pad": (SAME, VALID), "act": (NONE, RELU),
                  "axis": (-1, -2, -3, -4), "kh": (1, 3, 5), "kw": (1, 3, 5), "groups": ()}
 
 
-def generalise(rule: Rule, prover, axioms_used: Sequence[str],
+def generalise(rule: Rule, prover: Prover, axioms_used: Sequence[str],
                dims: dict[str, int]) -> tuple[Rule, tuple[str, ...]]:
     """Replace each concrete parameter value by a variable where z3 proves the rule still
     holds (every stride, padding, ... at once); returns the rule and its proof's axioms.
@@ -667,10 +699,11 @@ def _drop_dead(rule: Rule) -> Rule | None:
     outputs = tuple(p for p in rule.outputs if not (p[0] == p[1] and p[0][0] < n))
     if not outputs:
         return None
-    sides = {}
+    sides: dict[str, list[int]] = {}
     for which, idx in (("source", 0), ("target", 1)):
         ops = rule.side(which)
-        live, stack = set(), [pair[idx][0] for pair in outputs]
+        live: set[int] = set()
+        stack = [pair[idx][0] for pair in outputs]
         while stack:
             node = stack.pop()
             if node >= n and node not in live:
@@ -681,7 +714,8 @@ def _drop_dead(rule: Rule) -> Rule | None:
                           for r in rule.side(which)[node - n].inputs if r[0] < n}
                          | {pair[i][0] for pair in outputs for i in (0, 1) if pair[i][0] < n})
     in_map = {old: new for new, old in enumerate(used_inputs)}
-    remaps, new_sides = {}, {}
+    remaps: dict[str, dict[int, int]] = {}
+    new_sides: dict[str, tuple[POp, ...]] = {}
     for which in ("source", "target"):
         m = dict(in_map)
         m.update({old: len(used_inputs) + j for j, old in enumerate(sides[which])})
@@ -701,8 +735,9 @@ def components(rule: Rule) -> list[Rule]:
     into one rule per group: it is their parallel composition, so nothing is lost."""
     n = len(rule.inputs)
 
-    def ops_of(which: str, ref) -> set[int]:
-        ops, seen, stack = rule.side(which), set(), [ref[0]]
+    def ops_of(which: str, ref: Ref) -> set[int]:
+        ops, stack = rule.side(which), [ref[0]]
+        seen: set[int] = set()
         while stack:
             node = stack.pop()
             if node >= n and node not in seen:
@@ -710,7 +745,7 @@ def components(rule: Rule) -> list[Rule]:
                 stack.extend(r[0] for r in ops[node - n].inputs)
         return seen
 
-    groups: list[tuple[set, set, list]] = []
+    groups: list[tuple[set[int], set[int], list[tuple[Ref, Ref]]]] = []
     for pair in rule.outputs:
         src, tgt = ops_of("source", pair[0]), ops_of("target", pair[1])
         joined = [g for g in groups if g[0] & src or g[1] & tgt]
@@ -720,7 +755,7 @@ def components(rule: Rule) -> list[Rule]:
         groups.append((src, tgt, [p for g in joined for p in g[2]] + [pair]))
     if len(groups) == 1:
         return [rule]
-    out = []
+    out: list[Rule] = []
     for _, _, pairs in groups:
         part = _drop_dead(Rule(rule.id, rule.name, rule.inputs, rule.source, rule.target,
                                tuple(pairs), rule.constraints, rule.origin))
@@ -751,7 +786,7 @@ def common_generalisations(rule: Rule, dims: dict[str, int]) -> list[Rule]:
         metas = infer_side(rule, "source", template_metas(rule, dims), {})
     except ShapeError:  # a constant whose shape its use does not give: no generalisation
         return []
-    out = []
+    out: list[Rule] = []
     # (a) a common single-output operator read by other operators
     by_hash_t = {h: ref for ref, h in ht.items() if ref[0] >= n}
     mapped = {s for s, _ in rule.outputs} | {t for _, t in rule.outputs}
@@ -771,7 +806,7 @@ def common_generalisations(rule: Rule, dims: dict[str, int]) -> list[Rule]:
         if reduced is not None:
             out.append(reduced)
     # (b) the same operator on top of every output
-    tops = []
+    tops: list[tuple[POp, POp]] = []
     for s, t in rule.outputs:
         if s[0] < n or t[0] < n:
             break
@@ -780,8 +815,8 @@ def common_generalisations(rule: Rule, dims: dict[str, int]) -> list[Rule]:
             break
         tops.append((so, to))
     else:
-        pairs = tuple(dict.fromkeys((a, b) for so, to in tops for a, b in zip(so.inputs,
-                                                                               to.inputs)))
+        pairs = tuple(dict.fromkeys((a, b) for so, to in tops
+                                    for a, b in zip(so.inputs, to.inputs, strict=True)))
         if pairs:
             reduced = _drop_dead(Rule(rule.id, rule.name, rule.inputs, rule.source,
                                       rule.target, pairs, rule.constraints, rule.origin))
@@ -791,10 +826,10 @@ def common_generalisations(rule: Rule, dims: dict[str, int]) -> list[Rule]:
     return out
 
 
-def subsumers(rule: Rule, dims: dict[str, int], keys: set[tuple]) -> list[tuple]:
+def subsumers(rule: Rule, dims: dict[str, int], keys: set[RuleKey]) -> list[RuleKey]:
     """Keys (in ``keys``) of the common-subgraph generalisations of ``rule``."""
     own = canonical_key(rule)
-    found = []
+    found: list[RuleKey] = []
     for g in common_generalisations(rule, dims):
         k = canonical_key(g)
         if k != own and k in keys:
@@ -847,24 +882,24 @@ def run_domain(domain_name: str, k: int, rlimit: int = 500_000, gen_rlimit: int 
     stage("after input renaming", len(cands), t)
     t = time.perf_counter()
     keys = {c.key for c in cands}
-    covered = {c.key: subsumers(c.rule, domain.dims, keys) for c in cands}
+    covered = {c.key: subsumers(_rule_of(c), domain.dims, keys) for c in cands}
     stage("after common subgraph", sum(not v for v in covered.values()), t)
     t = time.perf_counter()
     prover, patient = Prover(rlimit=rlimit), Prover(rlimit=4 * rlimit)
-    status: dict[tuple, tuple] = {}
+    status: dict[RuleKey, tuple[bool, tuple[str, ...]]] = {}  # verified?, axioms used
 
     def verify(c: Candidate) -> bool:
         # most proofs need a few thousand z3 steps; the rest get four times the budget
         # (z3's search order depends on global term ids, so a borderline proof can need it)
         if c.key not in status:
-            proof = prover.prove_rule(c.rule, use_cache=False)
+            proof = prover.prove_rule(_rule_of(c), use_cache=False)
             if proof.status == "unknown":
-                proof = patient.prove_rule(c.rule, use_cache=False)
+                proof = patient.prove_rule(_rule_of(c), use_cache=False)
             status[c.key] = (proof.status == "verified", proof.axioms)
         return status[c.key][0]
 
     by_key = {c.key: c for c in cands}
-    verified = []
+    verified: list[Candidate] = []
     for i, c in enumerate(sorted(cands, key=lambda c: len(covered[c.key]))):
         if i and i % 500 == 0:
             log(f"  [{domain_name}]   ... {i} of {len(cands)} checked "
@@ -874,13 +909,13 @@ def run_domain(domain_name: str, k: int, rlimit: int = 500_000, gen_rlimit: int 
         if verify(c):
             verified.append(c)
         else:
-            report.unproved.append(c.rule)
+            report.unproved.append(_rule_of(c))
     stage("verified by z3 (kept)", len(verified), t)
     t = time.perf_counter()
-    general: dict[tuple, Rule] = {}
+    general: dict[RuleKey, Rule] = {}
     quick = Prover(rlimit=gen_rlimit)
     for c in verified:
-        rule, used = generalise(c.rule, quick, status[c.key][1], domain.dims)
+        rule, used = generalise(_rule_of(c), quick, status[c.key][1], domain.dims)
         rule = Rule(rule.id, rule.name, rule.inputs, rule.source, rule.target, rule.outputs,
                     rule.constraints, rule.origin,
                     {"status": "verified", "axioms": list(used), "z3": z3_version()})
@@ -890,7 +925,7 @@ def run_domain(domain_name: str, k: int, rlimit: int = 500_000, gen_rlimit: int 
     return report
 
 
-def _run_domain_job(args: tuple) -> Report:
+def _run_domain_job(args: tuple[str, int, int, Callable[[str], None] | None]) -> Report:
     name, k, rlimit, log = args
     return run_domain(name, k, rlimit, log=log or print)
 
@@ -914,7 +949,7 @@ def generate(k: int = 3, domains: Sequence[str] = ("matrix", "image"), workers: 
     for i, (name, _, _) in enumerate(reports[0].stages):  # noqa: B007
         total.add(name, sum(r.stages[i][1] for r in reports),
                   max(r.stages[i][2] for r in reports))
-    seen: dict[tuple, Rule] = {}
+    seen: dict[RuleKey, Rule] = {}
     for r in reports:
         for rule in r.rules:
             # a rule neither side of which binds every variable of the other cannot rewrite

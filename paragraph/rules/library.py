@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -26,7 +26,7 @@ from typing import Any
 from paragraph.errors import RuleLibraryError
 from paragraph.files import atomic_write_bytes
 from paragraph.rules.generator import generate
-from paragraph.rules.match import both_directions
+from paragraph.rules.match import AnyRule, both_directions
 from paragraph.rules.parametric import (
     DESCRIPTIONS,
     SCHEMAS,
@@ -49,13 +49,13 @@ class Library:
     path: Path
     rules: list[Rule] = field(default_factory=list)
     parametric: list[ParametricRule] = field(default_factory=list)
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
-    def all(self) -> list[Any]:
+    def all(self) -> list[Rule | ParametricRule]:
         """Every rule, pattern rules first."""
         return [*self.rules, *self.parametric]
 
-    def get(self, rule_id: str) -> Any:
+    def get(self, rule_id: str) -> Rule | ParametricRule:
         """The rule with this id (a pattern rule's reverse is ``id~``)."""
         base = rule_id.rstrip("~")
         for r in self.all():
@@ -63,19 +63,19 @@ class Library:
                 return r.reversed() if rule_id.endswith("~") and isinstance(r, Rule) else r
         raise RuleLibraryError(f"{self.path}: no rule {rule_id!r}")
 
-    def for_search(self) -> list[Any]:
+    def for_search(self) -> list[AnyRule]:
         """The rules a search applies: each pattern rule both ways (where the reverse can
         match) and the parametric rules."""
         return both_directions(self.rules) + list(self.parametric)
 
 
 # ---------------------------------------------------------------------------- JSON
-def _entry_hash(entry: dict) -> str:
+def _entry_hash(entry: Mapping[str, Any]) -> str:
     body = {k: v for k, v in entry.items() if k != "hash"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def parametric_entry(rule: ParametricRule, proof: dict) -> dict:
+def parametric_entry(rule: ParametricRule, proof: dict[str, Any]) -> dict[str, Any]:
     """The JSON entry of a parametric rule (with its hash)."""
     entry = {"id": rule.id, "name": rule.name, "origin": "parametric", "schema": rule.schema,
              "params": rule.params(), "paper": rule.paper, **DESCRIPTIONS[rule.schema],
@@ -84,7 +84,7 @@ def parametric_entry(rule: ParametricRule, proof: dict) -> dict:
     return entry
 
 
-def pattern_entry(rule: Rule) -> dict:
+def pattern_entry(rule: Rule) -> dict[str, Any]:
     """The JSON entry of a pattern rule (with its hash)."""
     entry = {k: v for k, v in rule.to_json().items() if k != "hash"}
     entry["hash"] = _entry_hash(entry)
@@ -92,14 +92,15 @@ def pattern_entry(rule: Rule) -> dict:
 
 
 def write_library(path: str | Path, rules: Sequence[Rule],
-                  parametric: Sequence[tuple[ParametricRule, dict]], meta: dict) -> None:
+                  parametric: Sequence[tuple[ParametricRule, dict[str, Any]]],
+                  meta: Mapping[str, Any]) -> None:
     """Write a library file (atomically): rules must all be verified."""
     for r in rules:
         if (r.proof or {}).get("status") != "verified":
             raise RuleLibraryError(f"{path}: refusing to write unverified rule {r.id}")
-    for r, proof in parametric:
+    for pr, proof in parametric:
         if proof.get("status") != "verified":
-            raise RuleLibraryError(f"{path}: refusing to write unverified rule {r.id}")
+            raise RuleLibraryError(f"{path}: refusing to write unverified rule {pr.id}")
     entries = ([pattern_entry(r) for r in rules]
                + [parametric_entry(r, p) for r, p in parametric])
     head = json.dumps({"format": FORMAT, "version": VERSION, **meta}, indent=1)
@@ -165,7 +166,7 @@ def default_library() -> Library:
 
 # ---------------------------------------------------------------------------- build, verify
 def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
-                  log: Callable[[str], None] = print) -> dict:
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the generator, prove the parametric rules, and write the library file.
 
     Returns the file's metadata (generator settings, stage counts, rule counts).
@@ -174,7 +175,7 @@ def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
     log(f"generating substitutions with up to {k} operators ...")
     report = generate(k, workers=workers, log=log)
     log("proving the parametric rules ...")
-    parametric = []
+    parametric: list[tuple[ParametricRule, dict[str, Any]]] = []
     for rule in all_parametric():
         proof = prove(rule)
         log(f"  {rule.id:<28} {proof['status']:<9} axioms {', '.join(proof['axioms'])}")
@@ -194,7 +195,7 @@ def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
 
 
 def prove_parametric(path: str | Path | None = None,
-                     log: Callable[[str], None] = print) -> dict:
+                     log: Callable[[str], None] = print) -> dict[str, Any]:
     """Re-prove every parametric rule paragraph ships and rewrite their entries in the library
     file (the generated rules are kept as they are; a new parametric rule is added, a retired
     one dropped): what a change to `paragraph.rules.parametric` needs, without the minutes
@@ -202,7 +203,7 @@ def prove_parametric(path: str | Path | None = None,
     file's metadata."""
     path = Path(path) if path is not None else LIBRARY_PATH
     lib = load_library(path)
-    proved = []
+    proved: list[tuple[ParametricRule, dict[str, Any]]] = []
     for rule in all_parametric():
         proof = prove(rule)
         log(f"  {rule.id:<28} {proof['status']:<9} axioms {', '.join(proof['axioms'])}")
@@ -222,7 +223,7 @@ def verify_library(path: str | Path | None = None, use_cache: bool = True,
     """Re-prove every rule of a library with z3 and check it numerically; maps rule ids to
     ``"ok"`` or what failed."""
     lib = load_library(path)
-    results = {}
+    results: dict[str, str] = {}
     for rule in lib.rules:
         proof = prove_rule(rule, use_cache)
         try:
@@ -232,15 +233,15 @@ def verify_library(path: str | Path | None = None, use_cache: bool = True,
             numeric = str(e)
         results[rule.id] = ("ok" if proof.status == "verified" and numeric == "ok"
                             else f"z3 {proof.status}, numeric: {numeric}")
-    for rule in lib.parametric:
-        proof = prove(rule)
+    for prule in lib.parametric:
+        record = prove(prule)
         try:
-            checked = sum(check_numeric(rule, seed) for seed in range(3))
+            checked = sum(check_numeric(prule, seed) for seed in range(3))
             numeric = "ok" if checked else "no match in the examples"
         except AssertionError as e:
             numeric = str(e)
-        results[rule.id] = ("ok" if proof["status"] == "verified" and numeric == "ok"
-                            else f"z3 {proof['status']}, numeric: {numeric}")
+        results[prule.id] = ("ok" if record["status"] == "verified" and numeric == "ok"
+                             else f"z3 {record['status']}, numeric: {numeric}")
     bad = {k: v for k, v in results.items() if v != "ok"}
     log(f"{path or LIBRARY_PATH}: {len(results) - len(bad)} of {len(results)} rules verified "
         "by z3 and checked numerically")

@@ -19,25 +19,26 @@ inputs are all weights (concatenated and padded kernels are computed once, secti
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from paragraph import ops as graph_ops
 from paragraph.errors import GraphError
-from paragraph.graph import Graph, Node, TensorRef, TensorType
+from paragraph.graph import Attrs, Graph, Node, TensorRef, TensorType
 from paragraph.interpret import fold_weights
-from paragraph.rules.axioms import _hyp_holds
-from paragraph.rules.rule import Rule, infer_side, resolve_params
+from paragraph.rules.axioms import Hypothesis, _hyp_holds
+from paragraph.rules.rule import POp, Ref, Rule, infer_side, resolve_params
 from paragraph.rules.specs import (
     OPS,
     RELU,
     SAME,
     VALID,
     Meta,
+    Params,
     ShapeError,
     constant_value,
     split_point,
@@ -50,16 +51,33 @@ GRAPH_KIND = {"conv2d": "conv2d", "matmul": "matmul", "ewadd": "add", "ewmul": "
               "split": "split", "enlarge": "enlarge"}
 COMMUTATIVE_KINDS = frozenset({"add", "multiply"})
 
+Bindings = dict[str, Any]  # parameter variable -> value
+KindIndex = Mapping[str, list[int]]  # node ids of each kind (`kind_index`)
+
+
+class SelfMatchingRule(Protocol):
+    """A rule that finds and rewrites its own matches (`paragraph.rules.parametric`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    def find(self, graph: Graph) -> list[Match]: ...
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None: ...
+
+
+AnyRule = Rule | SelfMatchingRule  # a pattern rule or a parametric one
+
 
 @dataclass(eq=False)
 class Match:
     """One occurrence of a rule's source in a graph."""
 
-    rule: Any
+    rule: AnyRule
     nodes: tuple[int, ...]
-    tensors: dict = field(default_factory=dict)  # source Ref -> graph TensorRef
-    bindings: dict = field(default_factory=dict)  # parameter variable -> value
-    extra: dict = field(default_factory=dict)  # what a parametric rule needs to rewrite
+    tensors: dict[Ref, TensorRef] = field(default_factory=dict)  # source Ref -> graph TensorRef
+    bindings: Bindings = field(default_factory=dict)  # parameter variable -> value
+    extra: dict[str, Any] = field(default_factory=dict)  # what a parametric rule needs to rewrite
 
 
 # ---------------------------------------------------------------------------- reading nodes
@@ -76,7 +94,7 @@ def _neg_axis(axis: int, rank: int) -> int:
     return axis - rank if axis >= 0 else axis
 
 
-def node_params(graph: Graph, node: Node, op: str) -> dict[str, set] | None:
+def node_params(graph: Graph, node: Node, op: str) -> dict[str, set[int]] | None:
     """The rule-level parameter values a graph node offers for rule operator ``op`` (each a
     set of possibilities), or None if the node is not a lowering of ``op``."""
     a = node.attrs
@@ -123,11 +141,11 @@ def node_params(graph: Graph, node: Node, op: str) -> dict[str, set] | None:
 # ---------------------------------------------------------------------------- matching
 @dataclass
 class _State:
-    tensors: dict
-    bindings: dict
-    op_node: dict
-    used: set
-    nodes: list
+    tensors: dict[Ref, TensorRef]
+    bindings: Bindings
+    op_node: dict[int, int]  # source operator index -> graph node
+    used: set[int]
+    nodes: list[int]
 
 
 @cache
@@ -158,7 +176,8 @@ def _plan(rule: Rule) -> tuple[int, ...]:
     return tuple(order)
 
 
-def _candidates(graph: Graph, rule: Rule, j: int, st: _State, index) -> Iterable[int]:
+def _candidates(graph: Graph, rule: Rule, j: int, st: _State,
+                index: KindIndex) -> Iterable[int]:
     n = len(rule.inputs)
     op = rule.source[j]
     kind = GRAPH_KIND[op.op]
@@ -169,12 +188,12 @@ def _candidates(graph: Graph, rule: Rule, j: int, st: _State, index) -> Iterable
     for d in st.op_node:
         for r in rule.source[d].inputs:
             if r[0] == n + j:
-                t = st.tensors.get(r)
-                if t is None:
+                produced = st.tensors.get(r)
+                if produced is None:
                     return []
-                node = graph[t.node]
+                node = graph[produced.node]
                 if node.kind == kind:
-                    return [t.node]
+                    return [produced.node]
                 if kind == "conv2d" and node.kind == "relu":  # a conv with its fused relu
                     producer = node.inputs[0].node
                     return [producer] if graph[producer].kind == kind else []
@@ -182,7 +201,7 @@ def _candidates(graph: Graph, rule: Rule, j: int, st: _State, index) -> Iterable
     return index.get(kind, [])
 
 
-def _unify(value: Any, options: set, bindings: dict) -> Iterator[dict]:
+def _unify(value: Any, options: set[int], bindings: Bindings) -> Iterator[Bindings]:
     if isinstance(value, int):
         if value in options:
             yield bindings
@@ -235,7 +254,7 @@ def _match_op(graph: Graph, rule: Rule, j: int, g: int, st: _State) -> Iterator[
         for inputs in orders:
             tensors = dict(st.tensors)
             ok = True
-            for r, t in zip(op.inputs, inputs):
+            for r, t in zip(op.inputs, inputs, strict=True):
                 if tensors.get(r, t) != t:
                     ok = False
                     break
@@ -283,6 +302,7 @@ def _complete(graph: Graph, rule: Rule, st: _State) -> bool:
             src = graph[t.node]
             if src.kind not in ("weight", "constant"):
                 return False
+            assert src.value is not None  # a valid graph gives every weight its value
             want = constant_value(op.op, metas[ref].shape)
             have = np.broadcast_to(src.value, metas[ref].shape)
             if not np.allclose(have, want, rtol=1e-6, atol=1e-7):
@@ -301,7 +321,7 @@ def _complete(graph: Graph, rule: Rule, st: _State) -> bool:
     return True
 
 
-def _holds(constraint: tuple, bindings: dict) -> bool:
+def _holds(constraint: Hypothesis, bindings: Bindings) -> bool:
     try:
         return _hyp_holds(constraint, bindings)
     except KeyError:
@@ -316,7 +336,7 @@ def kind_index(graph: Graph) -> dict[str, list[int]]:
     return index
 
 
-def find_matches(graph: Graph, rule: Rule, index: dict | None = None,
+def find_matches(graph: Graph, rule: AnyRule, index: KindIndex | None = None,
                  limit: int | None = None) -> list[Match]:
     """Every match of ``rule``'s source in ``graph`` (at most ``limit``)."""
     if hasattr(rule, "find"):
@@ -326,7 +346,7 @@ def find_matches(graph: Graph, rule: Rule, index: dict | None = None,
     if not plan or any(GRAPH_KIND[rule.source[j].op] not in index for j in plan):
         return []
     found: list[Match] = []
-    seen: set = set()
+    seen: set[tuple[frozenset[int], tuple[tuple[Ref, TensorRef], ...]]] = set()
 
     def extend(i: int, st: _State) -> None:
         if limit is not None and len(found) >= limit:
@@ -348,7 +368,7 @@ def find_matches(graph: Graph, rule: Rule, index: dict | None = None,
 
 
 # ---------------------------------------------------------------------------- rewriting
-def lower(op: str, params: dict, metas: Sequence[Meta]) -> list[tuple[str, dict]]:
+def lower(op: str, params: Params, metas: Sequence[Meta]) -> list[tuple[str, dict[str, Any]]]:
     """The graph nodes (kind, attrs) computing rule operator ``op``: one, or a conv then a
     relu for ``conv2d`` with ``act=RELU``."""
     if op == "conv2d":
@@ -390,11 +410,12 @@ class Builder:
     def type_of(self, r: TensorRef) -> TensorType:
         return self.types[r] if r in self.types else self.graph.type_of(r)
 
-    def op(self, kind: str, inputs: Sequence[TensorRef], attrs: dict, name: str = "") -> Node:
+    def op(self, kind: str, inputs: Sequence[TensorRef], attrs: Mapping[str, Any],
+           name: str = "") -> Node:
         in_types = [self.type_of(r) for r in inputs]
         attrs = graph_ops.canonical(kind, attrs, in_types)
         outs = graph_ops.infer(kind, in_types, attrs)
-        node = Node(self.next_id, kind, tuple(inputs), tuple(outs), attrs, name=name)
+        node = Node(self.next_id, kind, tuple(inputs), tuple(outs), Attrs(attrs), name=name)
         return self._add(node)
 
     def constant(self, value: np.ndarray, name: str = "") -> Node:
@@ -441,7 +462,7 @@ def apply_match(graph: Graph, match: Match) -> Graph | None:
 
 
 def _rewrite_pattern(graph: Graph, match: Match) -> Graph | None:
-    rule = match.rule
+    rule = cast(Rule, match.rule)  # `apply_match` sends pattern rules only (others rewrite)
     n = len(rule.inputs)
     bound = [match.tensors[(i, 0)] for i in range(n)]
     try:
@@ -451,7 +472,7 @@ def _rewrite_pattern(graph: Graph, match: Match) -> Graph | None:
         return None
     dtype = graph.type_of(bound[0]).dtype if bound else "float32"
     b = Builder(graph)
-    made: dict = {(i, 0): t for i, t in enumerate(bound)}
+    made: dict[Ref, TensorRef] = {(i, 0): t for i, t in enumerate(bound)}
     for j, op in enumerate(rule.target):
         ref0 = (n + j, 0)
         if OPS[op.op].constant:
@@ -468,9 +489,10 @@ def _rewrite_pattern(graph: Graph, match: Match) -> Graph | None:
                 node = b.op(kind, args if node is None else [node.out], attrs)
         except (ValueError, KeyError, TypeError):
             return None
+        assert node is not None  # `lower` gives every operator at least one node
         for k in range(OPS[op.op].n_out):
             made[(n + j, k)] = TensorRef(node.id, k)
-    remap = {}
+    remap: dict[TensorRef, TensorRef] = {}
     for s, t in rule.outputs:
         old, new = match.tensors[s], made[t]
         if old != new:
@@ -488,20 +510,20 @@ def usable(rule: Rule) -> bool:
     needed = {r[0] for o in rule.target for r in o.inputs if r[0] < n} | {
         t[0] for _, t in rule.outputs if t[0] < n}
 
-    def variables(ops):
+    def variables(ops: Sequence[POp]) -> set[str]:
         return {v for o in ops for _, v in o.params if isinstance(v, str)}
     return (any(not OPS[o.op].constant for o in rule.source)
             and all(s[0] >= n for s, _ in rule.outputs) and needed <= bound
             and variables(rule.target) <= variables(rule.source))
 
 
-def match_all(graph: Graph, rules: Sequence[Any]) -> dict[str, list[Match]]:
+def match_all(graph: Graph, rules: Sequence[AnyRule]) -> dict[str, list[Match]]:
     """Every match of every rule (pattern or parametric) in ``graph``, by rule id."""
     index = kind_index(graph)
     return {rule.id: find_matches(graph, rule, index) for rule in rules}
 
 
-def rewrites(graph: Graph, rules: Sequence[Any]) -> Iterator[tuple[Match, Graph]]:
+def rewrites(graph: Graph, rules: Sequence[AnyRule]) -> Iterator[tuple[Match, Graph]]:
     """Every (match, rewritten graph) of ``rules`` in ``graph`` that changes it."""
     for matches in match_all(graph, rules).values():
         for m in matches:

@@ -8,7 +8,7 @@ Each rule finds its matches in a `Graph` and rewrites them itself, and carries
   are z3 variables; a schema over n operators is proved for n = 2 and n = 3, nested binary
   concat/split being how n-way ones are written), discharged by `prove`;
 * ``example(rng)``: a random small graph where it matches, which `check_numeric` rewrites
-  and compares with `paragraph.ops.run_graph`.
+  and compares with `paragraph.interpret.run_graph`.
 
 Where a graph operator's meaning goes beyond the rule language (batch norm, an average pool
 that does not count its padding, ``linear``), the obligation states it through its algebraic
@@ -19,25 +19,35 @@ covers that step.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
 from paragraph import ops as graph_ops
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef
 from paragraph.interpret import run_graph
-from paragraph.rules.axioms import all_axioms
+from paragraph.rules.axioms import Hypothesis, all_axioms
 from paragraph.rules.match import Builder, Match, commit
 from paragraph.rules.specs import NONE, SAME, Term, app, var
 from paragraph.rules.verify import Prover, z3_version
 
-Obligation = tuple[str, list[Term], list[Term], tuple]
+# a proof obligation: its description, lhs[i] == rhs[i] for all i, under the hypotheses
+Obligation = tuple[str, list[Term], list[Term], tuple[Hypothesis, ...]]
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------- helpers
 def _is_weight(graph: Graph, t: TensorRef) -> bool:
     return graph[t.node].kind in ("weight", "constant")
+
+
+def _value(graph: Graph, t: TensorRef) -> np.ndarray:
+    """The array of weight or constant ``t`` (a valid graph gives every one its value)."""
+    value = graph[t.node].value
+    assert value is not None, f"{graph[t.node]!r} has no value"
+    return value
 
 
 def _only_reader(graph: Graph, t: TensorRef, reader: int) -> bool:
@@ -61,7 +71,7 @@ def _plain_conv(node: Node, graph: Graph) -> bool:
             and a["out_dtype"] in (None, node.type.dtype) and _is_weight(graph, node.inputs[1]))
 
 
-def _groups_and_pairs(items: list) -> list[list]:
+def _groups_and_pairs(items: list[T]) -> list[list[T]]:
     """The whole group and, when it has more than two members, every pair of it."""
     if len(items) < 2:
         return []
@@ -71,7 +81,8 @@ def _groups_and_pairs(items: list) -> list[list]:
     return out
 
 
-def _conv(x: Term, w: Term, stride="s", pad=SAME, act="c", groups=1) -> Term:
+def _conv(x: Term, w: Term, stride: Any = "s", pad: Any = SAME, act: Any = "c",
+          groups: Any = 1) -> Term:
     return app("conv2d", x, w, stride=stride, pad=pad, act=act, groups=groups)
 
 
@@ -113,16 +124,18 @@ class ParametricRule:
     def example(self, rng: np.random.Generator) -> Graph:
         raise NotImplementedError
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {}
 
 
 # ---------------------------------------------------------------------------- conv chains
 CHAIN_UNARY = ("relu", "sigmoid", "tanh", "gelu")
 CHAIN_BINARY = ("add", "subtract", "multiply", "divide")
+# one operator of a chain: (kind,) if unary, (kind, position of its constant) if binary
+ChainStep = tuple[str] | tuple[str, int]
 
 
-def chain_step(graph: Graph, node: Node, value: int, channels: int) -> tuple | None:
+def chain_step(graph: Graph, node: Node, value: int, channels: int) -> ChainStep | None:
     """What ``node`` is as the next operator of a convolution's per-channel chain after
     ``value`` (which has ``channels`` channels): ``(kind,)`` for a unary operator,
     ``(kind, position of the constant)`` for one with a per-channel (or scalar) constant; None
@@ -134,7 +147,7 @@ def chain_step(graph: Graph, node: Node, value: int, channels: int) -> tuple | N
     pos = 0 if _is_weight(graph, node.inputs[0]) else 1
     const, other = node.inputs[pos], node.inputs[1 - pos]
     if (other.node != value or not _is_weight(graph, const) or node.type != graph[value].type
-            or _channel_slice(graph[const.node].value, channels, 0, 1) is None):
+            or _channel_slice(_value(graph, const), channels, 0, 1) is None):
         return None
     return (node.kind, pos)
 
@@ -158,7 +171,8 @@ def conv_chain(graph: Graph, conv: Node, within: Collection[int] | None = None
     return tuple(chain)
 
 
-def _chain_signature(graph: Graph, conv: Node, chain: Sequence[int]) -> tuple | None:
+def _chain_signature(graph: Graph, conv: Node,
+                     chain: Sequence[int]) -> tuple[ChainStep, ...] | None:
     """The steps of ``chain`` after ``conv`` (None if it is not such a chain)."""
     steps, value = [], conv.id
     for i in chain:
@@ -183,13 +197,13 @@ def _chain_obligations(parts: int) -> list[Obligation]:
     """Every chain operator commutes with a concat of ``parts`` pieces along channels (its
     constant cut the same way): what carries a chain through a split or a merge."""
     xs, cs = [var(f"y{i}") for i in range(parts)], [var(f"c{i}") for i in range(parts)]
-    out = []
+    out: list[Obligation] = []
     for f in CHAIN_UNARY:
         out.append((f"{f} after it", [app(f, _balanced_concat(xs, -3))],
                     [_balanced_concat([app(f, y) for y in xs], -3)], ()))
     for f in ("ewadd", "ewsub", "ewmul"):  # divide by a constant: multiply, reciprocal
         for pos in (0, 1):
-            def op(a, b, f=f, pos=pos):
+            def op(a: Term, b: Term, f: str = f, pos: int = pos) -> Term:
                 return app(f, b, a) if pos == 0 else app(f, a, b)
             out.append((f"{f} of a per-channel constant (operand {pos}) after it",
                         [op(_balanced_concat(xs, -3), _balanced_concat(cs, -3))],
@@ -200,6 +214,8 @@ def _chain_obligations(parts: int) -> list[Obligation]:
 
 # ---------------------------------------------------------------------------- merge convs
 Unit = tuple[int, tuple[int, ...]]  # a convolution and its chain (operator ids)
+# what units must share to merge: data, strides, output size, dtype and chain steps
+_MergeKey = tuple[TensorRef, Any, tuple[int, ...], str, tuple[ChainStep, ...]]
 
 
 @dataclass(frozen=True)
@@ -221,7 +237,7 @@ class MergeConvs(ParametricRule):
         chain = conv_chain(graph, graph[convs[0]], within=set(members))
         return (convs[0], chain) if len(chain) + 1 == len(members) else None
 
-    def _key(self, graph: Graph, unit: Unit) -> tuple | None:
+    def _key(self, graph: Graph, unit: Unit) -> _MergeKey | None:
         conv = graph[unit[0]]
         a = conv.attrs
         if (not _plain_conv(conv, graph) or a["groups"] != 1
@@ -246,7 +262,7 @@ class MergeConvs(ParametricRule):
         return Match(self, nodes, extra={"units": tuple(units)})
 
     def find(self, graph: Graph) -> list[Match]:
-        groups: dict[tuple, list[Unit]] = {}
+        groups: dict[_MergeKey, list[Unit]] = {}
         for node in graph.nodes:
             if node.kind != "conv2d":
                 continue
@@ -285,20 +301,21 @@ class MergeConvs(ParametricRule):
                 continue
             pos = 0 if _is_weight(graph, nodes[0].inputs[0]) else 1
             const = b.constant(np.concatenate(
-                [_per_channel(graph[n.inputs[pos].node].value, c)
+                [_per_channel(_value(graph, n.inputs[pos]), c)
                  for n, c in zip(nodes, channels, strict=True)], axis=1)).out
             value = b.op(nodes[0].kind, [const, value] if pos == 0 else [value, const],
                          dict(nodes[0].attrs)).out
-        remap, offset = {}, 0
-        for (conv, chain), c in zip(units, channels, strict=True):
+        remap: dict[TensorRef, TensorRef] = {}
+        offset = 0
+        for (conv, chain), width in zip(units, channels, strict=True):
             last = chain[-1] if chain else conv
             remap[TensorRef(last)] = b.op("strided_slice", [value], {
-                "axes": (1,), "begin": (offset,), "end": (offset + c,)}).out
-            offset += c
+                "axes": (1,), "begin": (offset,), "end": (offset + width,)}).out
+            offset += width
         return commit(graph, match.nodes, b, remap)
 
     def obligations(self) -> list[Obligation]:
-        out = []
+        out: list[Obligation] = []
         x = var("x")
         for n in (2, 3):
             ws = [var(f"w{i}") for i in range(n)]
@@ -371,7 +388,7 @@ class Regroup(ParametricRule):
 
     factor: int = 2
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {"factor": self.factor}
 
     def find(self, graph: Graph) -> list[Match]:
@@ -382,7 +399,7 @@ class Regroup(ParametricRule):
     def rewrite(self, graph: Graph, match: Match) -> Graph | None:
         conv = graph[match.nodes[0]]
         g = conv.attrs["groups"]
-        w = graph[conv.inputs[1].node].value
+        w = _value(graph, conv.inputs[1])
         b = Builder(graph)
         kernel = b.constant(block_diagonal(w, g, self.factor), name=f"{conv.name}_regrouped")
         new = b.op("conv2d", [conv.inputs[0], kernel.out],
@@ -390,7 +407,7 @@ class Regroup(ParametricRule):
         return commit(graph, [conv.id], b, {conv.out: new.out})
 
     def obligations(self) -> list[Obligation]:
-        out = []
+        out: list[Obligation] = []
         for g in (self.factor, 2 * self.factor):
             x, w, xs, ws = _grouped_terms(g)
             # the block-diagonal kernel, new group j = old groups j*f .. j*f+f-1
@@ -424,7 +441,7 @@ class SplitGroupedConv(ParametricRule):
 
     parts: int = 2
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {"parts": self.parts}
 
     def find(self, graph: Graph) -> list[Match]:
@@ -450,7 +467,8 @@ class SplitGroupedConv(ParametricRule):
         ws = [var(f"w{i}") for i in range(self.parts)]
         part = ("//", "g", self.parts)
         lhs = _conv(_balanced_concat(xs, -3), _balanced_concat(ws, -4), groups="g")
-        rhs = _balanced_concat([_conv(a, b, groups=part) for a, b in zip(xs, ws)], -3)
+        rhs = _balanced_concat([_conv(a, b, groups=part) for a, b in zip(xs, ws, strict=True)],
+                               -3)
         hyps = (("eq", ("%", "g", self.parts), 0), ("ge", "g", self.parts))
         return [(f"any g divisible by {self.parts}", [lhs], [rhs], hyps)]
 
@@ -467,7 +485,7 @@ class SplitConv(ParametricRule):
 
     parts: int = 2
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         return {"parts": self.parts}
 
     def find(self, graph: Graph) -> list[Match]:
@@ -480,7 +498,7 @@ class SplitConv(ParametricRule):
 
     def rewrite(self, graph: Graph, match: Match) -> Graph | None:
         conv, chain = graph[match.nodes[0]], [graph[i] for i in match.nodes[1:]]
-        w = graph[conv.inputs[1].node].value
+        w = _value(graph, conv.inputs[1])
         channels, size = w.shape[0], w.shape[0] // self.parts
         b = Builder(graph)
         outs = []
@@ -495,9 +513,11 @@ class SplitConv(ParametricRule):
                     continue
                 pos = 0 if _is_weight(graph, node.inputs[0]) else 1
                 const = node.inputs[pos]
-                c = graph[const.node].value
+                c = _value(graph, const)
                 if np.asarray(c).size > 1:  # a scalar is shared as it is
-                    const = b.constant(_channel_slice(c, channels, lo, hi)).out
+                    sliced = _channel_slice(c, channels, lo, hi)
+                    assert sliced is not None  # `find` took per-channel constants only
+                    const = b.constant(sliced).out
                 ins = [const, value] if pos == 0 else [value, const]
                 value = b.op(node.kind, ins, dict(node.attrs)).out
             outs.append(value)
@@ -540,7 +560,7 @@ def _channel_slice(value: np.ndarray, channels: int, lo: int, hi: int) -> np.nda
 
 
 # ---------------------------------------------------------------------------- pools
-def _ratio_map(x_shape: tuple, attrs: dict) -> np.ndarray:
+def _ratio_map(x_shape: tuple[int, ...], attrs: Mapping[str, Any]) -> np.ndarray:
     """k*k / (window positions inside the input): turns a padding-counting average pool into
     one that does not (shape (1, 1, OH, OW))."""
     ones = np.ones((1, 1) + tuple(x_shape[2:]), np.float32)
@@ -614,7 +634,7 @@ class MergeMatmuls(ParametricRule):
     weights concatenated, output split (TASO fig. 2.2b; axiom 36, and 35/32 for linear)."""
 
     def find(self, graph: Graph) -> list[Match]:
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple[Any, ...], list[int]] = {}
         for n in graph.nodes:
             if n.kind == "matmul" and len(graph.type_of(n.inputs[1]).shape) == 2 and _is_weight(
                     graph, n.inputs[1]) and len(n.type.shape) >= 2:
@@ -645,7 +665,7 @@ class MergeMatmuls(ParametricRule):
         return commit(graph, [n.id for n in nodes], b, remap)
 
     def obligations(self) -> list[Obligation]:
-        out = []
+        out: list[Obligation] = []
         x = var("x")
         for n in (2, 3):
             ws = [var(f"w{i}") for i in range(n)]
@@ -654,7 +674,7 @@ class MergeMatmuls(ParametricRule):
                         _nested_split(merged, n, -1), ()))
         ws, bs = [var("w0"), var("w1")], [var("b0"), var("b1")]
         lin = [app("ewadd", app("matmul", x, app("transpose", w)), bias)
-               for w, bias in zip(ws, bs)]
+               for w, bias in zip(ws, bs, strict=True)]
         merged = app("ewadd", app("matmul", x, app("transpose", _nested_concat(ws, -2))),
                      _nested_concat(bs, -1))
         out.append(("linear n=2: x W^T + b", lin, _nested_split(merged, 2, -1), ()))
@@ -702,13 +722,13 @@ class FoldBatchNorm(ParametricRule):
 
     def rewrite(self, graph: Graph, match: Match) -> Graph | None:
         bn, conv = graph[match.nodes[0]], graph[match.nodes[1]]
-        gamma, beta, mean, var_ = (graph[r.node].value.astype(np.float64) for r in bn.inputs[1:])
+        gamma, beta, mean, var_ = (_value(graph, r).astype(np.float64) for r in bn.inputs[1:])
         a = bn.attrs
         scale = 1.0 / np.sqrt(var_ + a["epsilon"])
         if a["scale"]:
             scale = scale * gamma
         shift = -mean * scale + (beta if a["center"] else 0.0)
-        w = graph[conv.inputs[1].node].value
+        w = _value(graph, conv.inputs[1])
         dtype = w.dtype
         b = Builder(graph)
         kernel = b.constant((w * scale.reshape(-1, 1, 1, 1)).astype(dtype), name="folded_bn_w")
@@ -771,7 +791,7 @@ class ConvAddIdentity(ParametricRule):
     def rewrite(self, graph: Graph, match: Match) -> Graph | None:
         add, conv = graph[match.nodes[0]], graph[match.nodes[1]]
         z = match.extra["z"]
-        w = graph[conv.inputs[1].node].value
+        w = _value(graph, conv.inputs[1])
         o, _, kh, kw = w.shape
         ident = np.zeros((o, o, kh, kw), w.dtype)
         ident[np.arange(o), np.arange(o), kh // 2, kw // 2] = 1
@@ -787,7 +807,7 @@ class ConvAddIdentity(ParametricRule):
     def obligations(self) -> list[Obligation]:
         x, w, z, bias = var("x"), var("w"), var("z"), var("b")
 
-        def conv(xx, ww):
+        def conv(xx: Term, ww: Term) -> Term:
             return app("conv2d", xx, ww, stride=1, pad=SAME, act=NONE, groups=1)
         merged = conv(app("concat", x, z, axis=-3),
                       app("concat", w, app("i_conv", kh="kh", kw="kw"), axis=-3))
@@ -979,7 +999,7 @@ def all_parametric() -> list[ParametricRule]:
 
 
 # ---------------------------------------------------------------------------- checks
-def prove(rule: ParametricRule, prover=None) -> dict:
+def prove(rule: ParametricRule, prover: Prover | None = None) -> dict[str, Any]:
     """Discharge every obligation with z3; the proof record for the library."""
     prover = prover or Prover()
     axioms: set[str] = set()
@@ -1015,7 +1035,7 @@ def check_numeric(rule: ParametricRule, seed: int = 0, tol: float = 1e-4) -> int
             continue
         new.validate()
         got = run_graph(new, inputs)
-        for e, g in zip(expected, got):
+        for e, g in zip(expected, got, strict=True):
             assert e.shape == g.shape, f"{rule.id}: shape {g.shape} != {e.shape}"
             err = float(np.max(np.abs(e - g))) if e.size else 0.0
             assert np.allclose(e, g, rtol=tol, atol=tol), f"{rule.id}: max error {err}"

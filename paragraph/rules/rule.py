@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from paragraph.rules.axioms import _hyp_holds
 from paragraph.rules.specs import (
     OPS,
+    Evaluated,
     Meta,
     ShapeError,
     Term,
@@ -74,7 +76,7 @@ class Rule:
     outputs: tuple[tuple[Ref, Ref], ...]
     constraints: tuple[tuple[str, str, Any], ...] = ()
     origin: str = "generated"
-    proof: dict | None = field(default=None, compare=False)
+    proof: dict[str, Any] | None = field(default=None, compare=False)
 
     # -- views
     def side(self, which: str) -> tuple[POp, ...]:
@@ -105,7 +107,7 @@ class Rule:
     def describe(self) -> str:
         """``source => target`` as two expressions per output, for listings."""
         src, tgt = self.terms("source"), self.terms("target")
-        return "; ".join(f"{a!r} => {b!r}" for a, b in zip(src, tgt))
+        return "; ".join(f"{a!r} => {b!r}" for a, b in zip(src, tgt, strict=True))
 
     # -- JSON and hashing
     def body(self) -> dict[str, Any]:
@@ -150,7 +152,7 @@ def _param_py(v: Any) -> Any:
 
 def rule_from_json(d: dict[str, Any]) -> Rule:
     """The `Rule` of a JSON entry (raises KeyError/ValueError/TypeError on a malformed one)."""
-    def ops(items):
+    def ops(items: Iterable[Mapping[str, Any]]) -> tuple[POp, ...]:
         out = []
         for o in items:
             if o["op"] not in OPS:
@@ -215,7 +217,8 @@ def infer_side(rule: Rule, which: str, inputs: list[Meta],
                 shape = constant_shape(const.op, resolve_params(const, bindings), o.op, p,
                                        pos, args)
                 metas[r] = args[pos] = Meta(shape)
-        for out, m in enumerate(infer(o.op, p, args)):
+        # the loop above gave every constant argument its meta
+        for out, m in enumerate(infer(o.op, p, cast(list[Meta], args))):
             metas[(n + j, out)] = m
     for pair in rule.outputs:
         ref = pair[0 if which == "source" else 1]
@@ -237,11 +240,11 @@ def check_numeric(rule: Rule, dims: dict[str, int], bindings: dict[str, Any] | N
     parameters do not apply."""
     rng = np.random.default_rng(seed)
     tensors = {i.name: rng.uniform(-1, 1, m.shape)
-               for i, m in zip(rule.inputs, template_metas(rule, dims))}
+               for i, m in zip(rule.inputs, template_metas(rule, dims), strict=True)}
     bindings = bindings or {}
-    memo: dict = {}
+    memo: dict[Term, Evaluated] = {}
     try:
-        for a, b in zip(rule.terms("source"), rule.terms("target")):
+        for a, b in zip(rule.terms("source"), rule.terms("target"), strict=True):
             left, lm = evaluate(a, tensors, bindings, "float", memo)
             right, rm = evaluate(b, tensors, bindings, "float", memo)
             if left.shape != right.shape:

@@ -19,10 +19,10 @@ are used (`constant_shape`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 import z3
@@ -31,6 +31,8 @@ SAME, VALID = 0, 1  # padding modes
 NONE, RELU = 0, 1  # activations
 
 Tree = Any  # None, or (cut, left tree, right tree): one node per concatenation
+Params = dict[str, Any]  # an operator's parameter values, by name
+Z3Expr = Any  # a z3 term, formula, function or sort (z3 ships no type information)
 
 
 class ShapeError(ValueError):
@@ -53,6 +55,11 @@ class Meta:
         return len(self.shape)
 
 
+ShapeFn = Callable[[Params, list[Meta]], list[Meta]]  # metas of the inputs -> of the outputs
+RefFn = Callable[[Params, list[np.ndarray], str], list[np.ndarray]]  # (params, args, mode)
+OpFns = tuple[ShapeFn, RefFn]
+
+
 @dataclass(frozen=True)
 class RuleOp:
     """One operator of the rule language."""
@@ -61,16 +68,17 @@ class RuleOp:
     params: tuple[str, ...]
     arity: int
     n_out: int
-    shape: Callable[[dict, list[Meta]], list[Meta]]
-    ref: Callable[[dict, list[np.ndarray], str], list[np.ndarray]]
+    shape: ShapeFn
+    ref: RefFn
     constant: bool = False
 
 
 OPS: dict[str, RuleOp] = {}
 
 
-def _op(name: str, params: Sequence[str], arity: int, n_out: int = 1, constant: bool = False):
-    def deco(fns):
+def _op(name: str, params: Sequence[str], arity: int, n_out: int = 1,
+        constant: bool = False) -> Callable[[OpFns], OpFns]:
+    def deco(fns: OpFns) -> OpFns:
         shape, ref = fns
         OPS[name] = RuleOp(name, tuple(params), arity, n_out, shape, ref, constant)
         return fns
@@ -92,7 +100,7 @@ def _join(a: Tree, b: Tree) -> Tree:
 
 
 # ---------------------------------------------------------------------------- element-wise
-def _ew_shape(p, metas):
+def _ew_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     a, b = metas
     _require(a.shape == b.shape, f"element-wise op on {a.shape} and {b.shape}")
     return [Meta(a.shape, tuple(map(_join, a.trees, b.trees)))]
@@ -103,7 +111,7 @@ _op("ewmul", (), 2)((_ew_shape, lambda p, xs, mode: [xs[0] * xs[1]]))
 _op("ewsub", (), 2)((_ew_shape, lambda p, xs, mode: [xs[0] - xs[1]]))
 
 
-def _smul_shape(p, metas):
+def _smul_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     x, s = metas
     _require(s.rank == 0, f"smul needs a scalar second operand, got {s.shape}")
     return [x]
@@ -112,14 +120,15 @@ def _smul_shape(p, metas):
 _op("smul", (), 2)((_smul_shape, lambda p, xs, mode: [xs[0] * xs[1]]))
 
 
-def _unary_shape(p, metas):
+def _unary_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     return [metas[0]]
 
 
 # Integer stand-ins for the non-linear functions (TASO models relu as x*(x+1)+1 on integers):
 # arbitrary polynomials, different for each function, so that no identity specific to one of
 # them (relu(relu(x)) = relu(x), ...) holds in the fingerprint arithmetic.
-_UNARY = {
+_UnaryFn = Callable[[np.ndarray], np.ndarray]
+_UNARY: dict[str, tuple[_UnaryFn, _UnaryFn]] = {
     "relu": (lambda x: np.maximum(x, 0), lambda x: x * (x + 1) + 1),
     "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), lambda x: x * x * x + 7),
     "tanh": (np.tanh, lambda x: 3 * x * x - x + 11),
@@ -127,19 +136,24 @@ _UNARY = {
 }
 
 
-def _erf(x):
-    from scipy.special import erf
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf  # half a second to import, for GELU's reference only
 
-    return erf(x)
+    out: np.ndarray = erf(x)
+    return out
+
+
+def _unary_ref(real: _UnaryFn, poly: _UnaryFn) -> RefFn:
+    def ref(p: Params, xs: list[np.ndarray], mode: str) -> list[np.ndarray]:
+        return [poly(xs[0]) if mode == "int" else real(xs[0]).astype(xs[0].dtype)]
+    return ref
 
 
 for _name, (_real, _poly) in _UNARY.items():
-    _op(_name, (), 1)((_unary_shape,
-                       lambda p, xs, mode, _r=_real, _i=_poly: [
-                           _i(xs[0]) if mode == "int" else _r(xs[0]).astype(xs[0].dtype)]))
+    _op(_name, (), 1)((_unary_shape, _unary_ref(_real, _poly)))
 
 
-def _transpose_shape(p, metas):
+def _transpose_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     (x,) = metas
     _require(x.rank >= 2, f"transpose of rank {x.rank}")
     return [Meta(x.shape[:-2] + (x.shape[-1], x.shape[-2]), x.trees[:-2] + (x.trees[-1],
@@ -150,7 +164,7 @@ _op("transpose", (), 1)((_transpose_shape, lambda p, xs, mode: [np.swapaxes(xs[0
 
 
 # ---------------------------------------------------------------------------- matmul
-def _matmul_shape(p, metas):
+def _matmul_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     a, b = metas
     _require(a.rank >= 2 and a.rank == b.rank and a.shape[:-2] == b.shape[:-2]
              and a.shape[-1] == b.shape[-2], f"matmul of {a.shape} and {b.shape}")
@@ -161,14 +175,14 @@ def _matmul_shape(p, metas):
 _op("matmul", (), 2)((_matmul_shape, lambda p, xs, mode: [np.matmul(xs[0], xs[1])]))
 
 
-def _chmul_shape(p, metas):
+def _chmul_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     x, v = metas
     a = _axis(p["axis"], x.rank)
     _require(v.rank == 1 and v.shape[0] == x.shape[a], f"chmul of {x.shape} by {v.shape}")
     return [x]
 
 
-def _chmul_ref(p, xs, mode):
+def _chmul_ref(p: Params, xs: list[np.ndarray], mode: str) -> list[np.ndarray]:
     x, v = xs
     shape = [1] * x.ndim
     shape[p["axis"]] = -1
@@ -193,7 +207,7 @@ def _window_out(size: int, k: int, s: int, p: int) -> int:
     return out
 
 
-def _conv_shape(p, metas):
+def _conv_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     x, w = metas
     _require(x.rank == 4 and w.rank == 4, f"conv2d of {x.shape} and {w.shape}")
     g = p["groups"]
@@ -225,18 +239,21 @@ def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, act: int, gr
     n, g = x.shape[0], groups
     win = win.reshape(n, g, x.shape[1] // g, oh, ow, kh, kw)
     wg = w.reshape(g, w.shape[0] // g, w.shape[1], kh, kw)
-    out = np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, w.shape[0], oh, ow)
+    out: np.ndarray = np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, w.shape[0], oh, ow)
     if act == RELU:
         out = _UNARY["relu"][1](out) if mode == "int" else np.maximum(out, 0)
     return out
 
 
-_op("conv2d", ("stride", "pad", "act", "groups"), 2)((
-    _conv_shape, lambda p, xs, mode: [conv2d_ref(*xs, p["stride"], p["pad"], p["act"],
-                                                 p["groups"], mode)]))
+def _conv_ref(p: Params, xs: list[np.ndarray], mode: str) -> list[np.ndarray]:
+    x, w = xs
+    return [conv2d_ref(x, w, p["stride"], p["pad"], p["act"], p["groups"], mode)]
 
 
-def _pool_shape(p, metas):
+_op("conv2d", ("stride", "pad", "act", "groups"), 2)((_conv_shape, _conv_ref))
+
+
+def _pool_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     (x,) = metas
     _require(x.rank == 4, f"pooling of rank {x.rank}")
     kh, kw, s = p["kh"], p["kw"], p["stride"]
@@ -254,9 +271,10 @@ def pool_ref(x: np.ndarray, kh: int, kw: int, stride: int, pad: int, kind: str,
     if kind == "max":
         low = np.iinfo(np.int64).min if mode == "int" else -np.inf
         xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=low)
-        return _windows(xp, kh, kw, stride, oh, ow).max(axis=(4, 5))
+        out: np.ndarray = _windows(xp, kh, kw, stride, oh, ow).max(axis=(4, 5))
+        return out
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    total = _windows(xp, kh, kw, stride, oh, ow).sum(axis=(4, 5))
+    total: np.ndarray = _windows(xp, kh, kw, stride, oh, ow).sum(axis=(4, 5))
     return total if mode == "int" else (total / (kh * kw)).astype(x.dtype)
 
 
@@ -267,7 +285,7 @@ _op("pool_max", _POOL, 1)((_pool_shape, lambda p, xs, mode: [
     pool_ref(xs[0], p["kh"], p["kw"], p["stride"], p["pad"], "max", mode)]))
 
 
-def _enlarge_shape(p, metas):
+def _enlarge_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     (w,) = metas
     kh, kw = p["kh"], p["kw"]
     _require(w.rank == 4 and w.shape[2] <= kh and w.shape[3] <= kw
@@ -287,14 +305,14 @@ _op("enlarge", ("kh", "kw"), 1)((_enlarge_shape,
 
 
 # ---------------------------------------------------------------------------- concat, split
-def _concat_shape(p, metas):
+def _concat_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     x, y = metas
     a = _axis(p["axis"], x.rank)
     _require(x.rank == y.rank and all(x.shape[i] == y.shape[i] for i in range(x.rank) if i != a),
              f"concat on axis {p['axis']} of {x.shape} and {y.shape}")
     shape = list(x.shape)
     shape[a] += y.shape[a]
-    trees = [_join(s, t) for s, t in zip(x.trees, y.trees)]
+    trees = [_join(s, t) for s, t in zip(x.trees, y.trees, strict=True)]
     trees[a] = (x.shape[a], x.trees[a], y.trees[a])
     return [Meta(tuple(shape), tuple(trees))]
 
@@ -303,7 +321,7 @@ _op("concat", ("axis",), 2)((_concat_shape,
                              lambda p, xs, mode: [np.concatenate(xs, axis=p["axis"])]))
 
 
-def _split_shape(p, metas):
+def _split_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     (x,) = metas
     a = _axis(p["axis"], x.rank)
     tree = x.trees[a]
@@ -322,7 +340,7 @@ def split_point(meta: Meta, axis: int) -> int:
     return _split_shape({"axis": axis}, [meta])[0].shape[_axis(axis, meta.rank)]
 
 
-def _split_ref(p, xs, mode):
+def _split_ref(p: Params, xs: list[np.ndarray], mode: str) -> list[np.ndarray]:
     raise ShapeError("split needs its input's split tree: evaluate it through `compute`")
 
 
@@ -330,7 +348,7 @@ _op("split", ("axis",), 1, n_out=2)((_split_shape, _split_ref))
 
 
 # ---------------------------------------------------------------------------- constants
-def _const_shape(p, metas):
+def _const_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     raise ShapeError("a constant takes its shape from its use (constant_shape)")
 
 
@@ -355,12 +373,18 @@ def i_matmul_value(shape: tuple[int, ...], mode: str = "float") -> np.ndarray:
     return v
 
 
-def _fill(value: float):
+class ConstantFn(Protocol):
+    """The array of a constant at a shape, in a mode (``"float"`` or ``"int"``)."""
+
+    def __call__(self, shape: tuple[int, ...], mode: str = "float") -> np.ndarray: ...
+
+
+def _fill(value: float) -> ConstantFn:
     return lambda shape, mode="float": np.full(shape, value,
                                                np.int64 if mode == "int" else np.float64)
 
 
-CONSTANT_VALUES: dict[str, Callable[..., np.ndarray]] = {
+CONSTANT_VALUES: dict[str, ConstantFn] = {
     "c_pool": c_pool_value, "i_conv": i_conv_value, "i_matmul": i_matmul_value,
     "ones": _fill(1), "zeros": _fill(0), "neg_one": _fill(-1),
 }
@@ -369,7 +393,7 @@ for _name, _params in {"c_pool": ("kh", "kw"), "i_conv": ("kh", "kw"), "i_matmul
     _op(_name, _params, 0, constant=True)((_const_shape, lambda p, xs, mode: []))
 
 
-def constant_shape(name: str, params: dict, consumer: str, cparams: dict, position: int,
+def constant_shape(name: str, params: Params, consumer: str, cparams: Params, position: int,
                    others: Sequence[Meta | None]) -> tuple[int, ...]:
     """The shape of constant ``name`` read as argument ``position`` of ``consumer``.
 
@@ -381,6 +405,7 @@ def constant_shape(name: str, params: dict, consumer: str, cparams: dict, positi
     if consumer == "conv2d" and position == 1 and name in ("c_pool", "i_conv", "zeros"):
         x = others[0]
         _require(x is not None and x.rank == 4, "constant kernel without data")
+        assert x is not None  # for mypy: _require raised otherwise
         kh, kw = params.get("kh", 1), params.get("kw", 1)
         c, g = x.shape[1], cparams["groups"]
         if name == "c_pool":
@@ -392,11 +417,13 @@ def constant_shape(name: str, params: dict, consumer: str, cparams: dict, positi
     if consumer == "matmul" and name == "i_matmul":
         other = others[1 - position]
         _require(other is not None, "I_matmul without a partner")
+        assert other is not None  # for mypy: _require raised otherwise
         n = other.shape[-1] if position == 1 else other.shape[-2]
         return other.shape[:-2] + (n, n)
     if consumer in ("ewadd", "ewmul", "ewsub"):
         other = others[1 - position]
         _require(other is not None, f"{name} without a partner")
+        assert other is not None  # for mypy: _require raised otherwise
         return other.shape
     raise ShapeError(f"the shape of {name} is not determined by its use in {consumer}")
 
@@ -407,14 +434,14 @@ def constant_value(name: str, shape: tuple[int, ...], mode: str = "float") -> np
 
 
 # ---------------------------------------------------------------------------- evaluation
-def infer(name: str, params: dict, metas: Sequence[Meta]) -> list[Meta]:
+def infer(name: str, params: Params, metas: Sequence[Meta]) -> list[Meta]:
     """Output metas of operator ``name``; raises `ShapeError` where it does not apply."""
     op = OPS[name]
     _require(len(metas) == op.arity, f"{name} takes {op.arity} inputs, got {len(metas)}")
     return op.shape(params, list(metas))
 
 
-def compute(name: str, params: dict, args: Sequence[np.ndarray], metas: Sequence[Meta],
+def compute(name: str, params: Params, args: Sequence[np.ndarray], metas: Sequence[Meta],
             mode: str = "float") -> list[np.ndarray]:
     """Run the numpy reference of ``name`` (``metas`` give split points to ``split``)."""
     if name == "split":
@@ -425,13 +452,13 @@ def compute(name: str, params: dict, args: Sequence[np.ndarray], metas: Sequence
 
 # ---------------------------------------------------------------------------- z3
 @cache
-def z3_sorts():
+def z3_sorts() -> tuple[Z3Expr, Z3Expr]:
     """The z3 sort of tensors (uninterpreted) and of parameters (integers)."""
     return z3.DeclareSort("T"), z3.IntSort()
 
 
 @cache
-def z3_function(name: str, out: int = 0):
+def z3_function(name: str, out: int = 0) -> Z3Expr:
     """The uninterpreted function (or constant) of output ``out`` of operator ``name``."""
     op = OPS[name]
     tensor, param = z3_sorts()
@@ -440,7 +467,7 @@ def z3_function(name: str, out: int = 0):
     return z3.Const(fname, tensor) if not sig else z3.Function(fname, *sig, tensor)
 
 
-def z3_apply(name: str, params: Sequence[Any], args: Sequence[Any], out: int = 0):
+def z3_apply(name: str, params: Sequence[Any], args: Sequence[Z3Expr], out: int = 0) -> Z3Expr:
     """``name``'s z3 term for output ``out`` (``params`` ints or z3 integer terms)."""
     f = z3_function(name, out)
     if not params and not args:
@@ -472,6 +499,9 @@ class Term:
         return f"{head}({', '.join(ps + [repr(a) for a in self.args])})"
 
 
+Evaluated = tuple[np.ndarray, Meta]  # a term's value and meta
+
+
 def var(name: str) -> Term:
     """A tensor variable."""
     return Term("var", name=name)
@@ -490,7 +520,7 @@ def is_constant(term: Term) -> bool:
     return term.op != "var" and OPS[term.op].constant
 
 
-def param_value(v: Any, env: dict) -> Any:
+def param_value(v: Any, env: Mapping[str, Any]) -> Any:
     """A parameter value: an int, a variable looked up in ``env``, or a product."""
     if isinstance(v, str):
         return env[v]
@@ -506,7 +536,8 @@ def _is_z3(v: Any) -> bool:
     return not isinstance(v, int)
 
 
-def term_vars(term: Term, tensors: set | None = None, params: set | None = None):
+def term_vars(term: Term, tensors: set[str] | None = None,
+              params: set[str] | None = None) -> tuple[set[str], set[str]]:
     """The tensor variables and parameter variables of ``term`` (two sets)."""
     tensors, params = (set() if tensors is None else tensors), (set() if params is None
                                                                 else params)
@@ -525,8 +556,8 @@ def term_vars(term: Term, tensors: set | None = None, params: set | None = None)
     return tensors, params
 
 
-def evaluate(term: Term, tensors: dict[str, np.ndarray], params: dict[str, int],
-             mode: str = "float", memo: dict | None = None) -> tuple[np.ndarray, Meta]:
+def evaluate(term: Term, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any],
+             mode: str = "float", memo: dict[Term, Evaluated] | None = None) -> Evaluated:
     """Value and meta of ``term`` (constants get their shapes from their use)."""
     memo = {} if memo is None else memo
     if term in memo:
@@ -536,8 +567,9 @@ def evaluate(term: Term, tensors: dict[str, np.ndarray], params: dict[str, int],
         result = (v, Meta(tuple(v.shape)))
     else:
         p = {k: param_value(v, params) for k, v in term.params}
-        done = [None if is_constant(a) else evaluate(a, tensors, params, mode, memo)
-                for a in term.args]
+        done: list[Evaluated | None] = [
+            None if is_constant(a) else evaluate(a, tensors, params, mode, memo)
+            for a in term.args]
         for i, a in enumerate(term.args):
             if done[i] is None:
                 ap = {k: param_value(v, params) for k, v in a.params}
@@ -547,15 +579,17 @@ def evaluate(term: Term, tensors: dict[str, np.ndarray], params: dict[str, int],
                 if mode == "float" and term.args and done[0] is not None:
                     value = value.astype(done[0][0].dtype)
                 done[i] = (value, Meta(shape))
-        metas = [d[1] for d in done]
+        filled = cast(list[Evaluated], done)  # the loop above gave every constant its value
+        metas = [d[1] for d in filled]
         out_meta = infer(term.op, p, metas)[term.out]
-        value = compute(term.op, p, [d[0] for d in done], metas, mode)[term.out]
+        value = compute(term.op, p, [d[0] for d in filled], metas, mode)[term.out]
         result = (value, out_meta)
     memo[term] = result
     return result
 
 
-def to_z3(term: Term, tensors: dict[str, Any], params: dict[str, Any], memo: dict | None = None):
+def to_z3(term: Term, tensors: Mapping[str, Z3Expr], params: Mapping[str, Z3Expr],
+          memo: dict[Term, Z3Expr] | None = None) -> Z3Expr:
     """The z3 expression of ``term`` (``tensors``/``params`` map variable names to z3 terms)."""
     memo = {} if memo is None else memo
     if term in memo:

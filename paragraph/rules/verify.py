@@ -16,13 +16,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import z3
 
 from paragraph.files import atomic_write_json, cache_dir
-from paragraph.rules.axioms import Axiom, all_axioms, by_name, hypothesis_z3
+from paragraph.rules.axioms import Axiom, Hypothesis, all_axioms, by_name, hypothesis_z3
 from paragraph.rules.rule import Rule
-from paragraph.rules.specs import Term, term_vars, to_z3, z3_sorts
+from paragraph.rules.specs import Term, Z3Expr, term_vars, to_z3, z3_sorts
 
 DEFAULT_RLIMIT = 20_000_000  # z3 resource units (about 10 s here); deterministic, unlike time
 
@@ -36,12 +37,13 @@ class Proof:
     seconds: float = 0.0
     z3: str = ""
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "axioms": list(self.axioms), "z3": self.z3}
 
 
 def z3_version() -> str:
-    return z3.get_version_string()
+    version: str = z3.get_version_string()
+    return version
 
 
 @cache
@@ -61,7 +63,7 @@ class Prover:
         self.solver.set("rlimit", rlimit)
         self.solver.set("timeout", max(2000, rlimit // 500))  # a backstop: rlimit can slip
         self.solver.set("unsat_core", True)
-        self.tracks = {}
+        self.tracks: dict[str, str] = {}  # tracking literal -> axiom name
         for a in self.axioms:
             track = z3.Bool(f"axiom_{a.name}")
             self.tracks[str(track)] = a.name
@@ -69,17 +71,18 @@ class Prover:
         self.key = _axiom_digest(tuple(a.name for a in self.axioms)) + z3_version()
 
     def prove(self, lhs: Sequence[Term], rhs: Sequence[Term],
-              hypotheses: Sequence[tuple] = ()) -> Proof:
+              hypotheses: Sequence[Hypothesis] = ()) -> Proof:
         """Prove ``lhs[i] == rhs[i]`` for all i, for all variables, under ``hypotheses``."""
         tensor_sort, _ = z3_sorts()
-        tv, pv = set(), set()
+        tv: set[str] = set()
+        pv: set[str] = set()
         for t in (*lhs, *rhs):
             term_vars(t, tv, pv)
         tensors = {n: z3.Const(f"in_{n}", tensor_sort) for n in sorted(tv)}
         params = {n: z3.Int(f"p_{n}") for n in sorted(pv)}
-        memo: dict = {}
+        memo: dict[Term, Z3Expr] = {}
         goal = z3.And(*[to_z3(a, tensors, params, memo) == to_z3(b, tensors, params, memo)
-                        for a, b in zip(lhs, rhs)])
+                        for a, b in zip(lhs, rhs, strict=True)])
         start = time.perf_counter()
         self.solver.push()
         try:
