@@ -17,12 +17,12 @@ demo: $(STAMP)
 	$(BIN)/paragraph models
 	$(BIN)/paragraph run squeezenet1_1 --kernels vendor --schedule ios --repeat 20
 
-test: $(STAMP)
-	$(BIN)/ruff check paragraph tests benchmarks tutorials
+test: lint
 	$(BIN)/python -m pytest -q tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check paragraph tests benchmarks tutorials
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -28,21 +28,16 @@ import tvm
 from tvm import relax
 
 from paragraph import models
-from paragraph.bench import (
-    check_outputs,
-    executor_config,
-    format_table,
-    time_in_blocks,
-    time_round_robin,
-    vm_config,
-)
+from paragraph.bench import check_outputs, executor_config, format_table, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
-from paragraph.passes.ios import plan_schedule
 from paragraph.passes.schedule import ALGORITHMS, make_schedule, sequential
+from paragraph.planner import plan_schedule, tolerance
+from paragraph.timing import time_in_blocks, time_round_robin
 from paragraph.tvm_interop import native, random_inputs
 from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram, resolve_target
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.lowering import resolve_target
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "squeezenet1_1", "randwire", "resnet50")
 
@@ -112,7 +107,7 @@ def two_chains(target, kernels: str, repeat: int = 10) -> dict:
                                                         name="two-streams-1thread"), inputs)]
     try:
         check_outputs(configs, vm_config("tvm_vm", program.vm(), inputs, program.device).run(),
-                      rtol=1e-4, atol=1e-4)
+                      1e-4)
         time_round_robin(configs, repeat)
     finally:
         for c in configs:
@@ -132,8 +127,8 @@ def two_streams_paired(configs: list, rounds: int, schedule: str = "critical-pat
     kept = [len(c.samples) for c in pair]
     block = 10
     one_blocks, two_blocks = time_in_blocks(pair, max(1, rounds // block), block)
-    one, two = (c.samples[n:] for c, n in zip(pair, kept))
-    for c, n in zip(pair, kept):
+    one, two = (c.samples[n:] for c, n in zip(pair, kept, strict=True))
+    for c, n in zip(pair, kept, strict=True):
         del c.samples[n:]  # the main table keeps its own rounds
     return {"schedule": schedule, "streams": pair[1].info["streams"],
             "threads": pair[1].info["threads"], "runs": len(one), "block": block,
@@ -141,7 +136,7 @@ def two_streams_paired(configs: list, rounds: int, schedule: str = "critical-pat
             "two_streams_ms": statistics.median(two) * 1e3,
             "speedup": statistics.median(one) / statistics.median(two),
             "median_block_speedup": statistics.median(
-                a / b for a, b in zip(one_blocks, two_blocks))}
+                a / b for a, b in zip(one_blocks, two_blocks, strict=True))}
 
 
 def bench_model(name: str, target, repeat: int, reduced: bool, log,
@@ -159,7 +154,8 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
     on_gpu = program.device.dlpack_device_type() != tvm.cpu().dlpack_device_type()
     # every algorithm as `paragraph run --schedule` gives it (critical-path: measured costs,
     # and lone convolutions split across the streams where that runs faster)
-    planned = [plan_schedule(a, program, log=log) for a in ALGORITHMS]
+    planned = [(plan.program, plan.schedule)
+               for plan in (plan_schedule(a, program, log=log) for a in ALGORITHMS)]
     two_streams: list[str] = []
     work = optimum = unsplit_optimum = 0.0
     split: list[str] = []
@@ -169,15 +165,15 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
                                                       name="sequential-1thread")))
         two = [(program, make_schedule(a, program.graph, max_streams=2, cores=2))
                for a in ("opara", "nimble", "wavefront")]
-        chosen, listed = plan_schedule("critical-path", program, cores=2)
-        _, unsplit = plan_schedule("critical-path", program, cores=2, split=False)
-        two.append((chosen, replace(listed, name="critical-path/2")))
-        split = list(chosen.split)
+        chosen = plan_schedule("critical-path", program, cores=2)
+        unsplit = plan_schedule("critical-path", program, cores=2, split=False)
+        two.append((chosen.program, replace(chosen.schedule, name="critical-path/2")))
+        split = list(chosen.program.rewrites)
         if split:  # the same planner on the model's own kernels, for comparison
-            two.append((program, replace(unsplit, name="critical-path/2-unsplit")))
+            two.append((program, replace(unsplit.schedule, name="critical-path/2-unsplit")))
         # the bounds are over the model's own 1-thread work (what one stream runs)
-        work = unsplit.info["work_ms"]
-        optimum, unsplit_optimum = listed.info["optimum_ms"], unsplit.info["optimum_ms"]
+        work = unsplit.report["work_ms"]
+        optimum, unsplit_optimum = chosen.report["optimum_ms"], unsplit.report["optimum_ms"]
         planned += two
         two_streams = [f"executor:{s.name}" for _, s in two if s.num_streams == 2]
     configs = [vm, default]
@@ -186,8 +182,7 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
         if on_gpu:
             configs.append(executor_config(prog, s, inputs, use_cuda_graph=False))
     try:
-        tol = {} if kernels == "tvm" else {"rtol": 1e-4, "atol": 1e-4}  # BN folded, oneDNN
-        check_outputs(configs, expected, **tol)
+        check_outputs(configs, expected, max(tolerance(prog) for prog, _ in planned))
         time_round_robin(configs, repeat)
         paired = None if on_gpu else two_streams_paired(configs, 4 * repeat)
         paired_unsplit = None if on_gpu or not split else two_streams_paired(

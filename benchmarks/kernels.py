@@ -32,12 +32,16 @@ import tvm
 from tvm import relax
 
 from paragraph import models
-from paragraph.bench import Config, check_outputs, executor_config, time_round_robin, vm_config
+from paragraph.bench import check_outputs, executor_config, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import cpu_count, describe_machine
 from paragraph.passes.schedule import make_schedule
+from paragraph.planner import max_difference
+from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.kernels import KernelProgram, resolve_target
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.lowering import resolve_target
+from paragraph.tvm_interop.threads import config_threads
 
 MODELS = ("inception_v3", "resnet50", "nasnet_a_mobile", "bert")
 TUNING_DB = Path(__file__).parent / "tuning" / "cpu"
@@ -182,7 +186,7 @@ def ort_config(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int,
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
-    feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
+    feed = {i.name: a for i, a in zip(session.get_inputs(), inputs, strict=True)}
     name = "onnxruntime" + ("" if spinning else ":nospin")
     return Config(name, lambda: session.run(None, feed),
                   {"kernels": "onnxruntime", "threads": threads, "spinning": spinning})
@@ -192,14 +196,12 @@ def ort_config(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int,
 def source_configs(program: KernelProgram, source: str, inputs, log,
                    schedules=SCHEDULES) -> list[Config]:
     """The TVM VM and the executor under ``schedules``, for one kernel source."""
-    from paragraph.tvm_interop.executor import _config_threads
-
     vm = vm_config(f"{source}:tvm_vm", program.vm(), inputs, program.device)
     vm.info.update(kernels=source)
     run_vm = vm.run
 
     def with_all_cores():  # the VM runs on this thread: undo the last executor's pool size
-        _config_threads(cpu_count())
+        config_threads(cpu_count())
         return run_vm()
     vm.run = with_all_cores
     configs = [vm]
@@ -247,9 +249,9 @@ def bench_model(name: str, target, *, repeat: int, untuned_repeat: int, tuning_d
         configs = source_configs(program, label, inputs, log,
                                  UNTUNED_SCHEDULES if label == "tvm" else SCHEDULES)
         own = configs[0].run()
-        check_outputs(configs, own, rtol=1e-5, atol=1e-5)
-        worst = max(float(np.max(np.abs(a - b))) for a, b in zip(own, expected))
-        if not all(np.allclose(a, b, rtol=1e-3, atol=1e-3) for a, b in zip(own, expected)):
+        check_outputs(configs, own, 1e-5)
+        worst = max(float(np.max(np.abs(a - b))) for a, b in zip(own, expected, strict=True))
+        if not max_difference(expected, own) <= 1e-3:  # another runtime: another rounding
             raise RuntimeError(f"{name}/{label}: TVM VM differs from ONNX Runtime by {worst:.3g}")
         result[f"{label}_vs_onnxruntime_max_abs_diff"] = worst
         for c in configs:  # one more run each: which round it belongs in

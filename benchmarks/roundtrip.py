@@ -27,8 +27,8 @@ def time_roundtrip(name: str, repeat: int) -> dict:
         to_relax(graph)
         t_from.append(mid - start)
         t_to.append(time.perf_counter() - mid)
-    both = [a + b for a, b in zip(t_from, t_to)]
-    return {"model": name, "nodes": len(graph), "operators": len(graph.ops),
+    both = [a + b for a, b in zip(t_from, t_to, strict=True)]
+    return {"model": name, "nodes": len(graph), "operators": len(graph.operators),
             "opaque": sum(n.kind == "opaque" for n in graph.nodes),
             "from_relax_s": statistics.median(t_from), "to_relax_s": statistics.median(t_to),
             "roundtrip_s": statistics.median(both)}

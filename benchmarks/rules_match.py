@@ -45,7 +45,7 @@ def time_matching(name: str, rules: list, repeat: int, lib=None) -> dict:
         matches = match_all(graph, rules)
         times.append(time.perf_counter() - start)
     per_rule = {rid: len(ms) for rid, ms in matches.items() if ms}
-    return {"model": name, "nodes": len(graph), "operators": len(graph.ops),
+    return {"model": name, "nodes": len(graph), "operators": len(graph.operators),
             "rules": len(rules), "match_s": statistics.median(times),
             "match_s_all": times, "matches": sum(per_rule.values()),
             "rules_matching": len(per_rule),

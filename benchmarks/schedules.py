@@ -22,12 +22,15 @@ import time
 from pathlib import Path
 
 from paragraph import models
-from paragraph.bench import check_outputs, executor_config, time_round_robin, vm_config
+from paragraph.bench import check_outputs, executor_config, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
-from paragraph.passes.ios import IOSOptions, _plan_digest, ios_schedule, plan_schedule
+from paragraph.passes.ios import IOSOptions
+from paragraph.planner import plan_digest, plan_ios, plan_schedule
+from paragraph.timing import time_round_robin
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.kernels import KernelProgram, resolve_target
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.lowering import resolve_target
 from paragraph.tvm_interop.measure import CostDB
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "squeezenet1_1")
@@ -47,26 +50,27 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     configs = [vm]
     plans = {}  # config name -> what its run depends on (identical plans run the same)
     for h in HEURISTICS:  # critical-path: measured kernel times
-        planned, schedule = plan_schedule(h, program, db=db)  # critical-path may split
-        configs.append(executor_config(planned, schedule, inputs))
-        plans[configs[-1].name] = _plan_digest(schedule) if planned is program else None
+        plan = plan_schedule(h, program, db=db)  # critical-path may split
+        configs.append(executor_config(plan.program, plan.schedule, inputs))
+        plans[configs[-1].name] = (plan_digest(plan.schedule) if plan.program is program
+                                   else None)
     searches = {}
     warmup, repeat, number = (int(v) for v in args.ios_protocol.split(","))
     for mode in ("both", "parallel", "merge"):  # both first, on a cold cost database
         options = IOSOptions(mode=mode, warmup=warmup, repeat=repeat, number=number,
                              budget_s=args.budget, progress=True)
         t = time.perf_counter()
-        result = ios_schedule(program, options, db=db, log=log)
+        result = plan_ios(program, options, db=db, log=log)
         searches[f"ios-{mode}"] = {"search_s": time.perf_counter() - t,
                                    "cold_cost_db": mode == "both",
-                                   "summary": result.stats.summary(),
-                                   "predicted_ms": result.schedule.info["predicted_ms"]}
-        log(f"  ios-{mode}: {result.stats.summary()}")
+                                   "summary": result.report["search"],
+                                   "predicted_ms": result.report["predicted_ms"]}
+        log(f"  ios-{mode}: {result.report['search']}")
         configs.append(executor_config(result.program, result.schedule, inputs))
-        plans[configs[-1].name] = (_plan_digest(result.schedule)
+        plans[configs[-1].name] = (plan_digest(result.schedule)
                                    if result.program is program else None)
     try:
-        check_outputs(configs, expected, rtol=1e-4, atol=1e-4)
+        check_outputs(configs, expected, 1e-4)
         time_round_robin(configs, args.repeat)
     finally:
         for c in configs:

@@ -12,38 +12,20 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
 
 from paragraph.errors import ParagraphError
 from paragraph.machine import describe_machine
-from paragraph.passes.ios import IOSOptions, plan_schedule
+from paragraph.passes.ios import IOSOptions
+from paragraph.planner import max_difference, plan_schedule, tolerance
 from paragraph.schedule import Schedule
+from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.relax_graph import random_inputs
 from paragraph.tvm_interop.vm import flatten_result
-
-
-@dataclass
-class Config:
-    """One way to run the model: a callable on prepared inputs plus what to report about it."""
-
-    name: str
-    run: Callable[[], list[np.ndarray]]
-    info: dict = field(default_factory=dict)
-    samples: list[float] = field(default_factory=list)
-    close: Callable[[], None] | None = None
-
-    def row(self, baseline_ms: float | None) -> dict:
-        med = statistics.median(self.samples) * 1e3
-        return {"config": self.name, "median_ms": med,
-                "p10_ms": float(np.percentile(self.samples, 10)) * 1e3,
-                "p90_ms": float(np.percentile(self.samples, 90)) * 1e3,
-                "speedup_vs_tvm_vm": baseline_ms / med if baseline_ms else None,
-                "runs": len(self.samples), **self.info}
 
 
 def vm_config(name: str, vm: tvm.relax.VirtualMachine, inputs: Sequence[np.ndarray],
@@ -68,68 +50,22 @@ def executor_config(program: KernelProgram, schedule: Schedule, inputs: Sequence
             "waits": sum(map(len, schedule.waits.values())),
             "stages": len(schedule.stages) if schedule.stages else None,
             "peak_bytes": plan.peak_bytes, "no_reuse_bytes": plan.no_reuse_bytes}
-    if program.split:  # convolutions split across the streams (`paragraph.passes.split`)
-        info["split"] = list(program.split)
+    if program.rewrites:  # library rules applied (merged or split convolutions)
+        info["rewrites"] = list(program.rewrites)
     on_cpu = program.device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
     name = f"executor:{schedule.name}" + ("" if use_cuda_graph or on_cpu else "+nograph")
     return Config(name, lambda: executor.run(*inputs), info, close=executor.close)
 
 
 def check_outputs(configs: Sequence[Config], expected: Sequence[np.ndarray],
-                  rtol: float = 1e-5, atol: float = 1e-5) -> None:
-    """Raise unless every configuration reproduces ``expected``."""
+                  tol: float = 1e-5) -> None:
+    """Raise unless every configuration reproduces ``expected`` within ``tol``
+    (`paragraph.planner.max_difference`)."""
     for c in configs:
-        got = c.run()
-        if len(got) != len(expected) or not all(
-                g.shape == e.shape and np.allclose(g, e, rtol=rtol, atol=atol)
-                for g, e in zip(got, expected)):
-            worst = max((float(np.max(np.abs(g - e))) for g, e in zip(got, expected)
-                         if g.shape == e.shape), default=float("nan"))
+        worst = max_difference(expected, c.run())
+        if not worst <= tol:
             raise ParagraphError(f"{c.name} gives different outputs than the TVM VM "
-                                 f"(max abs difference {worst:.3g})")
-
-
-def time_round_robin(configs: Sequence[Config], repeat: int, warmup: int = 2, settle: int = 1,
-                     progress: Callable[[int], None] | None = None) -> None:
-    """Warm every configuration up, then time ``repeat`` rounds of one run each, after
-    ``settle`` untimed runs of the same configuration: the timed run sees that configuration's
-    steady state (switching torch's process-wide thread count between configurations drops
-    oneDNN's compiled primitives), while drift on a shared machine still hits all alike."""
-    for c in configs:
-        for _ in range(warmup):
-            c.run()
-    for r in range(repeat):
-        for c in configs:
-            for _ in range(settle):
-                c.run()
-            start = time.perf_counter()
-            c.run()
-            c.samples.append(time.perf_counter() - start)
-        if progress is not None:
-            progress(r + 1)
-
-
-def time_in_blocks(configs: Sequence[Config], blocks: int, block: int = 10,
-                   settle: int = 2) -> list[list[float]]:
-    """``blocks`` rounds in which each configuration runs ``settle`` untimed, then ``block``
-    timed runs back to back: each timed run sees its configuration's steady state, also where
-    that takes longer than one run to reach (after a one-stream run, a second core idle for
-    tens of milliseconds made the next few runs of two-stream NASNet-A 14% slower on the
-    shared VM), while drift still hits all alike. Appends to each ``samples``; returns, per
-    configuration, the median of each block."""
-    medians: list[list[float]] = [[] for _ in configs]
-    for _ in range(blocks):
-        for c, got in zip(configs, medians):
-            for _ in range(settle):
-                c.run()
-            times = []
-            for _ in range(block):
-                start = time.perf_counter()
-                c.run()
-                times.append(time.perf_counter() - start)
-            c.samples += times
-            got.append(statistics.median(times))
-    return medians
+                                 f"(max relative difference {worst:.3g}, tolerance {tol:g})")
 
 
 def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
@@ -142,7 +78,7 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
     ``speedup_vs_tvm_vm``, ``kernels`` (the kernel source), plus machine, target and
     versions). ``kernels`` ("tvm", "vendor", "auto") is the source of the program's kernels;
     ``tvm_compile_default`` always runs TVM's own. Schedules are names of
-    `paragraph.passes.ios.plan_schedule`; IOS ones search with ``ios`` options first and
+    `paragraph.planner.plan_schedule`; IOS ones search with ``ios`` options first and
     report their search time; ``split`` lets critical-path split lone convolutions."""
     log(f"lowering and compiling the kernels ({kernels}) ...")
     start = time.perf_counter()
@@ -158,24 +94,24 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
         default = tvm.relax.VirtualMachine(tvm.compile(mod, target=program.target),
                                            program.device)
         configs.append(vm_config("tvm_compile_default", default, inputs, program.device))
-    rewritten = False  # some schedule's program merged or split convolutions
+    tol = tolerance(program)  # or looser, for a schedule's program with merged or split convs
     for name in schedules:
         start = time.perf_counter()
-        planned, schedule = plan_schedule(name, program, options=ios, tuning_db=tuning_db,
-                                          cores=cores, log=log, split=split)
-        log(f"  {schedule.describe()}")
-        rewritten = rewritten or rewrites_convolutions(schedule)
-        config = executor_config(planned, schedule, inputs)
+        plan = plan_schedule(name, program, options=ios, tuning_db=tuning_db, cores=cores,
+                             log=log, split=split)
+        log(f"  {plan.schedule.describe()}")
+        tol = max(tol, tolerance(plan.program))
+        config = executor_config(plan.program, plan.schedule, inputs)
         if name.startswith("ios"):
             config.info.update(search_s=time.perf_counter() - start,
-                               search=schedule.info.get("search"),
-                               predicted_ms=schedule.info.get("predicted_ms"),
-                               program_kernels=len(planned.kernels))
+                               search=plan.report.get("search"),
+                               predicted_ms=plan.report.get("predicted_ms"),
+                               program_kernels=len(plan.program.kernels))
         configs.append(config)
     for c in configs:
         c.info.setdefault("kernels", "tvm" if c.name == "tvm_compile_default" else kernels)
     try:
-        check_outputs(configs, expected, **_tolerance(kernels, rewritten))
+        check_outputs(configs, expected, tol)
         log(f"outputs of all {len(configs)} configurations agree; timing {repeat} rounds ...")
         time_round_robin(configs, repeat, progress=lambda r: log(f"  round {r}/{repeat}")
                          if r % max(1, repeat // 4) == 0 else None)
@@ -188,18 +124,6 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
             "kernels": len(program.kernels), "kernel_sources": program.sources(),
             "repeat": repeat, "machine": describe_machine(),
             "configs": [c.row(base) for c in configs]}
-
-
-def rewrites_convolutions(schedule: Schedule) -> bool:
-    """Whether ``schedule``'s program may have merged (IOS) or split (critical-path)
-    convolutions: its rounding differs slightly from the model's own kernels."""
-    return schedule.name in ("ios-merge", "ios-both") or bool(schedule.info.get("split"))
-
-
-def _tolerance(kernels: str, merged: bool = False) -> dict:
-    """Vendor kernels (and the BN folded into their weights) and merged convolutions round
-    differently from TVM's own: outputs agree only to float32 accumulation error."""
-    return {} if kernels == "tvm" and not merged else {"rtol": 1e-4, "atol": 1e-4}
 
 
 def format_table(result: dict) -> str:

@@ -4,14 +4,34 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import tvm_ffi
 
+from paragraph import __version__, models
+from paragraph.bench import benchmark, format_table
 from paragraph.errors import ParagraphError
+from paragraph.files import atomic_write_bytes, atomic_write_json
+from paragraph.passes.ios import IOS_SCHEDULES, MODES, IOSOptions
+from paragraph.passes.schedule import ALGORITHMS
+from paragraph.planner import SCHEDULES, Plan, max_difference, plan_schedule, tolerance
+from paragraph.rules.cli import register as register_rules
+from paragraph.schedule import Schedule
+from paragraph.timeline import plot_timeline
+from paragraph.timing import time_calls
+from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
+from paragraph.tvm_interop.executor import CPUExecutor, gpu_available, make_executor
+from paragraph.tvm_interop.kernels import PROGRAM_FILE, KernelProgram, load_program, save_program
+from paragraph.tvm_interop.lowering import resolve_target
+from paragraph.tvm_interop.tune import format_summary, tune
+from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
+from paragraph.tvm_interop.vm import build_vm, local_cpu_target, run_vm
 
 
 def _say(msg: str) -> None:
@@ -53,14 +73,10 @@ def parse_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]] | No
 def load_model(name: str, *, reduced: bool = False, batch: int = 1,
                input_shapes: dict[str, tuple[int, ...]] | None = None):
     """A zoo model by name or a model file (``.onnx``) as a Relax module, with a label."""
-    from paragraph import models
-
     if name in models.list():
         return models.get(name, reduced=reduced, batch=batch), (
             f"{name}{' (reduced)' if reduced else ''}, batch {batch}")
     if Path(name).suffix or Path(name).exists():
-        from paragraph.tvm_interop import load
-
         if reduced:
             raise ParagraphError("--reduced applies to zoo models only")
         return load(name, input_shapes=input_shapes), name
@@ -69,23 +85,17 @@ def load_model(name: str, *, reduced: bool = False, batch: int = 1,
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from paragraph import models
-
     rows = [(n, "x".join(map(str, models.input_shape(n))),
              "x".join(map(str, models.input_shape(n, reduced=True))), models.describe(n))
             for n in models.list()]
     head = ("name", "input", "reduced input", "description")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(3)]
     for r in [head] + rows:
-        _say("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+        _say("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3])
     return 0
 
 
 def _target(args: argparse.Namespace):
-    from paragraph.tvm_interop.executor import gpu_available
-    from paragraph.tvm_interop.kernels import resolve_target
-    from paragraph.tvm_interop.vm import local_cpu_target
-
     if args.target == "cuda" and not gpu_available():
         raise ParagraphError("--target cuda: no CUDA GPU is visible to TVM on this machine")
     if args.target == "cpu":
@@ -93,27 +103,22 @@ def _target(args: argparse.Namespace):
     return resolve_target(args.target)
 
 
-def _schedule(args: argparse.Namespace, program):
-    """``(program, schedule)``: the schedule named by --schedule (IOS searches on the device
-    and may rebuild the program with merged convolutions), or the one in --schedule-file
-    (checked against the program's kernel graph)."""
-    from paragraph.passes.ios import plan_schedule
-    from paragraph.schedule import Schedule
-
+def _schedule(args: argparse.Namespace, program: KernelProgram) -> Plan:
+    """The plan for the schedule named by --schedule (IOS searches on the device and may
+    rebuild the program with merged convolutions, critical-path with split ones), or the
+    schedule in --schedule-file (checked against the program's kernel graph)."""
     if getattr(args, "schedule_file", None):
         try:
             text = Path(args.schedule_file).read_text()
         except OSError as e:
             raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
-        return program, Schedule.from_json(text, program.graph)
+        return Plan(program, Schedule.from_json(text, program.graph))
     return plan_schedule(args.schedule or "sequential", program, options=_ios_options(args),
                          tuning_db=args.tuning_db, cores=args.threads, log=_say,
                          split=not args.no_split)
 
 
 def _ios_options(args: argparse.Namespace):
-    from paragraph.passes.ios import IOSOptions
-
     warmup, repeat, number = args.ios_protocol
     return IOSOptions(mode=args.ios_mode, r=args.ios_r, s=args.ios_s,
                       max_part_size=args.ios_part_size, max_states=args.ios_max_states,
@@ -132,13 +137,9 @@ def _protocol(text: str) -> tuple[int, int, int]:
     return warmup, repeat, number
 
 
-def _equal(expected, got, *, loose: bool = False) -> bool:
-    """Outputs equal within float32 tolerance (looser for vendor kernels and merges, which
-    accumulate in another order)."""
-    tol = 1e-4 if loose else 1e-5
-    return len(expected) == len(got) and all(
-        a.shape == b.shape and np.allclose(a, b, rtol=tol, atol=tol)
-        for a, b in zip(expected, got))
+def _json_safe(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A plan's report as JSON values (tuples become lists)."""
+    return json.loads(json.dumps(dict(report)))
 
 
 def _kernel_summary(program) -> str:
@@ -148,19 +149,10 @@ def _kernel_summary(program) -> str:
 
 
 def _is_compiled(path: str) -> bool:
-    from paragraph.tvm_interop.kernels import PROGRAM_FILE
-
     return (Path(path) / PROGRAM_FILE).is_file()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import tvm_ffi
-
-    from paragraph.files import atomic_write_bytes
-    from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-    from paragraph.tvm_interop.kernels import KernelProgram
-    from paragraph.tvm_interop.vm import build_vm, run_vm
-
     if _is_compiled(args.model):
         return _run_compiled(args)
     with _Step(f"importing {args.model}"):
@@ -186,31 +178,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:  # the round trip changed the module's form: compare with the original itself
             expected = run_vm(build_vm(mod, target, program.device), inputs,
                               device=program.device)
-    program, schedule = _schedule(args, program)
-    _say(f"  schedule {schedule.describe()}")
+    plan = _schedule(args, program)
+    _say(f"  schedule {plan.schedule.describe()}")
     if args.save_schedule:
-        atomic_write_bytes(args.save_schedule, schedule.dumps().encode())
+        atomic_write_bytes(args.save_schedule, plan.schedule.dumps().encode())
         _say(f"  wrote {args.save_schedule}")
-    return _check_and_time(args, program, schedule, inputs, expected,
+    return _check_and_time(args, plan, inputs, expected,
                            f"{label}: paragraph executor, {args.kernels} kernels")
 
 
-def _check_and_time(args: argparse.Namespace, program, schedule, inputs, expected,
-                    label: str) -> int:
-    """Run ``schedule`` on the executor, compare with ``expected`` (exit status 1 if they
-    differ), then time ``--repeat`` runs and print the median."""
-    from paragraph.bench import rewrites_convolutions
-    from paragraph.tvm_interop.executor import make_executor
-    from paragraph.tvm_interop.vm import time_calls
-
+def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, label: str) -> int:
+    """Run the plan on the executor, compare with ``expected`` (exit status 1 if they differ
+    beyond `paragraph.planner.tolerance`), then time ``--repeat`` runs and print the median."""
+    program, schedule = plan.program, plan.schedule
     with _Step("checking the executor's outputs"):
         executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
         got = executor.run(*inputs)
     with executor:
         worst = max((float(np.max(np.abs(a - b))) if a.size and a.shape == b.shape
-                     else 0.0 for a, b in zip(expected, got)), default=0.0)
-        ok = _equal(expected, got,
-                    loose=args.kernels != "tvm" or rewrites_convolutions(schedule))
+                     else 0.0 for a, b in zip(expected, got, strict=False)),  # shown only
+                    default=0.0)
+        ok = max_difference(expected, got) <= tolerance(program)
         _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
              f"{'equal' if ok else 'DIFFERENT'}")
         _say(f"  memory: {executor.plan.summary()}")
@@ -227,31 +215,23 @@ def _check_and_time(args: argparse.Namespace, program, schedule, inputs, expecte
 def _run_compiled(args: argparse.Namespace) -> int:
     """``paragraph run DIR``: a program written by ``paragraph compile``, under its saved
     schedule (or --schedule/--schedule-file), checked against the TVM VM and timed."""
-    from paragraph.schedule import Schedule
-    from paragraph.tvm_interop import random_inputs
-    from paragraph.tvm_interop.kernels import load_program
-    from paragraph.tvm_interop.vm import run_vm
-
     with _Step(f"loading the compiled program {args.model}"):
         program, meta = load_program(args.model)
     _say(f"  {meta.get('model', '?')}, {_kernel_summary(program)}")
     saved = Path(args.model) / "schedule.json"
-    if args.schedule is None and not args.schedule_file and saved.exists():
-        schedule = Schedule.from_json(saved.read_text(), program.graph)
     inputs = random_inputs(program.lowered, seed=args.seed)
     with _Step("running the program on the TVM VM"):
         expected = run_vm(program.vm(), inputs, device=program.device)
     if args.schedule is not None or args.schedule_file or not saved.exists():
-        program, schedule = _schedule(args, program)
-    _say(f"  schedule {schedule.describe()}")
-    return _check_and_time(args, program, schedule, inputs, expected,
+        plan = _schedule(args, program)
+    else:
+        plan = Plan(program, Schedule.from_json(saved.read_text(), program.graph))
+    _say(f"  schedule {plan.schedule.describe()}")
+    return _check_and_time(args, plan, inputs, expected,
                            f"{args.model}: {meta.get('kernels', '?')} kernels")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from paragraph.files import atomic_write_bytes
-    from paragraph.tvm_interop.kernels import KernelProgram, save_program
-
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
     target = _target(args)
@@ -259,18 +239,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
         program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
                                       kernels=args.kernels)
     _say(f"  {_kernel_summary(program)}")
-    program, schedule = _schedule(args, program)
-    _say(f"  schedule {schedule.describe()}")
+    plan = _schedule(args, program)
+    _say(f"  schedule {plan.schedule.describe()}")
     with _Step(f"writing {args.output}"):
-        out = save_program(program, args.output, info={"model": label, "kernels": args.kernels})
-        atomic_write_bytes(out / "schedule.json", schedule.dumps().encode())
+        out = save_program(plan.program, args.output,
+                           info={"model": label, "kernels": args.kernels,
+                                 "rewrites": list(plan.program.rewrites),
+                                 "plan": _json_safe(plan.report)})
+        atomic_write_bytes(out / "schedule.json", plan.schedule.dumps().encode())
     _say(f"wrote {out}: run it with `paragraph run {out}`")
     return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from paragraph.tvm_interop.tune import format_summary, tune
-
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
     _say(f"tuning {label} ({args.kernels} kernels)")
@@ -283,14 +264,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from paragraph.bench import benchmark, format_table
-    from paragraph.files import atomic_write_json
-    from paragraph.passes.ios import IOS_SCHEDULES
-    from paragraph.passes.schedule import ALGORITHMS
-
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    choices = (*ALGORITHMS, "ios", *IOS_SCHEDULES)
+    choices = SCHEDULES
     schedules = args.schedules.split(",") if args.schedules else list(ALGORITHMS)
     unknown = [s for s in schedules if s not in choices]
     if unknown:
@@ -309,12 +285,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from paragraph.files import atomic_write_bytes
-    from paragraph.timeline import plot_timeline
-    from paragraph.tvm_interop import random_inputs
-    from paragraph.tvm_interop.executor import CPUExecutor
-    from paragraph.tvm_interop.kernels import KernelProgram
-
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
     target = _target(args)
@@ -324,7 +294,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
         program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
                                       kernels=args.kernels)
-    program, schedule = _schedule(args, program)
+    plan = _schedule(args, program)
+    program, schedule = plan.program, plan.schedule
     _say(f"  schedule {schedule.describe()}")
     if args.dot:
         atomic_write_bytes(args.dot, program.graph.to_dot().encode())
@@ -353,11 +324,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``paragraph`` command."""
-    from paragraph import __version__
-    from paragraph.passes.ios import IOS_SCHEDULES, MODES
-    from paragraph.passes.schedule import ALGORITHMS
-    from paragraph.tvm_interop.vendor import KERNEL_SOURCES
-
     parser = argparse.ArgumentParser(
         prog="paragraph", description="Graph substitution and inter-operator parallelism "
         "for Apache TVM (Relax).")
@@ -467,7 +433,6 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_options(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.set_defaults(func=cmd_compile)
-    from paragraph.rules.cli import register as register_rules
 
     register_rules(sub)
     return parser

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,7 +29,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """``obj`` as indented JSON, written atomically."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
 

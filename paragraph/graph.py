@@ -27,7 +27,7 @@ __all__ = ["Attrs", "Graph", "GraphBuilder", "Node", "SOURCE_KINDS", "TensorRef"
 SOURCE_KINDS = frozenset({"input", "weight", "constant"})
 
 
-class Attrs(Mapping):
+class Attrs(Mapping[str, Any]):
     """An immutable, hashable attribute mapping with sorted keys."""
 
     __slots__ = ("_items", "_dict")
@@ -55,7 +55,7 @@ class Attrs(Mapping):
     def __repr__(self) -> str:
         return "{" + ", ".join(f"{k}={v!r}" for k, v in self._items) + "}"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Attrs], tuple[tuple[tuple[str, Any], ...]]]:
         return (Attrs, (self._items,))
 
 
@@ -73,7 +73,7 @@ class Node:
     kind: str
     inputs: tuple[TensorRef, ...] = ()
     outputs: tuple[TensorType, ...] = ()
-    attrs: Attrs = field(default_factory=Attrs)
+    attrs: Mapping[str, Any] = field(default_factory=Attrs)  # stored as an `Attrs`
     name: str = ""
     value: np.ndarray | None = None
     payload: Any = None
@@ -223,9 +223,11 @@ class Graph:
         if not best:
             return 0.0, []
         end = max(best, key=lambda i: best[i])
-        path = [end]
-        while prev[path[-1]] is not None:
-            path.append(prev[path[-1]])
+        path: list[int] = []
+        step: int | None = end
+        while step is not None:
+            path.append(step)
+            step = prev[step]
         return best[end], path[::-1]
 
     # -- structural hash

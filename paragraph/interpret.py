@@ -17,11 +17,12 @@ def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
     values: dict[TensorRef, np.ndarray] = {}
-    feed = dict(zip(graph.inputs, inputs))
+    feed = dict(zip(graph.inputs, inputs, strict=True))
     for n in graph.nodes:
         if n.kind == "input":
             outs = [np.asarray(feed[n.id])]
         elif n.kind in ("weight", "constant"):
+            assert n.value is not None  # `Graph.validate` checks that weights hold arrays
             outs = [n.value]
         elif n.kind in SPECS:
             outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
@@ -43,6 +44,7 @@ def fold_weights(graph: Graph, only: Collection[int] | None = None) -> Graph:
     values: dict[TensorRef, np.ndarray] = {}
     for n in graph.nodes:
         if n.kind in ("weight", "constant"):
+            assert n.value is not None  # `Graph.validate` checks that weights hold arrays
             values[n.out] = n.value
     removed, added, remap = [], [], {}
     next_id = graph.next_id
@@ -52,7 +54,7 @@ def fold_weights(graph: Graph, only: Collection[int] | None = None) -> Graph:
             continue
         outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
         removed.append(n.id)
-        for i, (v, t) in enumerate(zip(outs, n.outputs)):
+        for i, (v, t) in enumerate(zip(outs, n.outputs, strict=True)):
             v = np.ascontiguousarray(np.asarray(v).astype(t.dtype, copy=False))
             w = Node(id=next_id, kind="weight" if v.size > 1 else "constant", outputs=(t,),
                      value=v, name=f"{n.name}_folded" if n.name else "")

@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 from importlib import metadata
+from typing import Any
 
 from paragraph.version import __version__
 
@@ -43,7 +44,7 @@ def _version(package: str) -> str | None:
         return None
 
 
-def describe_machine() -> dict:
+def describe_machine() -> dict[str, Any]:
     """CPU, core count, OS, Python and the versions of paragraph, TVM and friends, plus the date.
 
     Every JSON result under ``benchmarks/results/`` carries this, so numbers can be compared

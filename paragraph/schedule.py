@@ -85,15 +85,15 @@ class Schedule:
         ``launch_order`` (the global issue order, e.g. Opara's) defaults to a topological
         interleaving of the streams.
         """
-        streams = tuple(tuple(s) for s in streams if len(s))
+        lists = tuple(tuple(s) for s in streams if len(s))
         if isinstance(threads, int):
-            threads = (threads,) * len(streams)
-        stream_of = {k: s for s, ks in enumerate(streams) for k in ks}
-        pos = {k: i for ks in streams for i, k in enumerate(ks)}
+            threads = (threads,) * len(lists)
+        stream_of = {k: s for s, ks in enumerate(lists) for k in ks}
+        pos = {k: i for ks in lists for i, k in enumerate(ks)}
         stage_of = ({k: i for i, st in enumerate(stages) for k in st} if stages else {})
         waits: dict[int, tuple[int, ...]] = {}
-        for s, ks in enumerate(streams):
-            synced = [-1] * len(streams)  # latest position of each stream already waited for
+        for s, ks in enumerate(lists):
+            synced = [-1] * len(lists)  # latest position of each stream already waited for
             for k in ks:
                 latest: dict[int, int] = {}  # stream -> its latest producer of k
                 for p in producers(graph, k) if k in graph else ():
@@ -107,7 +107,7 @@ class Schedule:
                     synced[t] = pos[p]
                 if latest:
                     waits[k] = tuple(latest[t] for t in sorted(latest))
-        sched = cls(streams=streams, threads=tuple(int(t) for t in threads), waits=waits,
+        sched = cls(streams=lists, threads=tuple(int(t) for t in threads), waits=waits,
                     stages=None if stages is None else tuple(tuple(st) for st in stages),
                     launch_order=tuple(launch_order) if launch_order else (),
                     name=name, graph_hash=graph.structural_hash(), info=dict(info or {}))
@@ -139,12 +139,12 @@ class Schedule:
         """Completion-before-start edges: stream order, waits and stage barriers."""
         preds: dict[int, set[int]] = {k: set() for k in self.kernels}
         for ks in self.streams:
-            for a, b in zip(ks, ks[1:]):
+            for a, b in zip(ks, ks[1:], strict=False):  # consecutive pairs
                 preds[b].add(a)
         for k, ps in self.waits.items():
             preds[k].update(ps)
         if self.stages:
-            for prev, nxt in zip(self.stages, self.stages[1:]):
+            for prev, nxt in zip(self.stages, self.stages[1:], strict=False):  # pairs
                 for k in nxt:
                     preds[k].update(prev)
         return preds
@@ -203,7 +203,7 @@ class Schedule:
                 seen.add(k)
 
     # -- JSON
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (kernel ids are node ids of the graph whose hash it names)."""
         return {"format": FORMAT, "version": VERSION, "name": self.name,
                 "graph_hash": self.graph_hash, "streams": [list(s) for s in self.streams],
@@ -219,21 +219,20 @@ class Schedule:
     def from_json(cls, data: Mapping[str, Any] | str, graph: Graph | None = None) -> Schedule:
         """Read a schedule written by `to_json`; with ``graph``, check it was made for it."""
         try:
-            if isinstance(data, str):
-                data = json.loads(data)
-            if data.get("format") != FORMAT or data.get("version") != VERSION:
+            d: Mapping[str, Any] = json.loads(data) if isinstance(data, str) else data
+            if d.get("format") != FORMAT or d.get("version") != VERSION:
                 raise ScheduleError(f"not a {FORMAT} v{VERSION} file (format="
-                                    f"{data.get('format')!r}, version={data.get('version')!r})")
-            sched = cls(streams=tuple(tuple(int(k) for k in s) for s in data["streams"]),
-                        threads=tuple(int(t) for t in data["threads"]),
+                                    f"{d.get('format')!r}, version={d.get('version')!r})")
+            sched = cls(streams=tuple(tuple(int(k) for k in s) for s in d["streams"]),
+                        threads=tuple(int(t) for t in d["threads"]),
                         waits={int(k): tuple(int(p) for p in v)
-                               for k, v in data["waits"].items()},
-                        stages=None if data.get("stages") is None else tuple(
-                            tuple(int(k) for k in s) for s in data["stages"]),
-                        launch_order=tuple(int(k) for k in data.get("launch_order", ())),
-                        name=str(data.get("name", "")),
-                        graph_hash=str(data.get("graph_hash", "")),
-                        info=dict(data.get("info", {})))
+                               for k, v in d["waits"].items()},
+                        stages=None if d.get("stages") is None else tuple(
+                            tuple(int(k) for k in s) for s in d["stages"]),
+                        launch_order=tuple(int(k) for k in d.get("launch_order", ())),
+                        name=str(d.get("name", "")),
+                        graph_hash=str(d.get("graph_hash", "")),
+                        info=dict(d.get("info", {})))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ScheduleError(f"corrupt schedule: {type(e).__name__}: {e}") from None
         if graph is not None:

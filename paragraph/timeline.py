@@ -13,10 +13,10 @@ def plot_timeline(timeline: Mapping[int, tuple[int, int, int]], graph: Graph,
     """Write ``timeline`` (kernel -> (stream, start ns, end ns), as an executor's profiled run
     records it) to ``path`` as a PNG; bars are labelled with the kernel's function name where
     they are wide enough."""
-    import matplotlib
+    import matplotlib  # slow to import, and only `paragraph inspect` draws
 
     matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after choosing the backend
 
     if not timeline:
         raise ValueError("the timeline is empty: run the executor with profile=True first")
@@ -24,7 +24,7 @@ def plot_timeline(timeline: Mapping[int, tuple[int, int, int]], graph: Graph,
     span = max(end for _, _, end in timeline.values()) - t0
     streams = sorted({s for s, _, _ in timeline.values()})
     fig, ax = plt.subplots(figsize=(14, 1.0 + 0.45 * len(streams)))
-    colors = plt.get_cmap("tab20").colors
+    colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]  # a ListedColormap
     for k, (s, start, end) in sorted(timeline.items()):
         x, width = (start - t0) / 1e6, max(end - start, 1) / 1e6
         ax.broken_barh([(x, width)], (s - 0.4, 0.8), facecolors=colors[k % len(colors)],

@@ -50,7 +50,8 @@ def brute_force(graph: Graph, cost, width: int) -> float:
         if any(not set(producers(graph, k)) <= seen or seen.add(k) for k in order):
             continue
         for assign in itertools.product(range(width), repeat=len(order)):
-            streams = [[k for k, s in zip(order, assign) if s == i] for i in range(width)]
+            streams = [[k for k, s in zip(order, assign, strict=True) if s == i]
+                       for i in range(width)]
             best = min(best, makespan(graph, streams, cost))
     return best
 
@@ -81,7 +82,7 @@ def test_search_beats_list_scheduling_where_greedy_fails():
     nodes = [Node(0, "input", outputs=t)] + [
         Node(i, "kernel", [TensorRef(0)], t, {"func": f"k{i}"}) for i in range(1, 6)]
     graph = Graph(nodes, [TensorRef(i) for i in range(1, 6)])
-    cost = dict(zip(range(1, 6), (3.0, 3.0, 2.0, 2.0, 2.0)))
+    cost = dict(zip(range(1, 6), (3.0, 3.0, 2.0, 2.0, 2.0), strict=True))
     assert critical_path(graph, cost=cost, streams=2, search_budget=0).info["predicted"] == 7
     searched = critical_path(graph, cost=cost, streams=2)
     assert searched.info["predicted"] == searched.info["optimum"] == 6

@@ -27,20 +27,19 @@ from paragraph.passes.schedule import (
     wavefront,
 )
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop import native, random_inputs
+from paragraph.tvm_interop import native, random_inputs, threads
 from paragraph.tvm_interop.executor import (
-    SPIN_NS,
     CPUExecutor,
     InputError,
     KernelError,
-    acquire_workers,
     gpu_available,
     make_executor,
-    release_workers,
-    stream_cores,
 )
-from paragraph.tvm_interop.kernels import KernelProgram, is_gpu, resolve_target
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.lowering import is_gpu, resolve_target
 from paragraph.tvm_interop.memory import check_memory_plan, plan_memory, vm_planned_bytes
+from paragraph.tvm_interop.native import SPIN_NS
+from paragraph.tvm_interop.threads import acquire_workers, release_workers, stream_cores
 from paragraph.tvm_interop.vm import run_vm
 
 _PROGRAMS: dict[str, KernelProgram] = {}
@@ -66,7 +65,7 @@ def test_every_schedule_matches_the_vm(name):
             for _ in range(2):  # a second run reuses every buffer
                 got = executor.run(*mod_inputs)
                 assert len(got) == len(expected)
-                for g, e in zip(got, expected):
+                for g, e in zip(got, expected, strict=True):
                     np.testing.assert_array_equal(g, e, err_msg=f"{name}/{algorithm}")
 
 
@@ -285,7 +284,7 @@ def test_python_and_native_runners_agree(name, stream_runner):
         with make_executor(program, make_schedule(algorithm, program.graph)) as ex:
             assert (ex.native is not None) == (stream_runner == "native")
             for _ in range(2):
-                for g, e in zip(ex.run(*inputs), expected):
+                for g, e in zip(ex.run(*inputs), expected, strict=True):
                     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
@@ -370,9 +369,9 @@ def test_stream_threads_follow_the_schedule(stream_runner):
     s = make_schedule("nimble", g)
     num_threads = tvm_ffi.get_global_func("runtime.NumThreads")
     caller = num_threads()
-    for threads in ([1, 2], [2, 1]):
+    for counts in ([1, 2], [2, 1]):
         seen.clear()
-        s = Schedule.build(g, s.streams, threads=threads)
+        s = Schedule.build(g, s.streams, threads=counts)
         with CPUExecutor(program, s) as ex:
             ex.run(np.ones((4, 8), "float32"))
         stream = s.stream_of[next(n.id for n in g.nodes if n.kind == "kernel"
@@ -400,9 +399,7 @@ def test_stream_cores_are_disjoint_and_only_where_the_streams_fit(monkeypatch):
 
 def _worker_affinities() -> list[frozenset[int]]:
     """The affinity of every idle pooled worker, read on the worker itself."""
-    from paragraph.tvm_interop.executor import _IDLE
-
-    workers = acquire_workers(len(_IDLE))
+    workers = acquire_workers(len(threads._IDLE))
     try:
         seen, done = [], []
         for w in workers:
@@ -441,9 +438,7 @@ def test_streams_run_on_cores_of_their_own(stream_runner):
 
 @needs_two_cores
 def test_cores_that_cannot_be_bound_warn_and_the_run_goes_on(monkeypatch):
-    from paragraph.tvm_interop import executor
-
-    monkeypatch.setattr(executor, "_warned_pin", [])
+    monkeypatch.setattr(threads, "_warned_pin", [])
     program = program_for("squeezenet1_1")
     s = Schedule.build(program.graph, make_schedule("nimble", program.graph, cores=2).streams,
                        threads=1)
@@ -453,7 +448,7 @@ def test_cores_that_cannot_be_bound_warn_and_the_run_goes_on(monkeypatch):
         ex.cores = [frozenset({100_000 + i}) for i in range(s.num_streams)]  # no such CPU
         with pytest.warns(RuntimeWarning, match="cannot bind a stream"):
             got = ex.run(*inputs)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
@@ -467,7 +462,7 @@ def test_a_stream_failing_outside_its_kernels_stops_all(monkeypatch, stream_runn
     with CPUExecutor(program, s) as ex:
         def broken(n):
             raise OSError("no thread pool today")
-        monkeypatch.setattr(executor, "_config_threads", broken)
+        monkeypatch.setattr(executor, "config_threads", broken)
         start = time.time()
         with pytest.raises(ParagraphError, match="outside its kernels: OSError"):
             ex.run(np.ones((4, 8), "float32"))
@@ -530,7 +525,7 @@ def test_cuda_executor_matches_the_vm(use_graph):
         schedule = make_schedule(algorithm, program.graph)
         with make_executor(program, schedule, use_cuda_graph=use_graph) as ex:
             for _ in range(2):
-                for g, e in zip(ex.run(*inputs), expected):
+                for g, e in zip(ex.run(*inputs), expected, strict=True):
                     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
@@ -538,10 +533,10 @@ def test_cuda_executor_matches_the_vm(use_graph):
 def test_kernels_are_traced_to_their_operators(name):
     """Every operator of the prepared model lies in exactly one kernel."""
     program = program_for(name)
-    assert program.kernel_ops is not None
-    placed = sorted(i for ids in program.kernel_ops.values() for i in ids)
-    assert placed == sorted(n.id for n in program.ops.nodes if not n.is_source)
-    assert set(program.kernel_ops) == {n.id for n in program.graph.nodes if not n.is_source}
+    assert program.kernel_operators is not None
+    placed = sorted(i for ids in program.kernel_operators.values() for i in ids)
+    assert placed == sorted(n.id for n in program.operator_graph.nodes if not n.is_source)
+    assert set(program.kernel_operators) == {n.id for n in program.graph.nodes if not n.is_source}
 
 
 def test_traced_operators_compute_what_their_kernel_computes():
@@ -551,12 +546,12 @@ def test_traced_operators_compute_what_their_kernel_computes():
     from paragraph.tvm_interop.memory import Block, MemoryPlan
 
     program = program_for("inception_v3")
-    g, ops = program.graph, program.ops
+    g, ops = program.graph, program.operator_graph
     kernels = [n for n in g.nodes if n.kind == "kernel"]
     # each kernel's result is the output of the one operator no other operator of it reads
     last = {}
     for k in kernels:
-        members = set(program.kernel_ops[k.id])
+        members = set(program.kernel_operators[k.id])
         read = {r.node for i in members for r in ops[i].inputs}
         (last[k.id],) = [i for i in members if i not in read]
     refs = [TensorRef(k.id) for k in kernels]
@@ -567,5 +562,5 @@ def test_traced_operators_compute_what_their_kernel_computes():
         ex.run(*x)
         got = [ex.tensors[r].numpy() for r in refs]
     expected = run_graph(Graph(ops.nodes, [TensorRef(last[k.id]) for k in kernels]), x)
-    for k, a, b in zip(kernels, got, expected):
+    for k, a, b in zip(kernels, got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=k.attrs["func"])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from paragraph import GraphBuilder, models
+from paragraph.dag import lone
 from paragraph.errors import ParagraphError
 from paragraph.interpret import run_graph
 from paragraph.passes.ios import (
@@ -20,25 +21,24 @@ from paragraph.passes.ios import (
     SearchStats,
     _bits,
     _components,
-    _kernel_dag,
-    _plan_digest,
+    apply_merges,
     blocks,
     brute_force,
     count_states,
-    cut_nodes,
     enumerate_endings,
-    ios_schedule,
     is_ending,
+    kernel_preds,
+    merge_units,
     part_graph,
-    plan_schedule,
     schedule_part,
 )
-from paragraph.passes.merge import apply_merges, can_merge, conv_unit
 from paragraph.passes.schedule import sequential
+from paragraph.planner import plan_digest, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import CostDB
+from paragraph.tvm_interop.stages import merge_rule
 from paragraph.tvm_interop.vm import run_vm
 
 
@@ -164,19 +164,26 @@ def inception():
     return KernelProgram.build(models.get("inception_v3", reduced=True), "llvm")
 
 
-def test_blocks_cut_at_nodes_on_every_path(inception):
+def test_blocks_cut_at_lone_kernels(inception):
+    """Blocks end at the kernels nothing can run beside, which include IOS's cut nodes (the
+    kernels on every input-to-output path)."""
     graph = inception.graph
     kernels = [n.id for n in graph.nodes if n.kind == "kernel"]
-    dag = _kernel_dag(graph, kernels)
-    cuts = cut_nodes(graph)
-    assert 11 <= len(cuts) <= 25  # stem kernels, one per Inception module, the head
+    preds = kernel_preds(graph, kernels)
+    dag = nx.DiGraph([(p, k) for k, ps in preds.items() for p in ps])
+    dag.add_nodes_from(kernels)
+    cuts = lone(kernels, preds)
+    assert 11 <= len(cuts) <= 40  # stem kernels, one per Inception module, the head
+    for c in cuts:  # every other kernel runs before or after it
+        assert nx.ancestors(dag, c) | nx.descendants(dag, c) | {c} == set(kernels)
     sources = [k for k in kernels if dag.in_degree(k) == 0]
     sinks = [k for k in kernels if dag.out_degree(k) == 0]
-    for c in cuts:  # removing a cut node disconnects the inputs from the outputs
+    for c in kernels:  # a kernel whose removal disconnects the inputs from the outputs
         rest = dag.copy()
         rest.remove_node(c)
-        assert not any(nx.has_path(rest, a, b) for a in sources if a != c
-                       for b in sinks if b != c)
+        if not any(nx.has_path(rest, a, b) for a in sources if a != c for b in sinks
+                   if b != c):
+            assert c in cuts
     parts = blocks(graph, max_part_size=5)
     assert sorted(k for p in parts for k in p) == sorted(kernels)
     assert max(map(len, parts)) <= 5
@@ -184,25 +191,37 @@ def test_blocks_cut_at_nodes_on_every_path(inception):
 
 
 def test_merged_convolutions_equal_the_originals(inception):
-    ops, kernel_ops = inception.ops, inception.kernel_ops
-    units = {k: conv_unit(ops, k, kernel_ops[k]) for k in kernel_ops
-             if inception.graph[k].kind == "kernel"}
-    by_key: dict = {}
-    for u in units.values():
-        if u is not None:
-            by_key.setdefault(u.key, []).append(u)
-    groups = [g for g in by_key.values() if can_merge(g)]
-    assert any(len({ops.type_of(ops[u.conv].inputs[1]).shape[2:] for u in g}) > 1
+    """IOS merges through the library rule: the kernels of each match found in reduced
+    Inception-v3 are units, merged they compute the same, and the program has fewer
+    kernels."""
+    rule = merge_rule()
+    opgraph, kernel_operators = inception.operator_graph, inception.kernel_operators
+    unit_kernel = {}
+    for k in kernel_operators:
+        if inception.graph[k].kind == "kernel":
+            unit = rule.unit(opgraph, kernel_operators[k])
+            if unit is not None:
+                unit_kernel[unit] = k
+    groups, used = [], set()
+    for m in sorted(rule.find(opgraph), key=lambda m: -len(m.extra["units"])):
+        units = m.extra["units"]
+        if all(u in unit_kernel for u in units) and not used & {c for c, _ in units}:
+            assert merge_units(rule, opgraph, kernel_operators,
+                               [unit_kernel[u] for u in units]) == list(units)
+            groups.append(list(units))
+            used |= {c for c, _ in units}
+    assert any(len({opgraph.type_of(opgraph[c].inputs[1]).shape[2:] for c, _ in g}) > 1
                for g in groups), "some merge must enlarge kernels (1x1 with 5x5 / 3x3)"
-    merged, added = apply_merges(ops, groups)
+    merged, added = apply_merges(rule, opgraph, groups)
+    assert len(added) == len(groups) and all(added)
     x = random_inputs(inception.lowered)
-    np.testing.assert_allclose(run_graph(merged, x)[0], run_graph(ops, x)[0], rtol=1e-4,
+    np.testing.assert_allclose(run_graph(merged, x)[0], run_graph(opgraph, x)[0], rtol=1e-4,
                                atol=1e-5)
     rebuilt = KernelProgram.build(merged, "llvm")
     assert len([n for n in rebuilt.graph.nodes if n.kind == "kernel"]) < len(
         [n for n in inception.graph.nodes if n.kind == "kernel"])
     expected = run_vm(inception.vm(), x)
-    for a, b in zip(run_vm(rebuilt.vm(), x), expected):
+    for a, b in zip(run_vm(rebuilt.vm(), x), expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -215,12 +234,15 @@ def test_merge_rejects_what_cannot_merge():
     grouped = b.op("conv2d", [x, b.weight(np.ones((4, 1, 3, 3), "float32"))],
                    {"padding": 1, "groups": 4})
     valid = b.op("conv2d", [x, b.weight(w)])
-    g = b.build([a.out, strided.out, grouped.out, valid.out])
-    u = {n.id: conv_unit(g, n.id, [n.id]) for n in (a, strided, grouped, valid)}
-    assert u[grouped.id] is None
-    assert not can_merge([u[a.id], u[strided.id]])  # stride differs
-    assert not can_merge([u[a.id], u[valid.id]])  # output size differs
-    assert can_merge([u[a.id], conv_unit(g, a.id, [a.id])])
+    a2 = b.op("conv2d", [x, b.weight(w)], {"padding": 1})
+    g = b.build([a.out, strided.out, grouped.out, valid.out, a2.out])
+    rule = merge_rule()
+    unit = {n.id: rule.unit(g, [n.id]) for n in (a, strided, grouped, valid, a2)}
+    assert rule.match_units(g, [unit[a.id], unit[grouped.id]]) is None  # groups
+    assert rule.match_units(g, [unit[a.id], unit[strided.id]]) is None  # stride differs
+    assert rule.match_units(g, [unit[a.id], unit[valid.id]]) is None  # output size differs
+    assert rule.match_units(g, [unit[a.id]]) is None  # one is no merge
+    assert rule.match_units(g, [unit[a.id], unit[a2.id]]) is not None
 
 
 @pytest.mark.parametrize("mode", ["parallel", "merge", "both"])
@@ -228,30 +250,31 @@ def test_ios_search_end_to_end(mode, tmp_path):
     program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
     db = CostDB(tmp_path / "costs.sqlite")
     opts = IOSOptions(mode=mode, warmup=1, repeat=2, number=1)
-    result = ios_schedule(program, opts, db=db)
-    assert result.stats.stages_measured > 0 and not result.stats.budget_hit
+    result = plan_ios(program, opts, db=db)
+    stats = result.report["stats"]
+    assert stats["stages_measured"] > 0 and not stats["budget_hit"]
     strategies = set(result.schedule.info["strategies"])
     if mode == "parallel":
         assert MERGE not in strategies
     if mode == "merge":  # IOS-Merge: one kernel or one merged kernel per stage
-        assert all(len(groups) == 1 for groups, _, _ in result.stages)
+        assert all(len(groups) == 1 for groups, _, _ in result.report["stages"])
     x = random_inputs(program.lowered)
     expected = run_vm(program.vm(), x)
     with make_executor(result.program, result.schedule) as ex:
-        for a, b in zip(ex.run(*x), expected):
+        for a, b in zip(ex.run(*x), expected, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     # the same inputs and cost database give the same schedule, with nothing measured again
-    again = ios_schedule(program, opts, db=db)
-    assert again.stats.stages_measured == 0
+    again = plan_ios(program, opts, db=db)
+    assert again.report["stats"]["stages_measured"] == 0
     assert again.schedule.streams == result.schedule.streams
     assert again.schedule.stages == result.schedule.stages
 
 
 def test_ios_time_budget(tmp_path):
     program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
-    result = ios_schedule(program, IOSOptions(budget_s=1e-9, warmup=0, repeat=1, number=1),
+    result = plan_ios(program, IOSOptions(budget_s=1e-9, warmup=0, repeat=1, number=1),
                           db=CostDB(tmp_path / "c.sqlite"))
-    assert result.stats.budget_hit
+    assert result.report["stats"]["budget_hit"]
     result.schedule.validate(result.program.graph)
     x = random_inputs(program.lowered)
     with make_executor(result.program, result.schedule) as ex:
@@ -265,50 +288,55 @@ def test_chosen_merges_rebuild_the_program(inception, tmp_path):
     opts = IOSOptions(mode="both", warmup=0, repeat=1, number=1, max_part_size=12,
                       confirm=False,  # the rebuild path itself, however fast the result
                       bound=False)  # price every stage, so the second search measures none
-    first = ios_schedule(inception, opts, db=CostDB(path))
+    first = plan_ios(inception, opts, db=CostDB(path))
     # lazy pricing (the default) measures a fraction of the stages for the same search
-    lazy = ios_schedule(inception, replace(opts, bound=True), db=CostDB(tmp_path / "b.sqlite"))
-    assert lazy.stats.bounded > 0
-    assert lazy.stats.stages_measured < first.stats.stages_measured
+    lazy = plan_ios(inception, replace(opts, bound=True), db=CostDB(tmp_path / "b.sqlite"))
+    assert lazy.report["stats"]["bounded"] > 0
+    assert lazy.report["stats"]["stages_measured"] < first.report["stats"]["stages_measured"]
     with sqlite3.connect(path) as conn:  # make every merged stage nearly free
         changed = conn.execute("UPDATE costs SET median = 1e-9 WHERE kernel LIKE 'ios:merge:%'")
         assert changed.rowcount > 0
-    result = ios_schedule(inception, opts, db=CostDB(path))
-    assert result.stats.stages_measured == 0
+    result = plan_ios(inception, opts, db=CostDB(path))
+    assert result.report["stats"]["stages_measured"] == 0
     assert MERGE in result.schedule.info["strategies"]
     def compute(p):
         return sum(n.kind == "kernel" for n in p.graph.nodes)
 
     assert compute(result.program) < compute(inception)
     result.schedule.validate(result.program.graph)
-    assert first.schedule.info["predicted_ms"] > result.schedule.info["predicted_ms"]
+    assert first.report["predicted_ms"] > result.report["predicted_ms"]
     x = random_inputs(inception.lowered)
     expected = run_vm(inception.vm(), x)
     with make_executor(result.program, result.schedule) as ex:
-        for a, b in zip(ex.run(*x), expected):
+        for a, b in zip(ex.run(*x), expected, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_plan_schedule_names(tmp_path):
     program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
-    same, sched = plan_schedule("nimble", program)
-    assert same is program and sched.name == "nimble"
+    plan = plan_schedule("nimble", program)
+    assert plan.program is program and plan.schedule.name == "nimble" and not plan.report
     opts = IOSOptions(warmup=0, repeat=1, number=1)
-    _, sched = plan_schedule("ios-parallel", program, options=opts,
-                             db=CostDB(tmp_path / "c.sqlite"))
-    assert sched.name == "ios-parallel" and "states" in sched.info["search"]
+    plan = plan_schedule("ios-parallel", program, options=opts,
+                         db=CostDB(tmp_path / "c.sqlite"))
+    assert plan.schedule.name == "ios-parallel" and "states" in plan.report["search"]
     # critical-path: list scheduling (and search) on each kernel's measured 1-thread time
     db = CostDB(tmp_path / "cp.sqlite")
-    same, sched = plan_schedule("critical-path", program, db=db, cores=2, split=False)
-    assert same is program and sched.name == "critical-path"
+    plan = plan_schedule("critical-path", program, db=db, cores=2, split=False)
+    sched = plan.schedule
+    assert plan.program is program and sched.name == "critical-path"
     assert sched.num_streams <= 2  # fewer where the hand-offs cost more than they win
     assert sched.threads == (2 // sched.num_streams,) * sched.num_streams
-    info = sched.info
+    info = plan.report
     assert 0 < info["critical_path_ms"] <= info["optimum_ms"] + 1e-9
     assert info["optimum_ms"] <= info["predicted_ms"] + 1e-9  # hand-offs only add
     assert info["predicted_ms"] <= info["work_ms"] + 1e-9
     assert 0 < info["handoff_us"] < 1000  # measured: a spin (native runner) or a wake-up
     assert len(db) >= len({n.attrs["hash"] for n in program.kernels})  # times were cached
+    with pytest.raises(TypeError):  # a plan is a value: its report and info are read-only
+        plan.report["predicted_ms"] = 0.0  # type: ignore[index]
+    with pytest.raises(TypeError):
+        sched.info["predicted"] = 0.0  # type: ignore[index]
     x = random_inputs(program.lowered)
     with make_executor(program, sched) as ex:
         np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5,
@@ -326,7 +354,7 @@ def test_vendor_kernels_get_one_thread_count(tmp_path):
     program = KernelProgram.build(models.get("inception_v3", reduced=True), "llvm",
                                   kernels="vendor")
     opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
-    result = ios_schedule(program, opts, db=CostDB(tmp_path / "c.sqlite"))
+    result = plan_ios(program, opts, db=CostDB(tmp_path / "c.sqlite"))
     threads = set(result.schedule.threads)
     assert threads == {1} or (threads == {2} and result.schedule.num_streams == 1)
     x = random_inputs(program.lowered)
@@ -342,36 +370,36 @@ def test_search_is_confirmed_end_to_end(tmp_path):
     program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
     db = CostDB(tmp_path / "c.sqlite")
     opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
-    result = ios_schedule(program, opts, db=db)
-    confirmed = result.schedule.info["confirmed"]
+    result = plan_ios(program, opts, db=db)
+    confirmed = result.report["confirmed"]
     assert confirmed["ios_ms"] > 0 and confirmed["sequential_ms"] > 0
-    plain = _plan_digest(sequential(program.graph, cores=2))
+    plain = plan_digest(sequential(program.graph, cores=2))
     for sequence_wins in (True, False):
         with sqlite3.connect(db.path) as conn:
             conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
                          "WHERE kernel LIKE 'run:%'",
                          (f"%{plain}", *((1e-9, 1.0) if sequence_wins else (1.0, 1e-9))))
-        again = ios_schedule(program, opts, db=db)
-        assert again.stats.stages_measured == 0 and again.schedule.name == "ios-both"
+        again = plan_ios(program, opts, db=db)
+        assert again.report["stats"]["stages_measured"] == 0 and again.schedule.name == "ios-both"
         assert (again.schedule.info["strategies"] == [SEQUENTIAL]) == sequence_wins
         if sequence_wins:
             assert again.schedule.num_streams == 1 and again.program is program
             assert again.schedule.threads == (2,)
-    one = _plan_digest(sequential(program.graph, cores=1))  # one-kernel stages on one thread
+    one = plan_digest(sequential(program.graph, cores=1))  # one-kernel stages on one thread
     with sqlite3.connect(db.path) as conn:
         conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN 1e-9 ELSE 1.0 END "
                      "WHERE kernel LIKE 'run:%'", (f"%{one}",))
-    again = ios_schedule(program, opts, db=db)
+    again = plan_ios(program, opts, db=db)
     assert again.schedule.threads == (1,) and again.program is program
-    assert again.schedule.info["confirmed"]["kept"].endswith("on 1 thread(s)")
+    assert again.report["confirmed"]["kept"].endswith("on 1 thread(s)")
 
 
 def test_budget_cuts_a_search_in_progress(inception, tmp_path):
     """A deadline reached inside a large part stops pricing endings there and finishes the
     rest sequentially; the schedule is still valid and computes the same."""
     opts = IOSOptions(budget_s=0.5, warmup=0, repeat=1, number=1, confirm=False)
-    result = ios_schedule(inception, opts, db=CostDB(tmp_path / "c.sqlite"))
-    assert result.stats.budget_hit and result.stats.states >= 1
+    result = plan_ios(inception, opts, db=CostDB(tmp_path / "c.sqlite"))
+    assert result.report["stats"]["budget_hit"] and result.report["stats"]["states"] >= 1
     result.schedule.validate(result.program.graph)
     x = random_inputs(inception.lowered)
     with make_executor(result.program, result.schedule) as ex:

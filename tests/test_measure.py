@@ -1,11 +1,14 @@
 """Measurement: the SQLite cost database, concurrent timing, the analytical estimate."""
 
 import sqlite3
+import time
 
 import pytest
 
 from paragraph import models
 from paragraph.passes.schedule import make_schedule
+from paragraph.timing import Config, Timing, time_in_blocks
+from paragraph.tvm_interop import native
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import (
@@ -19,7 +22,7 @@ from paragraph.tvm_interop.measure import (
     time_kernel,
     time_steps,
 )
-from paragraph.tvm_interop.vm import Timing
+from paragraph.tvm_interop.threads import stream_cores
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,7 @@ def test_time_in_sequence_times_each_step_where_it_runs(executor):
     steps = [executor.steps[k] for k in executor.schedule.kernels]
     timings = time_in_sequence(steps, repeat=4, warmup=1)
     assert len(timings) == len(steps)
-    for st, t in zip(steps, timings):
+    for st, t in zip(steps, timings, strict=True):
         assert len(t.samples) == 4
         assert (t.median_ms > 0) == (st.fn is not None)  # a view runs nothing
     total = sum(t.median_ms for t in timings)
@@ -135,9 +138,6 @@ def test_analytical_estimate(executor, tmp_path):
 
 
 def test_handoff_is_measured_and_cached_per_runner(tmp_path, monkeypatch):
-    from paragraph.tvm_interop import native
-    from paragraph.tvm_interop.executor import stream_cores
-
     db = CostDB(tmp_path / "c.sqlite")
     bound = "/bound" if stream_cores([1, 1]) else ""  # workers bound to cores of their own
     keys = {"1": f"handoff:native-flag{bound}", "0": f"handoff:worker-event{bound}"}
@@ -152,10 +152,6 @@ def test_handoff_is_measured_and_cached_per_runner(tmp_path, monkeypatch):
 
 
 def test_time_in_blocks_times_each_configuration_back_to_back():
-    import time
-
-    from paragraph.bench import Config, time_in_blocks
-
     calls: list[str] = []
 
     def runner(name: str, seconds: float):
@@ -170,4 +166,4 @@ def test_time_in_blocks_times_each_configuration_back_to_back():
     assert calls == (["fast"] * 4 + ["slow"] * 4) * 2
     assert len(fast.samples) == len(slow.samples) == 6
     assert [len(m) for m in medians] == [2, 2]
-    assert all(s > f for f, s in zip(*medians))
+    assert all(s > f for f, s in zip(*medians, strict=True))

@@ -94,6 +94,6 @@ def test_reference_matches_tvm(kind, shapes, attrs, weights):
     expected = run_tvm(mod, inputs)
     got = run_graph(graph, inputs)
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

@@ -32,7 +32,7 @@ def test_zoo_roundtrip_outputs_equal(name):
     assert from_relax(roundtrip) == graph
     expected, got = run_both(mod, roundtrip)
     assert len(expected) == len(got)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         assert np.isfinite(e).all() and np.abs(e).max() > 0
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
@@ -50,13 +50,13 @@ def test_opaque_calls_roundtrip_with_prim_funcs():
     """After LegalizeOps every op is a call_tir on a PrimFunc: all opaque, still exact."""
     mod = relax.transform.LegalizeOps()(models.get("squeezenet1_1", reduced=True))
     graph = from_relax(mod)
-    kinds = {n.kind for n in graph.ops}
+    kinds = {n.kind for n in graph.operators}
     assert kinds == {"opaque"}
-    assert {n.attrs["op"] for n in graph.ops} == {"relax.call_tir"}
+    assert {n.attrs["op"] for n in graph.operators} == {"relax.call_tir"}
     roundtrip = to_relax(graph)
     assert len(roundtrip.functions) == len(mod.functions)
     expected, got = run_both(mod, roundtrip)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         np.testing.assert_array_equal(g, e)
 
 
@@ -75,8 +75,8 @@ def test_unmodeled_ops_and_layouts_stay_opaque_and_exact():
         bb.emit_func_output(out)
     mod = bb.get()
     graph = from_relax(mod)
-    assert [n.kind for n in graph.ops] == ["opaque", "opaque", "opaque", "relu"]
-    assert graph.ops[0].attrs["op"] == "relax.nn.conv2d"
+    assert [n.kind for n in graph.operators] == ["opaque", "opaque", "opaque", "relu"]
+    assert graph.operators[0].attrs["op"] == "relax.nn.conv2d"
     expected, got = run_both(mod, to_relax(graph))
     np.testing.assert_array_equal(got[0], expected[0])
 
@@ -94,7 +94,7 @@ def test_tuple_outputs_and_hash_sensitivity():
     graph = from_relax(mod)
     assert len(graph.outputs) == 2
     expected, got = run_both(mod, to_relax(graph))
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         np.testing.assert_array_equal(g, e)
 
 

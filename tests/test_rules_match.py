@@ -56,7 +56,7 @@ def two_convs(stride2=1, extra_reader=False):
 
 def check_same(g1, g2, tol=1e-4):
     xs = [RNG.standard_normal(g1[i].type.shape).astype("float32") for i in g1.inputs]
-    for a, b in zip(run_graph(g1, xs), run_graph(g2, xs)):
+    for a, b in zip(run_graph(g1, xs), run_graph(g2, xs), strict=True):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 

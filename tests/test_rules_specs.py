@@ -72,7 +72,7 @@ def test_reference_matches_graph_lowering(op, params, shapes):
     metas = [Meta(s) for s in shapes]
     want = compute(op, params, [x.astype(np.float64) for x in xs], metas)
     assert [m.shape for m in infer(op, params, metas)] == [w.shape for w in want]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 

@@ -28,7 +28,7 @@ def _inputs(graph, seed=0):
 
 def _close(expected, got, tol=TOL):
     assert len(expected) == len(got)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         assert e.shape == g.shape
         scale = max(1.0, float(np.max(np.abs(e))))
         np.testing.assert_allclose(g, e, rtol=tol, atol=tol * scale)

@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 
 from paragraph import GraphBuilder, models
+from paragraph.dag import lone
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.interpret import run_graph
-from paragraph.passes.ios import end_to_end, plan_schedule
 from paragraph.passes.schedule import make_schedule, sequential
-from paragraph.passes.split import is_lone, split_lone_convs, split_program
+from paragraph.passes.split import split_lone_convs, split_rule
+from paragraph.planner import end_to_end, plan_schedule, split_program
+from paragraph.schedule import kernel_ids, producers
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.importers import prepare
@@ -35,6 +37,11 @@ def _stem_and_branches() -> Graph:
     return b.build([b.op("add", [c1.out, c2.out]).out])
 
 
+def is_lone(graph: Graph, node: int) -> bool:
+    ops = kernel_ids(graph)
+    return node in lone(ops, {k: producers(graph, k) for k in ops})
+
+
 def test_lone_ops_are_those_nothing_can_run_beside():
     g = _stem_and_branches()
     kinds = {n.id: n.kind for n in g.nodes if not n.is_source and is_lone(g, n.id)}
@@ -46,7 +53,8 @@ def test_lone_ops_are_those_nothing_can_run_beside():
 def test_split_rewrites_only_lone_convolutions_and_keeps_the_outputs():
     g = _stem_and_branches()
     split, names = split_lone_convs(g, 2, min_share=0.0)
-    assert len(names) == 1
+    first = min(n.id for n in g.nodes if n.kind == "conv2d")
+    assert names == [f"split-conv-2: conv{first}"]  # the rule, and the (unnamed) stem conv
     assert sum(n.kind == "conv2d" for n in split.nodes) == 4  # 1 -> 2, branches kept
     assert sum(n.kind == "concat" for n in split.nodes) == 1
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype("f4")
@@ -62,7 +70,9 @@ def test_inception_stem_is_split_and_batch_norm_chains_go_with_it():
     split, names = split_lone_convs(ops, 2)
     assert names  # the stem's convolutions
     for name in names:  # only lone convolutions, each with its whole chain
-        conv = next(n for n in ops.nodes if n.name == name)
+        rule, _, conv_name = name.partition(": ")
+        assert rule == "split-conv-2"
+        conv = next(n for n in ops.nodes if n.name == conv_name)
         assert is_lone(ops, conv.id)
     concats = [n for n in split.nodes if n.kind == "concat" and n.attrs["axis"] == 1
                and all(split[r.node].kind == "relu" for r in n.inputs)]
@@ -79,33 +89,39 @@ def inception():
 
 def test_split_program_runs_on_two_streams_like_the_vm(inception):
     split = split_program(inception, 2)
-    assert split is not None and split.split
+    assert split is not None and split.rewrites and not inception.rewrites
     assert len(split.kernels) > len(inception.kernels)
     x = random_inputs(inception.lowered, seed=4)
     expected = run_vm(inception.vm(), x)
     for algorithm in ("nimble", "critical-path", "opara"):
         with make_executor(split, make_schedule(algorithm, split.graph, cores=2)) as ex:
-            for g, e in zip(ex.run(*x), expected):
+            for g, e in zip(ex.run(*x), expected, strict=True):
                 np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_only_library_rules_split():
+    assert split_rule(2).id == "split-conv-2" and split_rule(4).id == "split-conv-4"
+    with pytest.raises(ParagraphError, match="2 or 4 parts"):
+        split_rule(3)
 
 
 def test_critical_path_keeps_whichever_program_runs_faster(inception, tmp_path):
     db = CostDB(tmp_path / "c.sqlite")
-    program, schedule = plan_schedule("critical-path", inception, db=db, cores=2)
-    info = schedule.info
-    assert info["split_ms"] > 0 and info["unsplit_ms"] > 0
-    assert (program is not inception) == (info["split_ms"] < info["unsplit_ms"])
-    assert info["split"] == (program.split if program is not inception else [])
+    plan = plan_schedule("critical-path", inception, db=db, cores=2)
+    program, report = plan.program, plan.report
+    assert report["split_ms"] > 0 and report["unsplit_ms"] > 0
+    assert (program is not inception) == (report["split_ms"] < report["unsplit_ms"])
+    assert report["split"] == (list(program.rewrites) if program is not inception else [])
     x = random_inputs(inception.lowered, seed=5)
-    with make_executor(program, schedule) as ex:
-        for g, e in zip(ex.run(*x), run_vm(inception.vm(), x)):
+    with make_executor(program, plan.schedule) as ex:
+        for g, e in zip(ex.run(*x), run_vm(inception.vm(), x), strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
     # the choice is cached: planning again measures nothing new and decides the same
-    again, schedule2 = plan_schedule("critical-path", inception, db=db, cores=2)
-    assert schedule2.info["split_ms"] == info["split_ms"]
-    assert (again is inception) == (program is inception)
-    unsplit_program, _ = plan_schedule("critical-path", inception, db=db, cores=2, split=False)
-    assert unsplit_program is inception
+    again = plan_schedule("critical-path", inception, db=db, cores=2)
+    assert again.report["split_ms"] == report["split_ms"]
+    assert (again.program is inception) == (program is inception)
+    unsplit = plan_schedule("critical-path", inception, db=db, cores=2, split=False)
+    assert unsplit.program is inception and "split" not in unsplit.report
 
 
 def test_end_to_end_check_refuses_a_program_that_computes_something_else(inception):
@@ -123,13 +139,13 @@ def test_end_to_end_check_refuses_a_program_that_computes_something_else(incepti
 
 def test_a_split_that_cannot_be_built_leaves_the_plain_schedule(inception, tmp_path,
                                                                 monkeypatch):
-    import paragraph.passes.split as split_module
+    import paragraph.planner as planner
 
     def broken(*args, **kwargs):
         raise RuntimeError("lowering failed")
 
-    monkeypatch.setattr(split_module, "split_program", broken)
+    monkeypatch.setattr(planner, "split_program", broken)
     with pytest.warns(RuntimeWarning, match="could not be built.*lowering failed"):
-        program, schedule = plan_schedule("critical-path", inception,
-                                          db=CostDB(tmp_path / "c.sqlite"), cores=2)
-    assert program is inception and "split" not in schedule.info
+        plan = plan_schedule("critical-path", inception, db=CostDB(tmp_path / "c.sqlite"),
+                             cores=2)
+    assert plan.program is inception and "split" not in plan.report

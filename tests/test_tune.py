@@ -74,7 +74,7 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     changed = {n for n in valid
                if not tvm_ffi.structural_equal(tuned.lowered[n], plain.lowered[n])}
     assert changed == valid  # a kernel with a measured record now has its tuned schedule
-    for got, want in zip(run_vm(tuned.vm(), inputs), run_vm(plain.vm(), inputs)):
+    for got, want in zip(run_vm(tuned.vm(), inputs), run_vm(plain.vm(), inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
     assert tuning_id(None) == "" and tuning_id(work).startswith("ms:")

@@ -20,17 +20,15 @@ from paragraph.errors import ParagraphError
 from paragraph.interpret import run_graph
 from paragraph.passes.schedule import ALGORITHMS, make_schedule
 from paragraph.tvm_interop import from_relax, random_inputs
-from paragraph.tvm_interop.executor import _config_threads, gpu_available, make_executor
+from paragraph.tvm_interop.executor import gpu_available, make_executor
+from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.kernels import KernelProgram, load_program
 from paragraph.tvm_interop.measure import CostDB
-from paragraph.tvm_interop.vendor import (
-    VendorOp,
-    bind,
-    cost_name,
-    dispatch_to_vendor,
-    ensure_registered,
-    vendor_names,
-)
+from paragraph.tvm_interop.threads import config_threads
+from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, vendor_names
+from paragraph.tvm_interop.vendor.names import VendorOp, cost_name
+from paragraph.tvm_interop.vendor.runtime import bind, ensure_registered
+from paragraph.tvm_interop.vendor.select import choose_fastest
 from paragraph.tvm_interop.vm import local_cpu_target, run_vm
 
 torch = pytest.importorskip("torch")
@@ -163,7 +161,7 @@ def test_every_pattern_matches_tvm_kernels(case):
     vendor = KernelProgram.build(mod, "llvm", kernels="vendor")
     assert vendor.sources().get("vendor") == len(expected)
     tvm_kernels = KernelProgram.build(mod, "llvm")
-    for got, want in zip(vm_outputs(vendor, inputs), vm_outputs(tvm_kernels, inputs)):
+    for got, want in zip(vm_outputs(vendor, inputs), vm_outputs(tvm_kernels, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
 
 
@@ -306,7 +304,7 @@ def test_each_stream_thread_gets_its_schedule_thread_count():
     seen = {}
 
     def worker(n):
-        _config_threads(n)
+        config_threads(n)
         out = tvm.runtime.empty((8, 8), "float32")
         fn(a, a, out)
         seen[n] = torch.get_num_threads()
@@ -327,14 +325,14 @@ def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
     program = KernelProgram.build(mod, "llvm", kernels="vendor")
     assert program.sources().get("vendor", 0) > 0
     vm = vm_outputs(program, inputs)
-    for got, ref in zip(vm, want):
+    for got, ref in zip(vm, want, strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=name)
     vendor_kernels = {n.id for n in program.kernels if n.kind == "kernel"
                       and n.attrs["source"] == "vendor"}
     for algorithm in ALGORITHMS:
         with make_executor(program, make_schedule(algorithm, program.graph)) as executor:
             assert all(executor.steps[k].args == () for k in vendor_kernels)  # bound once
-            for got, ref in zip(executor.run(*inputs), vm):
+            for got, ref in zip(executor.run(*inputs), vm, strict=True):
                 np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6,
                                            err_msg=f"{name}/{algorithm}")
 
@@ -342,19 +340,21 @@ def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
 def test_auto_measures_each_kernel_once_and_records_its_source(tmp_path):
     mod = models.get("squeezenet1_1", reduced=True)
     logged = []
-    from paragraph.tvm_interop.vendor import select_kernels
-
     db = CostDB(tmp_path / "costs.sqlite")
     target = local_cpu_target()
-    from paragraph.tvm_interop.importers import prepare
 
-    chosen = select_kernels(prepare(mod), target, "auto", cost_db=db, log=logged.append)
+    def choose():
+        return choose_fastest(dispatch_to_vendor(prepare(mod), target), target, db=db,
+                              log=logged.append,
+                              build=lambda probe: KernelProgram.build(probe, target))
+
+    chosen = choose()
     rows = db.conn.execute("SELECT source, COUNT(*) FROM costs GROUP BY source").fetchall()
     counts = dict(rows)
     assert counts.get("vendor", 0) >= 3 and counts.get("tvm", 0) >= 3  # 3 distinct calls here
     assert any("timing" in line for line in logged)
     logged.clear()
-    again = select_kernels(prepare(mod), target, "auto", cost_db=db, log=logged.append)
+    again = choose()
     assert not any("timing" in line for line in logged)  # every cost came from the database
     assert vendor_names(again) == vendor_names(chosen)
     inputs = random_inputs(mod, seed=2)
@@ -386,7 +386,7 @@ def test_without_pytorch_the_pass_says_so_and_tvm_kernels_run(tmp_path):
         import numpy as np
         from paragraph import models
         from paragraph.tvm_interop.kernels import KernelProgram
-        from paragraph.tvm_interop.vendor import VendorUnavailableError, ensure_registered
+        from paragraph.tvm_interop.vendor.runtime import VendorUnavailableError, ensure_registered
         mod = models.get("squeezenet1_1", reduced=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -443,7 +443,7 @@ def test_cuda_multistream_graph_capture_with_vendor_kernels(name):
             assert executor.graph_exec is not None
             for _ in range(3):  # replays reuse the captured workspaces
                 got = executor.run(*inputs)
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3, err_msg=algorithm)
 
 
@@ -463,7 +463,7 @@ def test_cli_verbs_take_the_kernel_source(capsys, tmp_path):
 def test_cuda_dispatch_compiles_here(monkeypatch):
     """The CUDA form of the pass (NCHW, float16 allowed, no weight packing) and a CUDA build of
     its result, without a GPU; without a CUDA PyTorch the pass keeps TVM's kernels."""
-    from paragraph.tvm_interop.kernels import CUDA_COMPILE_ONLY
+    from paragraph.tvm_interop.lowering import CUDA_COMPILE_ONLY
 
     target = tvm.target.Target(CUDA_COMPILE_ONLY)
     mod, _ = CONVS["conv_stride2_bn_residual_relu"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import networkx as nx
 
@@ -68,7 +69,7 @@ def arithmetic_intensity(graph: Graph, k: int) -> float:
     """FLOPs per byte moved (inputs read + outputs written) of a kernel; 0 for views."""
     if graph[k].kind != "kernel":
         return 0.0
-    return graph[k].attrs["flops"] / max(bytes_moved(graph, k), 1)
+    return float(graph[k].attrs["flops"]) / max(bytes_moved(graph, k), 1)
 
 
 def opara_launch_order(graph: Graph, *, demand: Mapping[int, float] | None = None,
@@ -178,7 +179,7 @@ def estimated_cost(graph: Graph, k: int) -> float:
     (about the FLOP/byte balance of a CPU core)."""
     if graph[k].kind != "kernel":
         return 0.0
-    return graph[k].attrs["flops"] + 8.0 * bytes_moved(graph, k)
+    return float(graph[k].attrs["flops"]) + 8.0 * bytes_moved(graph, k)
 
 
 def cap_streams(graph: Graph, schedule: Schedule, max_streams: int, *,
@@ -269,7 +270,7 @@ def _search_segment(seg: list[int], cost: Mapping[int, float],
         tail[k] = cost.get(k, 0.0) + max((tail[u] for u in users[k]), default=0.0)
     waiting = {k: sum(p in inside for p in preds[k]) for k in seg}
     width, symmetric = len(at.free), at.handoff == 0.0
-    best: list = [upper, None]
+    best: list[Any] = [upper, None]  # makespan, placement
     nodes = [0]
     placed: dict[int, tuple[int, float]] = {}
 

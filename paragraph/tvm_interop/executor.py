@@ -22,15 +22,12 @@ run only copies inputs in, launches prebound kernels, and copies outputs out.
 
 from __future__ import annotations
 
-import os
-import queue
 import threading
 import time
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
@@ -38,12 +35,21 @@ import tvm_ffi
 
 from paragraph.errors import ParagraphError
 from paragraph.graph import TensorRef
-from paragraph.machine import cpu_count, process_cpus
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop import native as _native
-from paragraph.tvm_interop import vendor
-from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.memory import MemoryPlan, plan_memory
+from paragraph.tvm_interop.threads import (
+    acquire_workers,
+    config_threads,
+    fits_cores,
+    pinned,
+    release_workers,
+    stream_cores,
+)
+from paragraph.tvm_interop.vendor import runtime as vendor
+
+if TYPE_CHECKING:  # programs are built above the executor, which only runs them
+    from paragraph.tvm_interop.kernels import KernelProgram
 
 
 class InputError(ParagraphError):
@@ -60,7 +66,7 @@ class Step:
 
     node: int
     name: str
-    fn: object | None
+    fn: Callable[..., object] | None
     args: tuple
     waits: tuple[int, ...]  # producers on other streams (or earlier stages) to wait for
     signals: bool  # whether another stream waits for this one
@@ -73,7 +79,7 @@ def sync_points(schedule: Schedule) -> dict[int, tuple[int, ...]]:
     if schedule.stages:
         stream_of = schedule.stream_of
         pos = {k: i for ks in schedule.streams for i, k in enumerate(ks)}
-        for prev, stage in zip(schedule.stages, schedule.stages[1:]):
+        for prev, stage in zip(schedule.stages, schedule.stages[1:], strict=False):  # pairs
             last: dict[int, int] = {}
             for k in prev:
                 s = stream_of[k]
@@ -156,7 +162,7 @@ class _Base:
         if len(inputs) != len(expected):
             raise InputError(f"the model takes {len(expected)} input(s) "
                              f"({', '.join(repr(n.name) for n in expected)}), got {len(inputs)}")
-        for k, (arr, node) in enumerate(zip(inputs, expected)):
+        for k, (arr, node) in enumerate(zip(inputs, expected, strict=True)):
             shape, dtype = tuple(getattr(arr, "shape", ())), str(getattr(arr, "dtype", "?"))
             if shape != node.type.shape or dtype != node.type.dtype:
                 raise InputError(f"input {k} ({node.name!r}) must be {node.type.dtype}"
@@ -164,7 +170,7 @@ class _Base:
 
     def _copy_in(self, inputs: Sequence[object]) -> None:
         self.check_inputs(inputs)
-        for buf, arr in zip(self.inputs, inputs):
+        for buf, arr in zip(self.inputs, inputs, strict=True):
             buf.copyfrom(arr)
 
     def outputs(self, copy: bool = True) -> list:
@@ -183,122 +189,6 @@ class _Base:
 
 
 # ---------------------------------------------------------------------------- CPU
-SPIN_NS = 1_000_000  # how long a native cross-stream wait spins before it sleeps
-_local = threading.local()
-
-
-def _config_threads(n: int) -> None:
-    """Size the calling thread's TVM thread pool (kBig affinity mode), if it changed; warn
-    once if TVM caps it lower (``TVM_NUM_THREADS``)."""
-    if getattr(_local, "threads", None) != n:
-        tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
-        _local.threads = n
-        got = tvm_ffi.get_global_func("runtime.NumThreads")()
-        if got < n and not _warned_cap:
-            _warned_cap.append(n)
-            warnings.warn(f"TVM runs at most {got} thread(s) per pool here, not {n}; set "
-                          "TVM_NUM_THREADS before TVM starts", RuntimeWarning, stacklevel=3)
-
-
-_warned_cap: list[int] = []
-PIN_ENV = "PARAGRAPH_PIN"
-
-
-def fits_cores(threads: Sequence[int]) -> bool:
-    """Whether streams with these thread counts can all run at once on the process's cores."""
-    return sum(threads) <= cpu_count()
-
-
-def stream_cores(threads: Sequence[int]) -> list[frozenset[int]] | None:
-    """Disjoint cores for each stream, as many as its threads, or None: for one stream (the OS
-    may move it off a busy core), where the threads do not fit the process's cores, off Linux,
-    or with ``PARAGRAPH_PIN=0``.
-
-    Bound, a stream keeps its core whatever the OS would do with a worker that wakes from a
-    wait. Side by side on the shared 2-core VM, inception_v3 on two 1-thread streams ran
-    5-12% faster bound than unbound in busy phases, and the same in quiet ones."""
-    if (len(threads) < 2 or os.environ.get(PIN_ENV, "1") == "0"
-            or not hasattr(os, "sched_setaffinity")):
-        return None
-    if not fits_cores(threads):
-        return None
-    cores = sorted(process_cpus())
-    starts = np.cumsum([0, *threads])
-    return [frozenset(cores[a:b]) for a, b in zip(starts[:-1], starts[1:])]
-
-
-@contextmanager
-def pinned(cores: frozenset[int] | None) -> Iterator[None]:
-    """Bind the calling thread to ``cores`` for the block, then give it back every core of
-    the process (pooled workers serve other executors and measurements). None: unchanged."""
-    if cores is None:
-        yield
-        return
-    try:
-        os.sched_setaffinity(0, cores)
-    except OSError as exc:  # the CPU set changed under us (hotplug, cgroup): run unbound
-        if not _warned_pin:
-            _warned_pin.append(exc)
-            warnings.warn(f"cannot bind a stream to CPUs {sorted(cores)} ({exc}); streams run "
-                          "unbound", RuntimeWarning, stacklevel=3)
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, process_cpus())
-
-
-_warned_pin: list[OSError] = []
-
-
-class Worker:
-    """A persistent thread that runs the tasks given to it, one at a time.
-
-    TVM gives each thread that runs a parallel kernel (or sizes its pool) a thread pool that
-    outlives the thread, so paragraph never ends a worker: executors and measurements borrow
-    workers from a process-wide pool (`acquire_workers`) and give them back.
-    """
-
-    def __init__(self, index: int) -> None:
-        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name=f"paragraph-worker-{index}",
-                                       daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            task = self.tasks.get()
-            try:
-                task()
-            except BaseException:  # noqa: S110 - tasks report their own errors; keep serving
-                pass
-
-    def submit(self, task) -> None:
-        self.tasks.put(task)
-
-
-_IDLE: list[Worker] = []
-_ALL: list[Worker] = []
-_POOL_LOCK = threading.Lock()
-
-
-def acquire_workers(n: int) -> list[Worker]:
-    """``n`` workers for this caller alone until `release_workers`."""
-    with _POOL_LOCK:
-        while len(_IDLE) < n:
-            w = Worker(len(_ALL))
-            _ALL.append(w)
-            _IDLE.append(w)
-        taken, _IDLE[:] = _IDLE[:n], _IDLE[n:]
-    return taken
-
-
-def release_workers(workers: list[Worker]) -> None:
-    with _POOL_LOCK:
-        _IDLE.extend(workers)
-
-
 class CPUExecutor(_Base):
     """Worker threads over streams; see the module docstring."""
 
@@ -331,7 +221,7 @@ class CPUExecutor(_Base):
         streams = [[(st.fn if st.fn is None or isinstance(st.fn, tvm_ffi.Function)
                      else tvm_ffi.convert(st.fn), st.args, [slot[p] for p in st.waits],
                      slot.get(st.node, -1)) for st in steps] for steps in self.programs]
-        spin = SPIN_NS if fits_cores(self.schedule.threads) else 0
+        spin = _native.SPIN_NS if fits_cores(self.schedule.threads) else 0
         return _native.StreamProgram(module, streams, len(slot), spin)
 
     def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:
@@ -349,7 +239,7 @@ class CPUExecutor(_Base):
         self._error, self._abort, self._crash = None, False, None
         self.timeline = {} if profile else None
         try:
-            for s, (w, done) in enumerate(zip(self._workers, self._done)):
+            for s, (w, done) in enumerate(zip(self._workers, self._done, strict=True)):
                 w.submit(partial(self._stream_task, s, done))
             for done in self._done:
                 while not done.wait(0.05):  # short waits keep Ctrl+C responsive
@@ -375,7 +265,7 @@ class CPUExecutor(_Base):
     def _stream_task(self, s: int, done: threading.Event) -> None:
         try:
             # after sizing the pool: TVM gives the calling thread every core when it does
-            _config_threads(self.schedule.threads[s])
+            config_threads(self.schedule.threads[s])
             with pinned(None if self.cores is None else self.cores[s]):
                 if self.native is None:
                     self.run_stream(s)
@@ -390,6 +280,7 @@ class CPUExecutor(_Base):
 
     def _run_native(self, s: int) -> None:
         """Run stream ``s`` in the native runner; note its error and timeline."""
+        assert self.native is not None  # only called with the native runner
         stopped = self.native.run(s, self.timeline is not None)
         if stopped >= 0 and self._error is None:
             self._error = (self.programs[s][stopped], self.native.error(s), None)
@@ -445,16 +336,17 @@ class CPUExecutor(_Base):
 
 
 # ---------------------------------------------------------------------------- CUDA
-def _cudart():
+def cudart():
+    """CUDA's runtime API (cuda-bindings, the optional ``cuda`` extra)."""
     try:
-        from cuda.bindings import runtime
+        from cuda.bindings import runtime  # optional: only the CUDA executor needs it
     except ImportError:
         raise ParagraphError("the CUDA executor needs cuda-bindings "
                              "(`pip install paragraph[cuda]`)") from None
     return runtime
 
 
-def _check(result):
+def cuda_check(result):
     """Unwrap a cuda-bindings ``(error, value...)`` tuple, raising on an error."""
     err, *values = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
@@ -468,32 +360,32 @@ class CUDAExecutor(_Base):
     def __init__(self, program: KernelProgram, schedule: Schedule,
                  plan: MemoryPlan | None = None, *, use_cuda_graph: bool = True) -> None:
         super().__init__(program, schedule, plan)
-        rt = self.rt = _cudart()
-        self.streams = [_check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
+        rt = self.rt = cudart()
+        self.streams = [cuda_check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking))
                         for _ in schedule.streams]
         flags = rt.cudaEventDisableTiming
-        self.events = {k: _check(rt.cudaEventCreateWithFlags(flags))
+        self.events = {k: cuda_check(rt.cudaEventCreateWithFlags(flags))
                        for k, st in self.steps.items() if st.signals}
-        self.fork = _check(rt.cudaEventCreateWithFlags(flags))
-        self.joins = [_check(rt.cudaEventCreateWithFlags(flags)) for _ in self.streams]
+        self.fork = cuda_check(rt.cudaEventCreateWithFlags(flags))
+        self.joins = [cuda_check(rt.cudaEventCreateWithFlags(flags)) for _ in self.streams]
         self.stream_of = schedule.stream_of
         self.order = schedule.launch_order or tuple(schedule.kernels)
         self.graph_exec = self.cuda_graph = None
         self._issue_all()  # warm-up: loads every kernel's module before any capture
-        _check(rt.cudaStreamSynchronize(self.streams[0]))
+        cuda_check(rt.cudaStreamSynchronize(self.streams[0]))
         if use_cuda_graph:
             self._capture()
 
     def _issue_all(self) -> None:
         """Fork from stream 0, issue every kernel on its stream with its waits, join back."""
         rt, s0 = self.rt, self.streams[0]
-        _check(rt.cudaEventRecord(self.fork, s0))
+        cuda_check(rt.cudaEventRecord(self.fork, s0))
         for s in self.streams[1:]:
-            _check(rt.cudaStreamWaitEvent(s, self.fork, 0))
+            cuda_check(rt.cudaStreamWaitEvent(s, self.fork, 0))
         for k in self.order:
             step, stream = self.steps[k], self.streams[self.stream_of[k]]
             for p in step.waits:
-                _check(rt.cudaStreamWaitEvent(stream, self.events[p], 0))
+                cuda_check(rt.cudaStreamWaitEvent(stream, self.events[p], 0))
             if step.fn is not None:
                 self.device.set_raw_stream(int(stream))
                 try:
@@ -502,30 +394,30 @@ class CUDAExecutor(_Base):
                     raise KernelError(f"kernel {step.name!r} (node %{k}) failed to launch: "
                                       f"{exc}") from exc
             if step.signals:
-                _check(rt.cudaEventRecord(self.events[k], stream))
-        for s, ev in zip(self.streams[1:], self.joins[1:]):
-            _check(rt.cudaEventRecord(ev, s))
-            _check(rt.cudaStreamWaitEvent(s0, ev, 0))
+                cuda_check(rt.cudaEventRecord(self.events[k], stream))
+        for s, ev in zip(self.streams[1:], self.joins[1:], strict=True):
+            cuda_check(rt.cudaEventRecord(ev, s))
+            cuda_check(rt.cudaStreamWaitEvent(s0, ev, 0))
         self.device.set_raw_stream(0)
 
     def _capture(self) -> None:
         rt, s0 = self.rt, self.streams[0]
         mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        _check(rt.cudaStreamBeginCapture(s0, mode))
+        cuda_check(rt.cudaStreamBeginCapture(s0, mode))
         try:
             self._issue_all()
         finally:
-            self.cuda_graph = _check(rt.cudaStreamEndCapture(s0))
-        self.graph_exec = _check(rt.cudaGraphInstantiate(self.cuda_graph, 0))
+            self.cuda_graph = cuda_check(rt.cudaStreamEndCapture(s0))
+        self.graph_exec = cuda_check(rt.cudaGraphInstantiate(self.cuda_graph, 0))
 
     def run(self, *inputs: object, copy_outputs: bool = True) -> list:
         """Copy inputs in, replay the CUDA Graph (or issue the streams), wait, return outputs."""
         self._copy_in(inputs)
         if self.graph_exec is not None:
-            _check(self.rt.cudaGraphLaunch(self.graph_exec, self.streams[0]))
+            cuda_check(self.rt.cudaGraphLaunch(self.graph_exec, self.streams[0]))
         else:
             self._issue_all()
-        _check(self.rt.cudaStreamSynchronize(self.streams[0]))
+        cuda_check(self.rt.cudaStreamSynchronize(self.streams[0]))
         return self.outputs(copy_outputs)
 
     def close(self) -> None:
@@ -565,4 +457,4 @@ def gpu_available() -> bool:
 
 
 __all__ = ["CPUExecutor", "CUDAExecutor", "KernelError", "InputError", "make_executor",
-           "sync_points", "gpu_available", "acquire_workers", "release_workers"]
+           "sync_points", "gpu_available"]

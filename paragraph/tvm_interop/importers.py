@@ -237,6 +237,9 @@ def _from_exported_program(program: Any, input_shapes: InputShapes) -> tvm.IRMod
 # ---------------------------------------------------------------------------- input shapes
 def _shape_list(input_shapes: InputShapes) -> list[tuple[int, ...]]:
     """Shapes in input order; a dict gives its values in order, a flat int tuple is one shape."""
+    shapes: list[Any]
+    if input_shapes is None:
+        return []
     if isinstance(input_shapes, Mapping):
         shapes = list(input_shapes.values())
     elif all(isinstance(d, int) for d in input_shapes):
@@ -367,7 +370,9 @@ def _transposed(out: relax.TensorType, attrs: Any, x: np.ndarray) -> np.ndarray:
 
 
 def _broadcast(out: relax.TensorType, attrs: Any, x: np.ndarray, *rest: Any) -> np.ndarray:
-    return np.ascontiguousarray(np.broadcast_to(x, _static_dims(out)))
+    dims = _static_dims(out)
+    assert dims is not None  # folding only reaches static shapes
+    return np.ascontiguousarray(np.broadcast_to(x, dims))
 
 
 def _concatenated(out: relax.TensorType, attrs: Any, xs: list[np.ndarray]) -> np.ndarray | None:

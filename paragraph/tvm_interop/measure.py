@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,7 +34,19 @@ from paragraph.errors import ParagraphError
 from paragraph.files import cache_dir
 from paragraph.graph import Graph, Node
 from paragraph.schedule import bytes_moved
-from paragraph.tvm_interop.vm import Timing, time_calls
+from paragraph.timing import Timing, time_calls
+from paragraph.tvm_interop import native
+
+if TYPE_CHECKING:  # steps are the executor's; measuring them needs no executor
+    from paragraph.tvm_interop.executor import Step
+from paragraph.tvm_interop.threads import (
+    acquire_workers,
+    config_threads,
+    on_workers,
+    pinned,
+    release_workers,
+    stream_cores,
+)
 
 
 @dataclass(frozen=True)
@@ -113,8 +126,9 @@ class CostDB:
 
 
 # ---------------------------------------------------------------------------- timing
-def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: int = 2,
-               threads: Sequence[int] | None = None, sync: object = None) -> Timing:
+def time_steps(groups: Sequence[Sequence[Step]], *, repeat: int = 10, warmup: int = 2,
+               threads: Sequence[int] | None = None,
+               sync: Callable[[], object] | None = None) -> Timing:
     """Wall time of running ``groups`` of prebound steps concurrently (one worker thread per
     group, each group in order).
 
@@ -122,19 +136,13 @@ def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: 
     group's TVM thread pool; ``sync`` (a callable) is called before the clock stops, for
     asynchronous devices.
     """
-    from paragraph.tvm_interop.executor import (
-        _config_threads,
-        acquire_workers,
-        release_workers,
-    )
-
     threads = list(threads or [1] * len(groups))
 
     errors: list[BaseException] = []
 
     def run_group(i, done):
         try:
-            _config_threads(threads[i])
+            config_threads(threads[i])
             for st in groups[i]:
                 if st.fn is not None:
                     st.fn(*st.args)
@@ -147,7 +155,7 @@ def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: 
     done = [threading.Event() for _ in workers]
 
     def once():
-        for i, (w, ev) in enumerate(zip(workers, done)):
+        for i, (w, ev) in enumerate(zip(workers, done, strict=True)):
             w.submit(partial(run_group, i, ev))
         for ev in done:
             ev.wait()
@@ -161,34 +169,6 @@ def time_steps(groups: Sequence[Sequence[object]], *, repeat: int = 10, warmup: 
         return time_calls(once, repeat, warmup)
     finally:
         release_workers(workers)
-
-
-def _on_workers(tasks: Sequence[Callable[[], None]]) -> None:
-    """Run each task on its own borrowed worker (none on the caller: see `executor` on
-    threads), wait for all, and re-raise the first error."""
-    from paragraph.tvm_interop.executor import acquire_workers, release_workers
-
-    errors: list[BaseException] = []
-    done = [threading.Event() for _ in tasks]
-
-    def guarded(task, ev) -> None:
-        try:
-            task()
-        except BaseException as exc:  # re-raised below, after every task ended
-            errors.append(exc)
-        finally:
-            ev.set()
-
-    workers = acquire_workers(len(tasks))
-    try:
-        for w, task, ev in zip(workers, tasks, done):
-            w.submit(partial(guarded, task, ev))
-        for ev in done:
-            ev.wait()
-    finally:
-        release_workers(workers)
-    if errors:
-        raise errors[0]
 
 
 SAMPLE_SECONDS = 1e-3  # `time_kernel` repeats a short kernel in one dispatch up to this long
@@ -206,8 +186,8 @@ def kernel_key(target: str, node: Node, tuning: str, threads: int,
                    f"threads={threads}/{protocol}")
 
 
-def time_kernel(step: object, *, threads: int = 1, repeat: int = 10, warmup: int = 2,
-                sync: object = None) -> Timing:
+def time_kernel(step: Step, *, threads: int = 1, repeat: int = 10, warmup: int = 2,
+                sync: Callable[[], object] | None = None) -> Timing:
     """Seconds per run of one prebound kernel: each sample is the mean of ``number`` runs back
     to back in one dispatch to a worker, ``number`` chosen (1 to 64) so a sample lasts about
     `SAMPLE_SECONDS`. A kernel in a stream follows its predecessor on the same worker, so the
@@ -220,21 +200,20 @@ def time_kernel(step: object, *, threads: int = 1, repeat: int = 10, warmup: int
     return Timing(tuple(t / number for t in timing.samples))
 
 
-def time_in_sequence(steps: Sequence[object], *, threads: int = 1, repeat: int = 10,
-                     warmup: int = 2, sync: object = None) -> list[Timing]:
+def time_in_sequence(steps: Sequence[Step], *, threads: int = 1, repeat: int = 10,
+                     warmup: int = 2, sync: Callable[[], object] | None = None
+                     ) -> list[Timing]:
     """Seconds of each of ``steps`` where it runs: all of them in order on one worker,
     ``repeat`` times, each step timed on its own (``sync`` after each, on an asynchronous
     device). This is what a kernel costs inside its model, with its weights as cold and its
     inputs as warm as in a run: on inception_v3 the same kernels repeated alone added up to
     8% less than the sequence took (hot caches), timed one dispatch each 5% more."""
-    from paragraph.tvm_interop.executor import _config_threads
-
     if repeat < 1:
         raise ParagraphError(f"repeat must be at least 1, got {repeat}")
     samples = np.zeros((warmup + repeat, len(steps)))
 
     def run() -> None:
-        _config_threads(threads)
+        config_threads(threads)
         clock = time.perf_counter
         for row in samples:
             for i, st in enumerate(steps):
@@ -246,7 +225,7 @@ def time_in_sequence(steps: Sequence[object], *, threads: int = 1, repeat: int =
                     sync()
                 row[i] = clock() - start
 
-    _on_workers([run])
+    on_workers([run])
     return [Timing(tuple(map(float, col))) for col in samples[warmup:].T]
 
 
@@ -256,9 +235,6 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
     ``rounds`` times; the median over 5 tries), through the executor's own runner: the native
     one's spinning flags when it is available, else Python events. Cached in the cost
     database, per runner."""
-    from paragraph.tvm_interop import native
-    from paragraph.tvm_interop.executor import SPIN_NS, pinned, stream_cores
-
     module = native.runner()
     cores = stream_cores([1, 1])  # bound as the executor's streams are, where they are
     runner = "native-flag" if module else "worker-event"
@@ -268,7 +244,7 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
     if module is not None:  # stream 0 signals slot i, stream 1 answers in slot rounds + i
         program = native.StreamProgram(module, [
             [(None, (), [rounds + i - 1] if i else [], i) for i in range(rounds)],
-            [(None, (), [i], rounds + i) for i in range(rounds)]], 2 * rounds, SPIN_NS)
+            [(None, (), [i], rounds + i) for i in range(rounds)]], 2 * rounds, native.SPIN_NS)
 
         def serve() -> None:
             program.run(1)
@@ -303,7 +279,7 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
             if module is not None:
                 program.reset()
             start = time.perf_counter()
-            _on_workers(tasks)
+            on_workers(tasks)
             samples.append((time.perf_counter() - start) / (2 * rounds))
     finally:
         if module is not None:
@@ -329,9 +305,9 @@ def measure_cpu_peaks(db: CostDB | None = None, target: str = "cpu") -> Peaks:
     copy), measured once and cached in the cost database."""
     keys = (CostKey(target, "peak:flops"), CostKey(target, "peak:bandwidth"))
     if db is not None:
-        cached = [db.get(k) for k in keys]
-        if None not in cached:
-            return Peaks(1 / cached[0], 1 / cached[1])
+        flops, bandwidth = (db.get(k) for k in keys)
+        if flops is not None and bandwidth is not None:
+            return Peaks(1 / flops, 1 / bandwidth)
     n = 1024
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     gemm = min(_timed(lambda: a @ a) for _ in range(5))
@@ -387,7 +363,7 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
                                    repeat=repeat, warmup=warmup,
                                    sync=None if on_cpu else program.device.sync)
         pooled: dict[CostKey, list[float]] = {}  # a kernel used twice: one cost, both runs
-        for k, timing in zip(order, timings):
+        for k, timing in zip(order, timings, strict=True):
             if cached[k] is None:  # a cached cost stays: costs are measured once
                 pooled.setdefault(keys[k], []).extend(timing.samples)
         for key, samples in pooled.items():

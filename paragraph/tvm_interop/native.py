@@ -26,6 +26,7 @@ from paragraph.errors import ParagraphError
 from paragraph.files import cache_dir
 
 SOURCE = Path(__file__).with_name("stream_runner.cc")
+SPIN_NS = 1_000_000  # how long a cross-stream wait spins before it sleeps
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 

@@ -285,7 +285,8 @@ class _Importer:
             if not all(isinstance(f, tuple) and all(isinstance(i, int) for i in f)
                        for f in fields):
                 raise _NotModeled
-            attrs.update(zip(("axes", "begin", "end", "strides"), fields))
+            # strides are optional
+            attrs.update(zip(("axes", "begin", "end", "strides"), fields, strict=False))
             attrs.setdefault("strides", None)
             return kind, [self.tensor_arg(args[0])], attrs
         if kind == "enlarge":  # only the centred zero padding of a kernel's window
@@ -408,7 +409,7 @@ def to_relax(graph: Graph, func_name: str | None = None, *,
     bb = relax.BlockBuilder()
     params = [relax.Var(graph[i].name or f"input{k}", _relax_type(graph[i].type))
               for k, i in enumerate(graph.inputs)]
-    exprs: dict[int, Any] = dict(zip(graph.inputs, params))
+    exprs: dict[int, Any] = dict(zip(graph.inputs, params, strict=True))
     items: dict[TensorRef, Any] = {}
 
     def expr_of(r: TensorRef) -> Any:
@@ -433,6 +434,7 @@ def to_relax(graph: Graph, func_name: str | None = None, *,
             for n in graph.nodes:
                 emit = bb.emit_output if direct and n is last else bb.emit
                 if n.kind in ("weight", "constant"):
+                    assert n.value is not None  # a validated graph's weights hold arrays
                     exprs[n.id] = relax.const(n.value, str(n.value.dtype))
                     if constants is not None:
                         constants[n.id] = exprs[n.id]

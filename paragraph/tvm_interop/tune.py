@@ -24,14 +24,24 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import tvm
 import tvm_ffi
+from tvm.driver import build as tvm_build
+from tvm.s_tir import dlight as dl
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.analysis import estimate_tir_flops
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from paragraph.errors import ParagraphError
-from paragraph.files import atomic_write_json
+from paragraph.files import atomic_write_bytes, atomic_write_json
+from paragraph.tvm_interop.importers import prepare
+from paragraph.tvm_interop.lowering import is_gpu, lower, resolve_target
+from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, tvm_alternatives
 
 STATE_FILE = "paragraph-tune.json"
 RECORDS = "database_tuning_record.json"
@@ -74,19 +84,16 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
     (weight x FLOPs). Returns one `TaskResult` per task, in tuning order; see the module
     docstring for resuming and the files written.
     """
-    from tvm.s_tir import meta_schedule as ms
-
-    from paragraph.tvm_interop.kernels import lower, resolve_target
-
     if trials < 1:
         raise ParagraphError(f"--trials must be at least 1, got {trials}")
-    target = resolve_target(target)
+    tvm_target = resolve_target(target)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     tasks = ms.relax_integration.extract_tasks(
-        lower(mod, target, kernels="vendor" if kernels == "auto" else kernels), target)
+        lower(mod, tvm_target, dispatch=None if kernels == "tvm" else partial(
+            dispatch_to_vendor, target=tvm_target)), tvm_target)
     if kernels == "auto":  # also the TVM forms of the vendor calls, which auto weighs
-        tasks += _alternative_tasks(ms, mod, target)
+        tasks += _alternative_tasks(ms, mod, tvm_target)
     tasks = [t for t in tasks if not t.dispatched[0].attrs or
              not t.dispatched[0].attrs.get("tirx.is_scheduled", False)]
     tasks.sort(key=lambda t: -t.weight * _flops(t.dispatched[0]))
@@ -98,8 +105,8 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
     _repair_records(work, log)
     database = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
     state = _read_state(work)
-    cores = int(target.attrs.get("num-cores", os.cpu_count() or 1)) \
-        if target.kind.name == "llvm" else "physical"
+    cores = int(tvm_target.attrs.get("num-cores", os.cpu_count() or 1)) \
+        if tvm_target.kind.name == "llvm" else "physical"
     log(f"tuning {len(tasks)} kernels, {trials} trials each, into {work}")
     tools = None  # builder and runner worker pools, started once, on the first task to tune
     results = []
@@ -111,16 +118,16 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
         label = f"[{i + 1}/{len(tasks)}] {task.task_name} (x{task.weight})"
         untuned = entry.get("untuned_ms")
         if untuned is None:
-            untuned = _time_untuned(func_mod, target)
+            untuned = _time_untuned(func_mod, tvm_target)
         skipped = done >= trials
         start = time.perf_counter()
         if skipped:
             log(f"{label}: already has {done} trials, skipping")
         else:
             log(f"{label}: untuned {untuned:.3f} ms; tuning {trials - done} trials ...")
-            tools = tools or _workers(ms, cores, target)
-            _tune_one(ms, task, func_mod, target, work, database, trials - done, cores, seed + i,
-                      tools)
+            tools = tools or _workers(ms, cores, tvm_target)
+            _tune_one(ms, task, func_mod, tvm_target, work, database, trials - done, cores,
+                      seed + i, tools)
             done = max(trials, _records(database, func_mod))
         best = _best_ms(database, func_mod)
         results.append(TaskResult(task.task_name, int(task.weight), done, untuned, best, skipped))
@@ -147,18 +154,11 @@ def _workers(ms, cores, target: tvm.target.Target) -> tuple:
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None):
     """MetaSchedule's ``default_build`` less the tensor-intrinsic registry import (runs in the
     builder's worker processes)."""
-    from tvm.driver import build as tvm_build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm_build(mod, target=target)
 
 
 def _alternative_tasks(ms, mod: tvm.IRModule, target: tvm.target.Target) -> list:
-    from paragraph.tvm_interop.importers import prepare
-    from paragraph.tvm_interop.kernels import lower
-    from paragraph.tvm_interop.vendor import dispatch_to_vendor, tvm_alternatives
-
     probe = tvm_alternatives(dispatch_to_vendor(prepare(mod), target))
     return [] if probe is None else ms.relax_integration.extract_tasks(
         lower(probe, target), target)
@@ -185,8 +185,6 @@ def _tune_one(ms, task, func_mod, target, work: Path, database, trials: int, cor
 
 
 def _flops(func_mod: tvm.IRModule) -> float:
-    from tvm.s_tir.analysis import estimate_tir_flops
-
     try:
         return float(estimate_tir_flops(func_mod))
     except Exception:  # some PrimFuncs defeat the estimator: order them last
@@ -216,14 +214,8 @@ def _best_ms(database, func_mod: tvm.IRModule) -> float | None:
 
 def _time_untuned(func_mod: tvm.IRModule, target: tvm.target.Target) -> float:
     """Milliseconds of the kernel compiled without a schedule (what untuned programs run)."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    from paragraph.tvm_interop.kernels import is_gpu
-
     dev = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
     if is_gpu(target):
-        from tvm.s_tir import dlight as dl
-
         with target:
             func_mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(func_mod)
     lib = tvm.compile(func_mod, target=target).mod
@@ -259,8 +251,6 @@ def _repair_records(work: Path, log: Callable[[str], None]) -> None:
             except ValueError:
                 log(f"dropping a torn line from {path} (an interrupted run)")
         if good != lines:
-            from paragraph.files import atomic_write_bytes
-
             atomic_write_bytes(path, b"".join(good))
 
 

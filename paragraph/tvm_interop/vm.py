@@ -1,17 +1,15 @@
-"""Compile a Relax module with TVM's default pipeline and run or time it on the TVM VM."""
+"""The local CPU target, and a Relax module compiled by TVM's default pipeline and run on the TVM
+VM (the baseline every paragraph program is checked against)."""
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from paragraph.errors import ParagraphError
 from paragraph.machine import cpu_count
 
 
@@ -43,36 +41,8 @@ def run_vm(vm: relax.VirtualMachine, inputs: Sequence[np.ndarray], func: str = "
     return flatten_result(out)
 
 
-def flatten_result(out: object) -> list[np.ndarray]:
+def flatten_result(out: Any) -> list[np.ndarray]:
     """A VM result (a tensor or nested tuples of them) as a flat list of numpy arrays."""
     if hasattr(out, "numpy"):
         return [out.numpy()]
     return [a for item in out for a in flatten_result(item)]
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Wall-clock samples of repeated runs, in seconds, with summary statistics in ms."""
-
-    samples: tuple[float, ...]
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.samples) * 1e3
-
-    def percentile_ms(self, q: float) -> float:
-        return float(np.percentile(self.samples, q)) * 1e3
-
-
-def time_calls(fn: Callable[[], object], repeat: int, warmup: int = 1) -> Timing:
-    """Call ``fn`` ``warmup`` times untimed, then ``repeat`` times timed one by one."""
-    if repeat < 1:
-        raise ParagraphError(f"repeat must be at least 1, got {repeat}")
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return Timing(tuple(samples))

@@ -1,0 +1,394 @@
+"""Choosing a schedule for a program: the one place that does.
+
+`plan_schedule` takes a `KernelProgram` and a schedule name and returns a `Plan`: the program
+the schedule runs (IOS merges and critical-path splits rebuild it through the verified rule
+library), the `Schedule`, and a report of what was measured and decided. Behind the names:
+
+* ``sequential``, ``wavefront``, ``opara``, ``nimble``: the graph algorithms of
+  `paragraph.passes.schedule`, on the program as it is;
+* ``critical-path``: `paragraph.passes.schedule.critical_path` over each kernel's 1-thread
+  time measured in model order and the measured cross-stream hand-off; on a CPU with two
+  streams or more, also the program with its lone convolutions split (`paragraph.passes.split`),
+  kept if its outputs agree and it runs faster end to end;
+* ``ios``, ``ios-<mode>``: the IOS dynamic program (`paragraph.passes.ios`) over stages
+  measured on the device (`paragraph.tvm_interop.stages`), merged convolutions applied with
+  the library rule, the result kept only if it beats the plain sequence end to end.
+
+End-to-end timings (`end_to_end`) and the output check (`tolerance`, `max_difference`) live
+here too, so a choice made from measurements is made one way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from paragraph.errors import ParagraphError
+from paragraph.graph import Graph
+from paragraph.machine import cpu_count
+from paragraph.passes.ios import (
+    CONCURRENT,
+    IOS_SCHEDULES,
+    MERGE,
+    MODES,
+    SEQUENTIAL,
+    IOSOptions,
+    Planned,
+    SearchStats,
+    apply_merges,
+    blocks,
+    carry_over,
+    plan_streams,
+    search,
+    to_schedule,
+)
+from paragraph.passes.schedule import ALGORITHMS, critical_path, make_schedule, sequential
+from paragraph.passes.split import split_lone_convs
+from paragraph.rules.parametric import MergeConvs, Unit
+from paragraph.schedule import Schedule
+from paragraph.timing import Config, Timing, time_in_blocks
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.importers import prepare
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs, measure_handoff
+from paragraph.tvm_interop.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.stages import StageMeter
+
+SCHEDULES = (*ALGORITHMS, "ios", *IOS_SCHEDULES)
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A program, the schedule it runs under, and what the planner measured and decided
+    (``report``: times in ms; for IOS the search's statistics and stages; for critical-path
+    the kernel-time summary and the split decision)."""
+
+    program: KernelProgram
+    schedule: Schedule
+    report: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "report", MappingProxyType(dict(self.report)))
+
+
+def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | None = None,
+                  db: CostDB | None = None, tuning_db: str | None = None,
+                  cores: int | None = None, log: Log | None = None, split: bool = True) -> Plan:
+    """The `Plan` for the schedule ``name``: one of `paragraph.passes.schedule.ALGORITHMS`
+    (the program unchanged), ``ios`` (mode from ``options``) or ``ios-<mode>``. Measurements
+    are cached in ``db`` (a `CostDB`; the default cache when None). IOS may return a program
+    rebuilt with merged convolutions; ``critical-path`` one with split convolutions
+    (``split``)."""
+    if name not in SCHEDULES:
+        if name.startswith("ios-"):
+            raise ParagraphError(f"unknown IOS mode {name[4:]!r} in {name!r}; choose from "
+                                 f"{', '.join(IOS_SCHEDULES)}")
+        raise ParagraphError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+    if name not in ("critical-path", "ios", *IOS_SCHEDULES):
+        return Plan(program, make_schedule(name, program.graph, cores=cores))
+    own_db = db is None
+    db = CostDB() if db is None else db
+    try:
+        if name == "critical-path":
+            return _critical_path(program, db, tuning_db, cores, log, split)
+        options = options or IOSOptions()
+        if name != "ios":
+            options = replace(options, mode=name[len("ios-"):])
+        plan = plan_ios(program, replace(options, cores=options.cores or cores), db=db,
+                        tuning_db=tuning_db, log=log)
+    finally:
+        if own_db:
+            db.close()
+    if log is not None:
+        log(f"  IOS: {plan.report['search']}")
+    return plan
+
+
+# ---------------------------------------------------------------------------- critical path
+def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
+                   cores: int | None, log: Log | None, split: bool) -> Plan:
+    """`critical_path` over measured 1-thread kernel times (`_measured_critical_path`); with
+    ``split`` (CPU, two streams or more), lone convolutions are also split across the streams
+    and the split program is kept if its outputs agree and it runs faster end to end."""
+    on_cpu = program.target.kind.name == "llvm"
+    streams = (cores or cpu_count()) if on_cpu else None
+    tuning = "" if tuning_db is None else str(tuning_db)
+    plain = _measured_critical_path(program, db, tuning, streams, cores, log)
+    if not (split and on_cpu and streams is not None and streams >= 2):
+        return plain
+    try:
+        rebuilt = split_program(program, 4 if streams >= 4 else 2, tuning_db=tuning_db, log=log)
+    except Exception as exc:  # an optional rewrite: the plain schedule still stands
+        warnings.warn(f"critical-path: the split program could not be built "
+                      f"({type(exc).__name__}: {exc}); keeping the model's own kernels",
+                      RuntimeWarning, stacklevel=3)
+        rebuilt = None
+    if rebuilt is None:
+        return plain
+    other = _measured_critical_path(rebuilt, db, tuning, streams, cores, log)
+    if log is not None:
+        log("  critical-path: checking the split program's outputs, timing both ...")
+    unsplit_s, split_s = end_to_end([(program, plain.schedule), (rebuilt, other.schedule)], db,
+                                    tuning, check=True)
+    keep = split_s < unsplit_s
+    if log is not None:
+        log(f"  critical-path end to end: {unsplit_s * 1e3:.2f} ms, split "
+            f"{split_s * 1e3:.2f} ms: keeping the {'split' if keep else 'unsplit'} program")
+    chosen = other if keep else plain
+    return Plan(chosen.program, chosen.schedule,
+                {**chosen.report, "split": list(rebuilt.rewrites) if keep else [],
+                 "unsplit_ms": unsplit_s * 1e3, "split_ms": split_s * 1e3})
+
+
+def _measured_critical_path(program: KernelProgram, db: CostDB, tuning: str,
+                            streams: int | None, cores: int | None, log: Log | None) -> Plan:
+    """`critical_path` of ``program`` over each kernel's 1-thread time in model order,
+    measured (or from the cost database): on a CPU every stream has one thread, so that is the
+    time each kernel will take; a blocking cross-stream wait is charged the measured worker
+    hand-off. Report in ms: ``predicted_ms``, ``critical_path_ms``, ``work_ms``,
+    ``handoff_us`` and ``optimum_ms`` (no schedule on these streams can beat it with these
+    times: `critical_path`'s optimum without hand-offs; ``optimum_exact``)."""
+    on_cpu = program.target.kind.name == "llvm"
+    if log is not None:
+        log("  critical-path: kernel times (1 thread, in model order), measured or cached")
+    with make_executor(program, sequential(program.graph, cores=1), use_cuda_graph=False) as ex:
+        costs = kernel_costs(ex, db=db, threads=1, tuning=tuning, progress=log is not None)
+    handoff = measure_handoff(db, str(program.target)) if on_cpu else 0.0
+    schedule = critical_path(program.graph, cost=costs, streams=streams, cores=cores,
+                             handoff=handoff)
+    # the optimum is a bound only without hand-offs: with one, plan again without for it
+    free = schedule if handoff == 0.0 else critical_path(program.graph, cost=costs,
+                                                         streams=streams, cores=cores)
+    info = schedule.info
+    return Plan(program, schedule, {
+        "predicted_ms": info["predicted"] * 1e3, "critical_path_ms": info["critical_path"] * 1e3,
+        "work_ms": info["work"] * 1e3, "handoff_us": handoff * 1e6,
+        "optimum_ms": free.info["optimum"] * 1e3, "optimum_exact": free.info["optimum_exact"]})
+
+
+def split_program(program: KernelProgram, parts: int, *, tuning_db: str | None = None,
+                  log: Log | None = None) -> KernelProgram | None:
+    """``program`` rebuilt from its model with its lone convolutions split (`split_lone_convs`:
+    the library's ``split-conv-<parts>``), or None when there are none to split (or the
+    program does not keep the model it was built from)."""
+    source = program.source
+    if source is None or parts < 2:
+        return None
+    opgraph = source if isinstance(source, Graph) else from_relax(prepare(source))
+    split, done = split_lone_convs(opgraph, parts, log=log)
+    if not done:
+        return None
+    return KernelProgram.build(to_relax(split), program.target, device=program.device,
+                               tuning_db=tuning_db, kernels=program.kernel_source,
+                               rewrites=(*program.rewrites, *done))
+
+
+# ---------------------------------------------------------------------------- IOS
+def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
+             db: CostDB | None = None, tuning_db: str | None = None,
+             log: Log | None = None) -> Plan:
+    """IOS's schedule of ``program``: the DP per part (`paragraph.passes.ios.search`) with
+    stages measured by a `StageMeter` (cached in ``db``); where merges win, the program is
+    rebuilt with them (the library rule ``ios-merge-convs``); with ``options.confirm`` the
+    result is kept only if it runs faster end to end than the plain sequence. The report
+    holds the search's ``stats`` and summary (``search``), its ``stages`` (kernel ids,
+    strategy, seconds) and the end-to-end ``confirmed`` times."""
+    start = time.monotonic()
+    original = program
+    tuning = "" if tuning_db is None else str(tuning_db)
+    on_cpu = program.target.kind.name == "llvm"
+    cores = (options.cores or cpu_count()) if on_cpu else 1
+    # Vendor kernels run with torch's thread count, which is one per process (libgomp): a
+    # schedule mixing 1-thread and all-core stages would switch it at every such boundary, and
+    # each switch drops oneDNN's compiled primitives (~0.6 ms per convolution after it). So
+    # with vendor kernels on a CPU every stage runs on one thread (and the end-to-end check
+    # compares the result with the whole program in sequence on all cores).
+    uniform = on_cpu and cores > 1 and "vendor" in program.sources()
+    seq_threads = 1 if uniform else cores
+    if options.s is None:
+        options = replace(options, s=cores if on_cpu else 8)
+    if options.mode not in MODES:
+        raise ParagraphError(f"unknown IOS mode {options.mode!r}; choose from {MODES}")
+    parts = blocks(program.graph, options.max_part_size, options.max_states)
+    if log is not None:
+        log(f"  IOS search ({options.mode}, r={options.r}, s={options.s}, {len(parts)} parts, "
+            f"protocol {options.warmup} warm-ups, {options.repeat}x{options.number} runs"
+            + (f", budget {options.budget_s:g} s" if options.budget_s else "") + ") ...")
+    meter = StageMeter(program, options, db, tuning, seq_threads=seq_threads)
+    stats = SearchStats()
+    last_log = [start]
+
+    def progress(i: int, parts: list[list[int]], stats: SearchStats) -> None:
+        quarter = 4 * (i + 1) // len(parts) > 4 * i // len(parts)
+        if log is not None and (i + 1 == len(parts) or options.progress and (
+                quarter or time.monotonic() - last_log[0] > 10)):
+            last_log[0] = time.monotonic()
+            bar = "#" * (20 * (i + 1) // len(parts))
+            log(f"  IOS [{bar:20}] part {i + 1}/{len(parts)}: {len(parts[i])} kernels, "
+                f"{stats.states} states, {meter.measured} stages measured, "
+                f"{time.monotonic() - start:.0f} s")
+
+    try:
+        stages = search(program.graph, options, meter.cost, bound=meter.bound,
+                        mergeable=meter.mergeable, stats=stats, parts=parts,
+                        strategies=(CONCURRENT, SEQUENTIAL) if on_cpu else (CONCURRENT,),
+                        progress=progress)
+        merges = [meter.units(st.groups[0]) for st in stages if st.strategy == MERGE]
+    finally:
+        meter.close()
+    stats.stages_measured = meter.measured
+    planned = plan_streams(stages, on_cpu)
+    if merges:
+        program, planned = _rebuild_with_merges(program, meter.rule, merges, planned, tuning_db)
+    schedule = to_schedule(program.graph, planned, seq_threads, options)
+    report: dict[str, Any] = {"predicted_ms": schedule.info["predicted_ms"],
+                              "stages": [(st.groups, st.strategy, st.cost) for st in stages]}
+    if options.confirm:
+        program, schedule, report["confirmed"] = _confirm(
+            original, program, schedule, cores, options, db, tuning, log)
+    stats.seconds = time.monotonic() - start
+    return Plan(program, schedule, {**report, "search": stats.summary(), "stats": asdict(stats)})
+
+
+def _rebuild_with_merges(program: KernelProgram, rule: MergeConvs,
+                         merges: Sequence[Sequence[Unit] | None], planned: list[Planned],
+                         tuning_db: str | None) -> tuple[KernelProgram, list[Planned]]:
+    """Apply the chosen merges to the operator graph (``rule``, once per merge), lower it
+    again, and carry the plan over (`carry_over`)."""
+    if (program.operator_graph is None or program.kernel_operators is None
+            or any(m is None for m in merges)):
+        raise ParagraphError("IOS merge: the program's kernels could not be traced")
+    units = [list(m) for m in merges if m is not None]
+    merged, added = apply_merges(rule, program.operator_graph, units)
+    rebuilt = KernelProgram.build(merged, program.target, device=program.device,
+                                  tuning_db=tuning_db, kernels=program.kernel_source,
+                                  rewrites=(*program.rewrites, *(
+                                      f"{rule.id}: {', '.join(str(c) for c, _ in u)}"
+                                      for u in units)))
+    if rebuilt.kernel_operators is None:
+        raise ParagraphError("IOS merge: the rebuilt program's kernels could not be traced")
+    return rebuilt, carry_over(planned, program.kernel_operators, added, rebuilt.graph,
+                               rebuilt.kernel_operators)
+
+
+def _confirm(original: KernelProgram, program: KernelProgram, schedule: Schedule, cores: int,
+             options: IOSOptions, db: CostDB | None, tuning: str, log: Log | None
+             ) -> tuple[KernelProgram, Schedule, dict[str, Any]]:
+    """The searched program and schedule, or all of ``original`` in sequence (on ``cores``
+    threads, and on one thread: the schedule of one-kernel stages, also in IOS's space),
+    whichever runs fastest end to end on the executor (`end_to_end`: alternating blocks of
+    runs, cached in the cost database so the choice is deterministic); and the times.
+    Stage latencies measured alone do not add up to a whole run (caches, hand-offs between
+    streams), so the DP's sum can promise what a run does not keep."""
+    plain = [sequential(original.graph, cores=c) for c in dict.fromkeys((cores, 1))]
+    candidates = [(program, schedule)] + [(original, base) for base in plain]
+    seconds = end_to_end(candidates, db, tuning, options.repeat, options.warmup)
+    best = min(range(len(candidates)), key=lambda i: (seconds[i], i))  # ties: the search
+    names = ["the IOS schedule"] + [f"all kernels in sequence on {b.threads[0]} thread(s)"
+                                    for b in plain]
+    if log is not None:
+        log("  IOS end to end: " + ", ".join(f"{n} {t * 1e3:.2f} ms"
+                                            for n, t in zip(names, seconds, strict=True))
+            + f": keeping {names[best]}")
+    confirmed = {"ios_ms": seconds[0] * 1e3, "sequential_ms": seconds[1] * 1e3,
+                 "sequential_1thread_ms": seconds[-1] * 1e3, "kept": names[best]}
+    if best == 0:
+        return program, schedule, confirmed
+    base = plain[best - 1]
+    kept = Schedule.build(original.graph, base.streams, threads=base.threads,
+                          name=schedule.name, info={**schedule.info, "strategies": [SEQUENTIAL]})
+    return original, kept, confirmed
+
+
+# ---------------------------------------------------------------------------- end to end
+def plan_digest(schedule: Schedule) -> str:
+    """What a run's time depends on: streams, thread counts and stage barriers."""
+    plan = [list(map(list, schedule.streams)), list(schedule.threads),
+            [list(st) for st in schedule.stages or ()]]
+    return hashlib.blake2b(json.dumps(plan).encode(), digest_size=16).hexdigest()
+
+
+def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB | None,
+               tuning: str, repeat: int = 6, warmup: int = 2, check: bool = False,
+               block: int = 5) -> list[float]:
+    """Median seconds of whole runs of each ``(program, schedule)`` on the executor: after a
+    warm-up block each, ``repeat`` rounds (in forward, then reverse order) running every
+    candidate once untimed and then ``block`` times timed (a candidate's steady state, which
+    strict alternation disturbs: `paragraph.timing.time_in_blocks`), cached in ``db`` (a
+    `CostDB` or None) so that choices made from them are deterministic. With ``check``, the
+    candidates' outputs on one random input must agree (`tolerance`), else `ParagraphError`:
+    a rewrite that changed the model is a bug, not a slower choice."""
+    keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{plan_digest(s)}",
+                    tuning, ",".join(sorted(p.sources())), f"blocks={repeat}x{block}")
+            for p, s in candidates]
+    seconds = [db.get(k) if db is not None else None for k in keys]
+    if None not in seconds and not check:
+        return [s for s in seconds if s is not None]
+    samples: list[list[float]] = [[] for _ in candidates]
+    executors = [make_executor(p, s, use_cuda_graph=True) for p, s in candidates]
+    try:
+        graph = candidates[0][0].graph
+        if check:
+            rng = np.random.default_rng(0)
+            inputs = [rng.standard_normal(graph[i].type.shape).astype(graph[i].type.dtype)
+                      for i in graph.inputs]
+            outs = [[np.asarray(o) for o in ex.run(*inputs)] for ex in executors]
+            tol = max(tolerance(p) for p, _ in candidates)
+            for (p, _), got in zip(candidates[1:], outs[1:], strict=True):
+                worst = max_difference(outs[0], got)
+                if not worst <= tol:
+                    what = f" ({', '.join(p.rewrites)})" if p.rewrites else ""
+                    raise ParagraphError(f"the rewritten program{what} does not compute the "
+                                         f"model's outputs: max difference {worst:.3g}")
+            if None not in seconds:
+                return [s for s in seconds if s is not None]
+        inputs = [np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs]
+        configs = [Config(str(i), partial(ex.run, *inputs, copy_outputs=False), samples=got)
+                   for i, (ex, got) in enumerate(zip(executors, samples, strict=True))]
+        for c in configs:  # a whole block each: a process's first runs are slow
+            for _ in range(max(1, warmup, block)):
+                c.run()
+        for r in range(max(3, repeat)):  # drifts hit both orders
+            time_in_blocks(configs if r % 2 == 0 else configs[::-1], 1, max(1, block), settle=1)
+    finally:
+        for ex in executors:
+            ex.close()
+    if db is not None:
+        for key, x in zip(keys, samples, strict=True):
+            db.put(key, Timing(tuple(x)))
+    return [float(np.median(x)) for x in samples]
+
+
+# ---------------------------------------------------------------------------- outputs
+def tolerance(program: KernelProgram) -> float:
+    """How closely ``program``'s outputs must match the model's (relative and absolute):
+    1e-5, or float32 accumulation error (1e-4) where its kernels round differently from TVM's
+    own: vendor kernels (with batch norm folded into their weights) or a program rewritten by
+    library rules (merged or split convolutions)."""
+    return 1e-5 if program.kernel_source == "tvm" and not program.rewrites else 1e-4
+
+
+def max_difference(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> float:
+    """The largest difference between two lists of outputs, relative to ``1 + |expected|``
+    (``np.allclose`` with ``rtol = atol``); infinite if their number or shapes differ or a
+    value is NaN."""
+    if len(expected) != len(got):
+        return float("inf")
+    worst = 0.0
+    for e, g in zip(expected, got, strict=True):
+        if e.shape != g.shape:
+            return float("inf")
+        if e.size:
+            d = float(np.max(np.abs(g - e) / (1.0 + np.abs(e))))
+            worst = max(worst, d if d == d else float("inf"))  # NaN: never equal
+    return worst

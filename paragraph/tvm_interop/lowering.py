@@ -1,0 +1,301 @@
+"""Lowering: a Relax module through TVM's own legalization and fusion, to the kernel graph.
+
+``lower`` runs what ``relax.get_default_pipeline`` runs before memory planning (LegalizeOps,
+AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR; dlight default schedules on GPU; a
+MetaSchedule database when given; RewriteDataflowReshape so reshapes become views), and
+``kernel_graph`` turns the fused ``main`` into a `paragraph.Graph` whose operator nodes are
+``kernel`` (one ``call_tir`` or ``call_dps_packed``) and ``view`` (a reshape that moves no data).
+Schedules and costs are about these fused kernels, because they are what runs;
+`paragraph.tvm_interop.kernels.KernelProgram` compiles them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.analysis import estimate_tir_flops
+
+from paragraph.errors import ParagraphError, UnsupportedModelError
+from paragraph.graph import Graph, Node, TensorRef
+from paragraph.tvm_interop.importers import prepare
+from paragraph.tvm_interop.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.vendor.names import cost_name, is_vendor_name, vendor_flops
+from paragraph.tvm_interop.vm import local_cpu_target
+
+# a GPU target that compiles here without a GPU (nvcc is present); H100/H200 are sm_90
+CUDA_COMPILE_ONLY = {"kind": "cuda", "arch": "sm_90"}
+
+
+def resolve_target(target: tvm.target.Target | str | dict | None) -> tvm.target.Target:
+    """``None``/"cpu"/"llvm" -> this machine's CPU; "cuda"/"gpu" -> the visible GPU (or sm_90
+    for compiling without one); anything else goes to ``tvm.target.Target``."""
+    if target is None or target in ("cpu", "llvm"):
+        return local_cpu_target()
+    if target in ("cuda", "gpu"):
+        dev = tvm.cuda(0)
+        if dev.exist:
+            return tvm.target.Target.from_device(dev)
+        return tvm.target.Target(CUDA_COMPILE_ONLY)
+    if isinstance(target, tvm.target.Target):
+        return target
+    return tvm.target.Target(target)
+
+
+def is_gpu(target: tvm.target.Target) -> bool:
+    return target.kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+
+Dispatch = Callable[[tvm.IRModule], tvm.IRModule]  # chooses kernel sources (vendor calls)
+
+
+def lower(mod: tvm.IRModule, target: tvm.target.Target,
+          tuning_db: str | os.PathLike | None = None,
+          dispatch: Dispatch | None = None) -> tvm.IRModule:
+    """Legalize and fuse ``mod`` for ``target`` (what the default pipeline does before memory
+    planning); apply a MetaSchedule database directory when given. ``dispatch`` first turns
+    operator patterns of the prepared module into vendor calls, before legalization, like
+    TVM's cuDNN/cuBLAS BYOC (`paragraph.tvm_interop.vendor.dispatch.dispatch_to_vendor`)."""
+    return lower_tracked(mod, target, tuning_db, dispatch)[1]
+
+
+def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
+                  tuning_db: str | os.PathLike | None = None, dispatch: Dispatch | None = None,
+                  ) -> tuple[Graph, tvm.IRModule, dict[str, tuple[int, ...]] | None]:
+    """`lower`, keeping track of which operators each kernel computes.
+
+    ``mod`` may also be an operator graph that went through `prepare` (and dispatch) already,
+    e.g. one that a rewrite produced from `KernelProgram.operator_graph`: its node ids are
+    kept, so the kernels of the result can be matched with the operators of the original.
+
+    Returns the operator graph (``from_relax`` of the prepared module), the lowered module, and
+    for each binding name of the lowered ``main`` the ids of the operator-graph nodes that
+    kernel computes (None where TVM's fusion could not be traced). Tracing names every binding
+    ``n<node id>`` before lowering (LegalizeOps keeps binding variables, so unfused kernels keep
+    their names) and replays each function FuseOps made on the operator graph
+    (`_fusion_groups`).
+    """
+    if isinstance(mod, Graph):  # an operator graph that is already prepared: keep its ids
+        opgraph = mod
+    else:  # batch norm decomposed, constants folded in numpy (FoldConstant is slow)
+        prepared = prepare(mod)
+        opgraph = from_relax(prepared if dispatch is None else dispatch(prepared))
+    opgraph = Graph([n.replace(name=f"n{n.id}") for n in opgraph.nodes], opgraph.outputs,
+                    opgraph.meta)
+    legalize = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant()]
+    rest = [relax.transform.FuseTIR()]
+    if tuning_db is not None:
+        if not (Path(tuning_db) / "database_tuning_record.json").exists():
+            raise ParagraphError(f"no MetaSchedule database in {tuning_db} "
+                                 "(database_tuning_record.json is missing)")
+        with target:  # the pass reads the target when it is made
+            rest.append(relax.transform.MetaScheduleApplyDatabase(str(tuning_db)))
+    if is_gpu(target):
+        rest.append(dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(),
+                                            dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                                            dl.gpu.Fallback()))
+    rest += [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()]
+    constants: dict[int, object] = {}
+    with target:
+        legal = tvm.transform.Sequential(legalize)(to_relax(opgraph, constants=constants))
+        fused = relax.transform.FuseOps()(legal)
+        groups = _fusion_groups(fused, opgraph, {c: TensorRef(i) for i, c in constants.items()},
+                                _callees(legal))
+        return opgraph, tvm.transform.Sequential(rest)(fused), groups
+
+
+def _callees(legal: tvm.IRModule) -> dict[str, str]:
+    """Binding name -> the PrimFunc (or packed function) LegalizeOps made it call."""
+    out = {}
+    for block in legal["main"].body.blocks:
+        for b in block.bindings:
+            callee = _callee(b.value)
+            if callee:
+                out[b.var.name] = callee
+    return out
+
+
+def _callee(call) -> str:
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return ""
+    if call.op.name == "relax.call_tir":
+        return call.args[0].name_hint
+    if call.op.name == "relax.call_dps_packed":
+        return str(call.args[0].global_symbol)
+    return ""
+
+
+def _fusion_groups(fused: tvm.IRModule, opgraph: Graph, constants: dict,
+                   callees: dict[str, str]) -> dict[str, tuple[int, ...]] | None:
+    """Binding name in ``fused``'s main -> operator node ids it computes (see lower_tracked).
+
+    FuseOps shares one function among structurally equal groups, so inner names cannot be
+    trusted; instead each fused function is replayed on the operator graph: an inner
+    ``call_tir`` is the operator whose inputs are that call's tensors and whose PrimFunc (the
+    one LegalizeOps made for it, ``callees``) it calls: slices of one tensor differ only
+    there. ``constants`` maps the Relax constants `to_relax` made to their weight nodes;
+    constants that legalization inlines are skipped. Returns None when some operator cannot
+    be placed.
+    """
+    # duplicated computations (RandWire applies relu(x) once per successor) are one class:
+    # whichever copy a call is matched to, its users' inputs must still match
+    canon: dict[TensorRef, TensorRef] = {}
+    first: dict[tuple, int] = {}
+    for n in opgraph.nodes:
+        ins = tuple(canon.get(r, r) for r in n.inputs)
+        rep = n.id if n.is_source else first.setdefault((n.kind, n.attrs, ins), n.id)
+        for i in range(len(n.outputs)):
+            canon[TensorRef(n.id, i)] = TensorRef(rep, i)
+    by_inputs: dict[tuple, list[int]] = {}
+    for n in opgraph.nodes:
+        if not n.is_source:
+            ins = tuple(canon[r] for r in n.inputs)
+            by_inputs.setdefault(ins, []).append(n.id)
+            tensors = tuple(r for r in ins if opgraph[r.node].kind not in ("weight", "constant"))
+            if tensors != ins:
+                by_inputs.setdefault(("no constants", *tensors), []).append(n.id)
+    main = fused["main"]
+    env: dict[object, object] = {p: canon[TensorRef(i, 0)]
+                                 for p, i in zip(main.params, opgraph.inputs, strict=True)}
+    groups: dict[str, list[int]] = {}
+
+    def value(expr, scope):
+        if isinstance(expr, relax.Var):
+            return scope.get(expr, env.get(expr))
+        if isinstance(expr, relax.Tuple):
+            return [value(f, scope) for f in expr.fields]
+        return constants.get(expr)  # None for a constant made by a pass
+
+    def place(call, scope, members) -> object:
+        args = value(call.args[1], scope) if call.op.name == "relax.call_tir" else [
+            value(a, scope) for a in call.args]
+        args = list(_flat(args))
+        candidates = [i for i in by_inputs.get(tuple(args), ()) if i not in taken]
+        if not candidates:  # legalization inlined a scalar constant, or a pass made one
+            tensors = tuple(a for a in args if a is not None
+                            and opgraph[a.node].kind not in ("weight", "constant"))
+            candidates = [i for i in by_inputs.get(("no constants", *tensors), ())
+                          if i not in taken]
+        callee = _callee(call)
+        candidates = [i for i in candidates if callees.get(opgraph[i].name) == callee]
+        if not candidates:
+            raise LookupError(call)
+        taken.add(candidates[0])
+        members.append(candidates[0])
+        node = opgraph[candidates[0]]
+        outs = [canon[TensorRef(node.id, i)] for i in range(len(node.outputs))]
+        return outs[0] if len(outs) == 1 else outs
+
+    def bind(binding, scope, members) -> None:
+        v = binding.value
+        if isinstance(v, relax.TupleGetItem):
+            scope[binding.var] = value(v.tuple_value, scope)[v.index]
+        elif isinstance(v, relax.Tuple | relax.Var):
+            scope[binding.var] = value(v, scope)
+        elif isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar):
+            func = fused[v.op]
+            inner = dict(zip(func.params, [value(a, scope) for a in v.args], strict=True))
+            group: list[int] = []
+            for blk in func.body.blocks:
+                for b in blk.bindings:
+                    bind(b, inner, group)
+            scope[binding.var] = value(func.body.body, inner)
+            groups[binding.var.name] = group
+        elif isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op):
+            scope[binding.var] = place(v, scope, members)
+
+    taken: set[int] = set()
+    try:
+        for block in main.body.blocks:
+            for binding in block.bindings:
+                single: list[int] = []
+                bind(binding, env, single)
+                if single:
+                    groups[binding.var.name] = single
+    except (LookupError, TypeError, IndexError):
+        return None
+    left = [n for n in opgraph.nodes if not n.is_source and n.id not in taken]
+    if any(not all(opgraph[r.node].is_source for r in n.inputs) for n in left):
+        return None  # only operators on constants may vanish (FoldConstant)
+    return {g: tuple(sorted(m)) for g, m in groups.items()}
+
+
+def _flat(x):
+    if isinstance(x, list):
+        for item in x:
+            yield from _flat(item)
+    else:
+        yield x
+
+
+def _kernel_attrs(lowered: tvm.IRModule, node: Node, in_types: list) -> dict:
+    """Attributes of a kernel node: callee name, structural hash, FLOPs, bytes, source (a
+    packed function's hash is its name and argument types)."""
+    op = node.attrs["op"]
+    callee = node.payload["args"][0][1]  # ("keep", GlobalVar or ExternFunc)
+    nbytes = sum(t.numel * tvm_ffi.dtype(t.dtype).itemsize for t in node.outputs)
+    if op == "relax.call_tir":
+        func = lowered[callee]
+        flops = float(estimate_tir_flops(tvm.IRModule({"main": func})))
+        return {"func": callee.name_hint, "hash": f"{tvm_ffi.structural_hash(func):016x}",
+                "flops": flops, "out_bytes": nbytes, "source": "tvm",
+                "pattern": int(func.attrs.get("op_pattern", -1)) if func.attrs else -1}
+    name = str(callee.global_symbol)
+    types = [str(t) for t in (*in_types, *node.outputs)]
+    flops = vendor_flops(name, [t.shape for t in in_types], [t.shape for t in node.outputs]) \
+        if is_vendor_name(name) else 0.0
+    return {"func": name, "hash": f"packed:{cost_name(name)}:{','.join(types)}",
+            "flops": flops, "out_bytes": nbytes, "source": "vendor", "pattern": -1}
+
+
+def kernel_graph(lowered: tvm.IRModule) -> Graph:
+    """The fused ``main`` as a graph of ``kernel`` and ``view`` nodes over inputs and weights."""
+    graph = from_relax(lowered)
+    nodes = []
+    for n in graph.nodes:
+        if n.is_source:
+            nodes.append(n)
+        elif n.kind == "reshape":
+            nodes.append(n.replace(kind="view"))
+        elif n.kind == "opaque" and n.attrs["op"] in ("relax.call_tir",
+                                                       "relax.call_dps_packed"):
+            attrs = _kernel_attrs(lowered, n, [graph.type_of(r) for r in n.inputs])
+            nodes.append(n.replace(kind="kernel", attrs=attrs, payload=None))
+        else:
+            what = n.attrs.get("op", n.kind) if n.kind == "opaque" else n.kind
+            raise UnsupportedModelError(f"{what} ({n.name!r}) survived lowering; the executor "
+                                        "runs call_tir and call_dps_packed kernels only")
+    meta = {k: v for k, v in graph.meta.items() if k != "relax_module"}
+    return Graph(nodes, graph.outputs, meta)
+
+
+def slices_as_views(graph: Graph, opgraph: Graph,
+                    kernel_operators: dict[int, tuple[int, ...]]) -> Graph:
+    """Kernels that only copy a contiguous channel range out of a tensor whose leading
+    dimensions are 1 (an IOS merge's outputs at batch 1) become views with a byte offset,
+    where the offset keeps the 64-byte alignment TVM's kernels assume."""
+    nodes = []
+    for n in graph.nodes:
+        members = kernel_operators.get(n.id, ())
+        op = opgraph[members[0]] if len(members) == 1 else None
+        if n.kind == "kernel" and op is not None and op.kind == "strided_slice":
+            src = graph.type_of(n.inputs[0])
+            axes = [a % len(src.shape) for a in op.attrs["axes"]]
+            if (axes == [1] and (op.attrs["strides"] or (1,)) == (1,) and src.shape[0] == 1
+                    and op.attrs["begin"][0] >= 0):
+                offset = op.attrs["begin"][0] * math.prod(src.shape[2:]) * np.dtype(
+                    src.dtype).itemsize
+                if offset % 64 == 0:
+                    nodes.append(n.replace(kind="view", attrs={"offset": offset,
+                                                               "func": n.attrs["func"]}))
+                    continue
+        nodes.append(n)
+    return Graph(nodes, graph.outputs, graph.meta)

@@ -1,0 +1,229 @@
+"""IOS's stage meter: the latency of a stage of a `KernelProgram` (groups of kernels run
+concurrently, kernels in sequence on all threads, or convolutions merged by the verified rule
+``ios-merge-convs``) measured on the device with IOS's protocol, each distinct stage once,
+cached in the cost database. `paragraph.passes.ios.search` prices its stages with it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from paragraph.errors import ParagraphError
+from paragraph.graph import GraphBuilder, TensorRef
+from paragraph.machine import cpu_count
+from paragraph.passes.ios import (
+    CONCURRENT,
+    MERGE,
+    MERGE_RULE,
+    SEQUENTIAL,
+    IOSOptions,
+    apply_merges,
+    merge_units,
+)
+from paragraph.passes.schedule import sequential
+from paragraph.rules.library import default_library
+from paragraph.rules.parametric import MergeConvs, Unit
+from paragraph.timing import Timing, time_calls
+from paragraph.tvm_interop.executor import CUDAExecutor, cuda_check, cudart, make_executor
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import CostDB, CostKey, time_steps
+from paragraph.tvm_interop.memory import no_reuse_plan
+
+Groups = tuple[tuple[int, ...], ...]
+
+# A measured stage may come out a little under the sum of its kernels measured alone (noise,
+# caches kept warm across a group): the bound is scaled down by this much to stay below it.
+BOUND_SLACK = 0.9
+
+
+def merge_rule() -> MergeConvs:
+    """The library's IOS merge: every merge that reaches a program is this verified rule."""
+    rule = default_library().get(MERGE_RULE)
+    if not isinstance(rule, MergeConvs):
+        raise ParagraphError(f"the rule library's {MERGE_RULE} is not a convolution merge")
+    return rule
+
+
+class StageMeter:
+    """Measures stages of a `KernelProgram` on its device; each distinct stage once, cached in
+    the cost database under a key made of its kernels' hashes and the strategy."""
+
+    def __init__(self, program: KernelProgram, options: IOSOptions, db: CostDB | None = None,
+                 tuning: str = "", seq_threads: int | None = None) -> None:
+        self.program, self.options, self.db, self.tuning = program, options, db, tuning
+        self.on_cpu = program.target.kind.name == "llvm"
+        self.cores = (options.cores or cpu_count()) if self.on_cpu else 1
+        self.seq_threads = seq_threads or self.cores  # threads of a sequential stage
+        self.rule = merge_rule()
+        graph = program.graph
+        self.executor = make_executor(program, sequential(graph), plan=no_reuse_plan(graph),
+                                      use_cuda_graph=False)
+        self.executor.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype)
+                            for i in graph.inputs], copy_outputs=False)  # load every kernel
+        self.measured = 0
+        self._overhead: float | None = None
+        self._seconds: dict[tuple[Groups, str], float] = {}  # what `cost` returned
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def key(self, groups: Groups, strategy: str) -> str:
+        graph = self.program.graph
+        sig = "|".join(",".join(graph[k].attrs["hash"] for k in g) for g in groups)
+        return f"ios:{strategy}:{sig}"
+
+    def cost(self, groups: Groups, strategy: str) -> float:
+        """Seconds for one run of the stage (kernel ids), measured or from the database."""
+        if strategy == SEQUENTIAL and self.seq_threads == 1 and len(groups) == 1:
+            strategy = CONCURRENT  # the same run: one group on one thread
+        if (groups, strategy) not in self._seconds:
+            self._seconds[groups, strategy] = self._cost(groups, strategy)
+        return self._seconds[groups, strategy]
+
+    def _cost(self, groups: Groups, strategy: str) -> float:
+        source = ",".join(sorted({self.program.graph[k].attrs["source"]
+                                  for g in groups for k in g}))
+        threads = f";threads={self.seq_threads}" if strategy != CONCURRENT else ""
+        key = CostKey(str(self.program.target), self.key(groups, strategy), self.tuning, source,
+                      f"protocol={self.options.warmup}/{self.options.repeat}x"
+                      f"{self.options.number}/fork-join{threads}")
+        cached = self.db.get(key) if self.db is not None else None
+        if cached is not None:
+            return cached
+        seconds = self._measure(groups, strategy)
+        self.measured += 1
+        if self.db is not None:
+            self.db.put(key, Timing((seconds,)))
+        return seconds
+
+    def overhead(self) -> float:
+        """Seconds a stage costs with nothing in it (dispatch to a worker and back), measured
+        once per meter with the stage protocol."""
+        if self._overhead is None:
+            self._overhead = self.cost((), CONCURRENT)
+        return self._overhead
+
+    def bound(self, groups: Groups, strategy: str) -> float:
+        """A lower bound of ``cost(groups, strategy)`` from the kernels measured alone: the
+        slowest group (on a CPU also the total spread over the cores) plus one stage overhead,
+        times `BOUND_SLACK` for measurement noise. Merges are not bounded (0)."""
+        if strategy == MERGE:
+            return 0.0
+        base = self.overhead()
+        loads = [sum(max(0.0, self.cost(((k,),), strategy) - base) for k in g) for g in groups]
+        if strategy == SEQUENTIAL:
+            work = sum(loads)
+        else:
+            work = max(loads, default=0.0)
+            if self.on_cpu:  # groups beyond the cores share them
+                work = max(work, sum(loads) / self.cores)
+        return BOUND_SLACK * (base + work)
+
+    def units(self, kernels: Sequence[int]) -> list[Unit] | None:
+        """The convolution units of ``kernels`` if the merge rule merges exactly them."""
+        p = self.program
+        if p.operator_graph is None or p.kernel_operators is None:
+            return None
+        return merge_units(self.rule, p.operator_graph, p.kernel_operators, kernels)
+
+    def mergeable(self, kernels: Sequence[int]) -> bool:
+        return self.units(kernels) is not None
+
+    def _measure(self, groups: Groups, strategy: str) -> float:
+        steps = self.executor.steps
+        if strategy == MERGE:
+            return self._merged_cost(tuple(k for g in groups for k in g))
+        if strategy == SEQUENTIAL:
+            run = [[steps[k] for g in groups for k in g]]
+            threads = [self.seq_threads]
+        else:  # an empty stage (`overhead`) still goes to one worker and back
+            run = [[steps[k] for k in g] for g in groups] or [[]]
+            threads = [1] * len(run)
+        if not self.on_cpu:
+            return self._measure_gpu(run)
+        return self._protocol(run, threads, fork_join=len(run) > 1)
+
+    def _protocol(self, run: list[list], threads: list[int], fork_join: bool = False) -> float:
+        """IOS's protocol on a CPU: ``warmup`` runs, then the median over ``repeat`` of the
+        mean of ``number`` runs. A stage of several groups has every run dispatched to the
+        workers and joined on its own, as the executor forks and joins streams at its barriers
+        (repeating the runs inside one dispatch hid that hand-off, and the DP split a run into
+        more concurrent stages than paid: NASNet-A predicted 16 ms, ran 24); a one-group stage
+        runs its ``number`` runs in one dispatch, as consecutive one-stream stages follow each
+        other on one worker with no hand-off."""
+        opts = self.options
+        if not fork_join:
+            run = [[st for _ in range(opts.number) for st in group] for group in run]
+            timing = time_steps(run, repeat=opts.repeat, warmup=opts.warmup, threads=threads)
+            return timing.median_ms / 1e3 / opts.number
+        timing = time_steps(run, repeat=opts.repeat * opts.number, warmup=opts.warmup,
+                            threads=threads)
+        x = timing.samples
+        means = [sum(x[i:i + opts.number]) / opts.number for i in range(0, len(x), opts.number)]
+        return float(np.median(means))
+
+    def _measure_gpu(self, run: list[list]) -> float:
+        """Groups issued on their own CUDA streams, timed between synchronisations."""
+        assert isinstance(self.executor, CUDAExecutor)  # off a CPU, the CUDA executor
+        rt, streams = cudart(), self.executor.streams
+        dev = self.program.device
+
+        def once() -> None:
+            for group, stream in zip(run, streams, strict=False):  # a stream per group
+                dev.set_raw_stream(int(stream))
+                for step in group:
+                    step.fn(*step.args)
+            for stream in streams[:len(run)]:
+                cuda_check(rt.cudaStreamSynchronize(stream))
+
+        return self._gpu_median(once)
+
+    def _gpu_median(self, once) -> float:
+        opts, dev = self.options, self.program.device
+        dev.sync()
+        try:
+            timing = time_calls(once, opts.repeat, opts.warmup, opts.number)
+        finally:
+            dev.set_raw_stream(0)
+        return timing.median_ms / 1e3
+
+    def _merged_cost(self, kernels: tuple[int, ...]) -> float:
+        """Build the merged convolution alone (the merge rule applied to a copy of the
+        kernels' operators), compile it, and time it with all threads."""
+        units = self.units(kernels)
+        opgraph = self.program.operator_graph
+        if units is None or opgraph is None:
+            raise ParagraphError(f"IOS: kernels {list(kernels)} do not merge")
+        data = opgraph[units[0][0]].inputs[0]
+        dtype = opgraph.type_of(data)
+        b = GraphBuilder()  # the shared input, then the units' operators
+        refs: dict[TensorRef, TensorRef] = {data: b.input(dtype.shape, dtype.dtype, name="x")}
+        ids: dict[int, int] = {}
+        for conv, chain in units:
+            for i in (conv, *chain):
+                node = opgraph[i]
+                for r in node.inputs:
+                    if r not in refs:  # a chain's constants and a kernel's weight
+                        src = opgraph[r.node]
+                        assert src.value is not None  # a unit reads only its input and weights
+                        refs[r] = b.weight(src.value, kind=src.kind)
+                ids[i] = b.op(node.kind, [refs[r] for r in node.inputs], node.attrs).id
+                refs[TensorRef(i)] = TensorRef(ids[i])
+        mini = b.build([TensorRef(ids[chain[-1] if chain else conv]) for conv, chain in units])
+        merged, _ = apply_merges(self.rule, mini, [[(ids[c], tuple(ids[i] for i in chain))
+                                                    for c, chain in units]])
+        program = KernelProgram.build(merged, self.program.target, device=self.program.device,
+                                      tuning_db=self.tuning or None,
+                                      kernels=self.program.kernel_source)
+        with make_executor(program, sequential(program.graph, cores=self.seq_threads),
+                           use_cuda_graph=False) as ex:
+            ex.run(np.zeros(dtype.shape, dtype.dtype), copy_outputs=False)
+            steps = [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
+            if not self.on_cpu:
+                def once() -> None:
+                    for st in steps:
+                        st.fn(*st.args)
+                    self.program.device.sync()
+                return self._gpu_median(once)
+            return self._protocol([steps], [self.seq_threads])

@@ -1,0 +1,48 @@
+"""Vendor kernels: convolutions and matrix products through the libraries PyTorch ships.
+
+The TVM wheel has neither cuDNN nor cuBLAS, so paragraph reaches vendor libraries the way TVM's
+own BYOC backends do (``relax.backend.cuda.cudnn.partition_for_cudnn``): a Relax pass,
+`VendorDispatch`, replaces matched operator patterns with ``R.call_dps_packed`` calls to global
+functions that paragraph registers under ``paragraph.vendor.``, and those functions run the
+kernels with PyTorch (oneDNN and MKL on the CPU, cuDNN and cuBLAS on CUDA) on the TVM tensors
+themselves (DLPack, no copy in or out).
+
+Patterns (after `importers.prepare`, batch norm is a chain of per-channel constant ops):
+
+* ``conv2d(x, W)`` with a constant weight, then any chain of per-output-channel constant
+  ``add``/``subtract``/``multiply``/``divide`` (folded into the weight and a bias, in numpy),
+  then optionally a residual ``add`` of a tensor of the output's shape, then optionally ``relu``;
+* ``matmul(a, B)`` with a 2-D ``B`` (``linear``), then optionally a constant bias ``add`` and a
+  ``relu``/``gelu``/``gelu_tanh``; and batched ``matmul`` of equal-rank operands (``bmm``);
+* on the CPU, ``concat`` of static-shape tensors (a concat of a concat along the same axis,
+  read only there, is flattened into one), then optionally ``relu``: ``torch.cat(out=)`` copied
+  an Inception block's channels 6x faster than TVM's untuned concatenate kernel, which sits on
+  the critical path of every block.
+
+What a call needs beyond its tensors (strides, padding, fused ops, layout) is in the function
+name, e.g. ``paragraph.vendor.conv2d.NHWC.s2x2.p1x1.d1x1.g1.bias.relu``; `ensure_registered`
+turns any such name back into a kernel, so a compiled program can be loaded in a fresh process.
+
+CPU. Convolutions run in NHWC: oneDNN's NCHW convolutions reorder every activation and were
+1.6x slower on this machine (notes/measured.md), so the pass first puts the graph in NHWC with
+TVM's ``ConvertLayout`` (weights are transposed once, at compile time). A convolution writes
+straight into the output buffer with oneDNN's in-place "add" post-op (the buffer is zeroed first,
+or holds the residual: torch has no ``out=`` convolution that does not allocate and copy), with
+its weight reordered once into oneDNN's blocked format and cached under the weight's digest,
+which the function name carries. A product with a constant matrix runs the same way, as a 1x1
+convolution (oneDNN's GEMM was 2.5x faster than MKL's on this AMD CPU); other products use
+MKL's ``out=`` forms. The executor binds each kernel to its tensors once (`bind`): the torch
+views (DLPack, layout permutes) are made then, not on every call. Each call sets
+torch's thread count for the calling thread to the one the executor gave its stream
+(``torch.set_num_threads`` is per thread for OpenMP and MKL). On a shared machine, run with
+``OMP_WAIT_POLICY=PASSIVE`` (before Python starts): libgomp's spinning barriers made 2-thread
+convolutions 100x slower here whenever another process held a core.
+
+CUDA. Calls run on the stream TVM's kernels use at that moment (the executor sets it per
+schedule stream), through ``torch.cuda.ExternalStream``. cuDNN convolutions return a new tensor,
+copied into the output together with the activation; cuBLAS products write in place. CUDA Graph
+capture relies on the executor issuing every kernel once before capturing: cuDNN/cuBLAS
+workspaces and the convolution results then come from torch's caching allocator without a
+``cudaMalloc`` during capture (do not call ``torch.cuda.empty_cache()`` while a captured
+executor lives: the graph keeps using those blocks).
+"""

@@ -1,0 +1,447 @@
+"""The vendor dispatch pass (`VendorDispatch`, `dispatch_to_vendor`): operator patterns of a
+Relax module become ``call_dps_packed`` calls of vendor kernels, as TVM's cuDNN/cuBLAS BYOC
+does; and the way back (`undispatch`, `to_relax_ops`) for calls TVM runs faster."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.ir.expr import Constant
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
+
+from paragraph.tvm_interop.importers import prepare
+from paragraph.tvm_interop.vendor.names import ACTIVATIONS, VendorOp, is_vendor_name
+from paragraph.tvm_interop.vendor.runtime import ensure_registered, require_torch, torch_available
+
+_AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+def _is_const(expr: relax.Expr) -> bool:
+    return isinstance(expr, Constant) and isinstance(expr.ty, relax.TensorType)
+
+
+def _numpy(expr: relax.Expr) -> np.ndarray:
+    return expr.value.numpy()
+
+
+def _shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in ty.shape)
+    except TypeError:  # symbolic dimension
+        return None
+
+
+def _dtype(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype)
+
+
+class _Rewriter:
+    """State of one rewrite over one function: what each variable is bound to and how often it
+    is read (an absorbed producer must have no other reader, or its work would be done twice).
+    The calls a rewriter sees have variables as arguments; `value` looks through them."""
+
+    def __init__(self, func: relax.Function, dtypes: tuple[str, ...]) -> None:
+        self.dtypes = dtypes
+        self.bound: dict[relax.Var, relax.Expr] = {}
+        self.uses: dict[relax.Var, int] = {}
+        for block in func.body.blocks:
+            for b in block.bindings:
+                self.bound[b.var] = b.value
+        for v in _free_uses(func):
+            self.uses[v] = self.uses.get(v, 0) + 1
+
+    def vendor(self, var: relax.Expr) -> tuple[VendorOp | None, list[relax.Expr]]:
+        """The vendor call ``var`` is bound to, if it is its only reader's input."""
+        value = self.bound.get(var) if isinstance(var, relax.Var) else None
+        if value is None or self.uses.get(var, 0) != 1:
+            return None, []
+        return _unpack(value)
+
+    # -- conv2d
+    def conv(self, call: relax.Call, m: dict) -> relax.Expr:
+        a = call.attrs
+        layout = str(a.data_layout)
+        kernel_layout = {"NCHW": "OIHW", "NHWC": "OHWI"}.get(layout)
+        pad = [int(p) for p in a.padding]
+        x, w = call.args
+        if (kernel_layout is None or str(a.kernel_layout) != kernel_layout
+                or str(a.out_layout) != layout
+                or _dtype(call) not in self.dtypes or _dtype(x) != _dtype(call)
+                or _dtype(w) != _dtype(call) or _shape(call) is None or _shape(x) is None):
+            return call
+        symmetric = pad[:2] == pad[2:]
+        (sh, sw), (dh, dw) = (int(v) for v in a.strides), (int(v) for v in a.dilation)
+        op = VendorOp("conv2d", layout, (sh, sw), tuple(pad[:2] if symmetric else pad),
+                      (dh, dw), int(a.groups))
+        return _vendor_call(op, [x, w], call.ty)
+
+    def absorb_affine(self, call: relax.Call, m: dict) -> relax.Expr:
+        """``op(vendor conv, c)`` with a per-output-channel constant -> a new weight and bias."""
+        inner, const = call.args
+        if _is_const(inner):
+            if call.op.name in ("relax.subtract", "relax.divide"):
+                return call  # c - conv and c / conv are not affine in the weight
+            inner, const = const, inner
+        op, args = self.vendor(inner)
+        if (op is None or op.kind != "conv2d" or op.residual or op.act
+                or not _is_const(const) or _dtype(const) != _dtype(call)):
+            return call
+        axis = 1 if op.layout == "NCHW" else 3
+        shape = _shape(call)
+        c = None if shape is None else _per_channel(_numpy(const), shape, axis)
+        if c is None:
+            return call
+        w = _numpy(args[1]).astype(np.float64)
+        b = _numpy(args[2]).astype(np.float64) if op.bias else np.zeros(len(c))
+        name = call.op.name
+        if name == "relax.add":
+            b = b + c
+        elif name == "relax.subtract":
+            b = b - c
+        else:
+            scale = c if name == "relax.multiply" else 1.0 / c
+            w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
+            b = b * scale
+        dtype = _dtype(call)
+        new_args = [args[0], relax.const(w.astype(dtype)), relax.const(b.astype(dtype))]
+        return _vendor_call(replace(op, bias=True), new_args, call.ty)
+
+    def absorb_residual(self, call: relax.Call, m: dict) -> relax.Expr:
+        """``add(vendor conv, y)`` with ``y`` a tensor of the same type -> conv + residual."""
+        for inner, other in (call.args, call.args[::-1]):
+            op, args = self.vendor(inner)
+            if (op is not None and op.kind == "conv2d" and not op.residual and not op.act
+                    and not _is_const(other)
+                    and _shape(other) == _shape(call) and _dtype(other) == _dtype(call)):
+                return _vendor_call(replace(op, residual=True), args + [other], call.ty)
+        return call
+
+    def absorb_activation(self, call: relax.Call, m: dict) -> relax.Expr:
+        act = ACTIVATIONS[call.op.name]
+        op, args = self.vendor(call.args[0])
+        if (op is None or op.act or op.kind == "bmm"
+                or op.kind in ("conv2d", "concat") and act != "relu"):  # oneDNN: relu only
+            return call
+        return _vendor_call(replace(op, act=act), args, call.ty)
+
+    # -- matmul
+    def matmul(self, call: relax.Call, m: dict) -> relax.Expr:
+        a, b = call.args
+        sa, sb, so = _shape(a), _shape(b), _shape(call)
+        if (sa is None or sb is None or so is None or _dtype(call) not in self.dtypes
+                or _dtype(a) != _dtype(call) or _dtype(b) != _dtype(call)):
+            return call
+        if len(sb) == 2 and len(sa) >= 2:
+            kind = "matmul"
+        elif len(sa) == len(sb) >= 3 and sa[:-2] == sb[:-2]:
+            kind = "bmm"
+        else:
+            return call  # broadcasting and 1-D operands stay with TVM
+        return _vendor_call(VendorOp(kind), [a, b], call.ty)
+
+    # -- concat
+    def concat(self, call: relax.Call, m: dict) -> relax.Expr:
+        """``concat`` of static tensors, with any concat it reads only once along the same
+        axis flattened into it."""
+        shape = _shape(call)
+        if not isinstance(call.args[0], relax.Tuple) or shape is None:
+            return call
+        axis = int(call.attrs.axis) % len(shape)
+        parts: list[relax.Expr] = []
+        for part in call.args[0].fields:
+            inner = self.bound.get(part) if isinstance(part, relax.Var) else None
+            if (self.uses.get(part, 0) == 1 and isinstance(inner, relax.Call)
+                    and isinstance(inner.op, tvm.ir.Op) and inner.op.name == "relax.concat"
+                    and isinstance(inner.args[0], relax.Tuple) and _shape(inner) is not None
+                    and int(inner.attrs.axis) % len(shape) == axis):
+                parts += list(inner.args[0].fields)
+            else:
+                parts.append(part)
+        if any(_shape(p) is None or _dtype(p) != _dtype(call) for p in parts) \
+                or _dtype(call) not in self.dtypes:
+            return call
+        return _vendor_call(VendorOp("concat", axis=axis), parts, call.ty)
+
+    def absorb_bias(self, call: relax.Call, m: dict) -> relax.Expr:
+        for inner, const in (call.args, call.args[::-1]):
+            op, args = self.vendor(inner)
+            if (op is None or op.kind != "matmul" or op.bias or op.act
+                    or not _is_const(const) or _dtype(const) != _dtype(call)):
+                continue
+            shape = _shape(call)
+            if shape is None:
+                continue
+            n = shape[-1]
+            c = _numpy(const)
+            if c.size != n or c.shape[-1] != n:
+                continue
+            return _vendor_call(replace(op, bias=True), args + [relax.const(c.reshape(n))],
+                                call.ty)
+        return call
+
+
+def _free_uses(func: relax.Function) -> list[relax.Var]:
+    """Every variable occurrence in the bindings' values and the function's result."""
+    found: list[relax.Var] = []
+
+    @relax.expr_functor.visitor
+    class _Uses(relax.PyExprVisitor):
+        def visit_var_(self, var):  # noqa: N802 (TVM's visitor names)
+            found.append(var)
+
+        def visit_dataflow_var_(self, var):  # noqa: N802
+            found.append(var)
+
+    visitor = _Uses()
+    for block in func.body.blocks:
+        for b in block.bindings:
+            visitor.visit_expr(b.value)
+    visitor.visit_expr(func.body.body)
+    return found
+
+
+def _per_channel(c: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """``c`` as a float64 vector over the channel axis if it varies along that axis only."""
+    channels = out_shape[axis]
+    if c.ndim > len(out_shape):
+        return None
+    full = (1,) * (len(out_shape) - c.ndim) + c.shape
+    if any(d != 1 and (i != axis or d != channels) for i, d in enumerate(full)):
+        return None
+    return np.broadcast_to(c.reshape(-1), (channels,)).astype(np.float64)
+
+
+def _vendor_call(op: VendorOp, args: list[relax.Expr], ty) -> relax.Call:
+    return relax.call_dps_packed(relax.ExternFunc(op.name), relax.Tuple(args), out_ty=ty)
+
+
+def _vendor(call: relax.Call) -> tuple[VendorOp, list[relax.Expr]]:
+    """`_unpack` of a call known to be a vendor call."""
+    op, args = _unpack(call)
+    if op is None:
+        raise ValueError(f"not a vendor call: {call}")
+    return op, args
+
+
+def _unpack(expr: relax.Expr) -> tuple[VendorOp | None, list[relax.Expr]]:
+    """The `VendorOp` and argument list of a vendor ``call_dps_packed``, else (None, [])."""
+    if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name == "relax.call_dps_packed"
+            and isinstance(expr.args[0], relax.ExternFunc)
+            and is_vendor_name(str(expr.args[0].global_symbol))):
+        return VendorOp.from_name(str(expr.args[0].global_symbol)), list(expr.args[1].fields)
+    return None, []
+
+
+def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Function:
+    """Dispatch, then absorb what follows each call in chain order: the per-channel affine ops
+    (one per round, until none is left), a matmul bias, a residual add, an activation."""
+    x, w = wildcard(), wildcard()
+    affine = is_op(_AFFINE[0])(x, w)
+    for name in _AFFINE[1:]:
+        affine = affine | is_op(name)(x, w)
+    act = is_op("relax.nn.relu")(x) | is_op("relax.nn.gelu")(x) | is_op("relax.nn.gelu_tanh")(x)
+    add = is_op("relax.add")(x, w)
+
+    def apply(pattern, method):
+        return rewrite_call(pattern, _guard(getattr(_Rewriter(func, dtypes), method)), func)
+
+    func = apply(is_op("relax.nn.conv2d")(x, is_const()), "conv")
+    func = apply(is_op("relax.matmul")(x, w), "matmul")
+    if "float16" not in dtypes:  # the CPU (TVM's concat is a scheduled kernel on a GPU)
+        func = apply(is_op("relax.concat")(x), "concat")
+    for _ in range(16):  # batch norm leaves 4 affine ops after a conv
+        before, func = func, apply(affine, "absorb_affine")
+        if tvm_ffi.structural_equal(before, func):
+            break
+    for pattern, method in ((add, "absorb_bias"), (add, "absorb_residual"),
+                            (act, "absorb_activation")):
+        func = apply(pattern, method)
+    if "float16" not in dtypes:  # the CPU: name each constant weight, for packing
+        func = rewrite_call(wildcard(), _tag_weight, func)
+    return func
+
+
+def _tag_weight(call, matchings) -> relax.Expr:
+    op, args = _unpack(call)
+    if op is None or op.kind not in ("conv2d", "matmul") or op.weight or not _is_const(args[1]):
+        return call
+    arr = np.ascontiguousarray(_numpy(args[1]))
+    digest = hashlib.blake2b(arr.tobytes(), digest_size=8)
+    digest.update(f"{arr.dtype}{arr.shape}".encode())
+    return _vendor_call(replace(op, weight=digest.hexdigest()), args, call.ty)
+
+
+def _guard(method: Callable) -> Callable:
+    """A rewriter that only looks at calls of the right operator (patterns are alternations)."""
+    def rewrite(call, matchings):
+        return method(call, matchings) if isinstance(call, relax.Call) else call
+    return rewrite
+
+
+def _to_channels_last(mod: tvm.IRModule) -> tvm.IRModule:
+    """NHWC activations and OHWI weights for every convolution (weights transposed once)."""
+    mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+    return prepare(mod)  # folds the weight transposes ConvertLayout inserted
+
+
+def dispatch_to_vendor(mod: tvm.IRModule, target: tvm.target.Target,
+                       layout: str | None = None) -> tvm.IRModule:
+    """Replace conv2d / matmul / batched matmul patterns in ``mod["main"]`` by vendor calls.
+
+    ``layout`` is the convolution layout to run in: "NHWC" (the CPU default: the graph is
+    converted with ``ConvertLayout`` first) or "NCHW" (the GPU default). Every vendor function
+    the result calls is registered. Without PyTorch this warns and returns ``mod`` unchanged,
+    so that TVM's kernels are used.
+    """
+    if not torch_available():
+        warnings.warn("vendor kernels need PyTorch, which is not installed "
+                      "(`pip install paragraph[torch]`); using TVM's kernels",
+                      RuntimeWarning, stacklevel=2)
+        return mod
+    gpu = target.kind.name == "cuda"
+    if gpu and not require_torch().cuda.is_available():
+        warnings.warn("this PyTorch has no CUDA (or sees no GPU): vendor kernels cannot run on "
+                      "the GPU; using TVM's kernels", RuntimeWarning, stacklevel=2)
+        return mod
+    if target.kind.name not in ("llvm", "cuda"):
+        warnings.warn(f"no vendor kernels for target {target.kind.name}; using TVM's kernels",
+                      RuntimeWarning, stacklevel=2)
+        return mod
+    layout = layout or ("NCHW" if gpu else "NHWC")
+    if layout == "NHWC" and _has_conv(mod):
+        mod = _to_channels_last(mod)
+    dtypes = ("float32", "float16") if gpu else ("float32",)
+    mod = mod.clone()
+    mod["main"] = _rewrite_all(mod["main"], dtypes)
+    mod = relax.transform.DeadCodeElimination()(mod)
+    for name in vendor_names(mod):
+        ensure_registered(name)
+    return mod
+
+
+def _has_conv(mod: tvm.IRModule) -> bool:
+    return any(isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+               and b.value.op.name == "relax.nn.conv2d"
+               for block in mod["main"].body.blocks for b in block.bindings)
+
+
+def vendor_names(mod: tvm.IRModule) -> list[str]:
+    """The vendor functions ``mod["main"]`` calls, in first-call order."""
+    names: dict[str, None] = {}
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            op, _ = _unpack(b.value)
+            if op is not None:
+                names[op.name] = None
+    return list(names)
+
+
+@tvm.transform.module_pass(opt_level=0, name="VendorDispatch")
+class VendorDispatch:
+    """Relax pass: vendor-library dispatch (the ``partition_for_cudnn`` / ``CublasDispatch``
+    mechanism, backed by PyTorch's oneDNN/MKL/cuDNN/cuBLAS); see `dispatch_to_vendor`."""
+
+    def __init__(self, target: tvm.target.Target | None = None, layout: str | None = None):
+        self.target, self.layout = target, layout
+
+    def transform_module(self, mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        target = self.target or tvm.target.Target.current() or tvm.target.Target("llvm")
+        return dispatch_to_vendor(mod, target, self.layout)
+
+
+# ---------------------------------------------------------------------------- undispatch
+def to_relax_ops(call: relax.Call) -> relax.Expr:
+    """The TVM-kernel form of a vendor call: the same maths as plain Relax operators (weights
+    already folded), which TVM's legalization and fusion turn into one fused kernel."""
+    op, args = _vendor(call)
+    if op.kind == "concat":
+        y = relax.op.concat(args, axis=op.axis)
+    elif op.kind == "conv2d":
+        y = relax.op.nn.conv2d(args[0], args[1], strides=op.stride,
+                               padding=[*op.padding, *op.padding], dilation=op.dilation,
+                               groups=op.groups, data_layout=op.layout,
+                               kernel_layout="OIHW" if op.layout == "NCHW" else "OHWI")
+        if op.bias:
+            b = _numpy(args[2])
+            shape = (1, -1, 1, 1) if op.layout == "NCHW" else (-1,)
+            y = relax.op.add(y, relax.const(b.reshape(shape)))
+        if op.residual:
+            y = relax.op.add(y, args[2 + op.bias])
+    else:
+        y = relax.op.matmul(args[0], args[1])
+        if op.bias:
+            y = relax.op.add(y, args[2])
+    if op.act:
+        y = getattr(relax.op.nn, op.act)(y)
+    return y
+
+
+def undispatch(mod: tvm.IRModule, keep: Callable[[relax.Call], bool]) -> tvm.IRModule:
+    """``mod`` with every vendor call for which ``keep(call)`` is false turned back into Relax
+    operators (`to_relax_ops`)."""
+    pattern = wildcard()
+
+    def rewrite(call, matchings):
+        op, _ = _unpack(call)
+        return call if op is None or keep(call) else to_relax_ops(call)
+
+    mod = mod.clone()
+    mod["main"] = rewrite_call(pattern, rewrite, mod["main"])
+    return relax.transform.DeadCodeElimination()(relax.transform.Normalize()(mod))
+
+
+def signature(call: relax.Call) -> tuple:
+    """What a vendor call's cost depends on: its function name (less the weight digest) and
+    argument types."""
+    op, args = _vendor(call)
+    return (op.cost_name, tuple((_shape(a), _dtype(a)) for a in args))
+
+
+def vendor_calls(mod: tvm.IRModule) -> list[relax.Call]:
+    """The vendor calls of ``mod["main"]``, in order."""
+    return [b.value for block in mod["main"].body.blocks for b in block.bindings
+            if _unpack(b.value)[0] is not None]
+
+
+def tvm_alternatives(mod: tvm.IRModule) -> tvm.IRModule | None:
+    """The TVM form of each distinct vendor call of a dispatched ``mod``, as one module (what
+    `choose_fastest` weighs the vendor calls against; ``paragraph tune --kernels auto`` tunes
+    it), or None when ``mod`` calls no vendor function."""
+    calls: dict[tuple, relax.Call] = {}
+    for call in vendor_calls(mod):
+        calls.setdefault(signature(call), call)
+    return probe_module(list(calls.values()), tvm_form=True) if calls else None
+
+
+def probe_module(calls: list[relax.Call], tvm_form: bool) -> tvm.IRModule:
+    """One function computing every call once from fresh inputs (weights stay constants, as in
+    the model, so TVM fuses the same kernels); output i is call i."""
+    bb = relax.BlockBuilder()
+    params, bodies = [], []
+    for i, call in enumerate(calls):
+        op, args = _vendor(call)
+        new_args = []
+        for j, a in enumerate(args):
+            if _is_const(a):
+                new_args.append(a)
+            else:
+                params.append(relax.Var(f"in{i}_{j}", a.ty))
+                new_args.append(params[-1])
+        bodies.append(_vendor_call(op, new_args, call.ty))
+    with bb.function("main", params):
+        with bb.dataflow():
+            outs = [bb.emit(to_relax_ops(c) if tvm_form else c) for c in bodies]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()

@@ -1,0 +1,117 @@
+"""Vendor kernel names: a `VendorOp` is everything a vendor call needs besides its tensors, and
+its name is the global function's name (``paragraph.vendor.conv2d.NHWC.s2x2...``); the cost and
+FLOP count of a call follow from it. No PyTorch, no Relax."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from paragraph.errors import ParagraphError
+
+PREFIX = "paragraph.vendor."
+KERNEL_SOURCES = ("tvm", "vendor", "auto")
+ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class VendorOp:
+    """Everything a vendor call needs besides its tensors; its `name` is the function name."""
+
+    kind: str  # conv2d | matmul | bmm | concat
+    layout: str = ""  # conv2d: NCHW (weights OIHW) or NHWC (weights OHWI)
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, ...] = (0, 0)  # (top, left) if symmetric, else (top, left, bottom, right)
+    dilation: tuple[int, int] = (1, 1)
+    groups: int = 1
+    bias: bool = False
+    residual: bool = False
+    act: str | None = None
+    weight: str = ""  # CPU: digest of the constant weight, whose packed form is cached
+    axis: int = 0  # concat: the axis joined along
+
+    @property
+    def name(self) -> str:
+        return self.cost_name + (f".w{self.weight}" if self.weight else "")
+
+    @property
+    def cost_name(self) -> str:
+        """The name without the weight digest: what the call costs depends on."""
+        parts = [self.kind]
+        if self.kind == "conv2d":
+            parts += [self.layout, _dims("s", self.stride), _dims("p", self.padding),
+                      _dims("d", self.dilation), f"g{self.groups}"]
+        elif self.kind == "concat":
+            parts.append(f"a{self.axis}")
+        parts += ["bias"] * self.bias + ["res"] * self.residual + [self.act or ""] * bool(self.act)
+        return PREFIX + ".".join(parts)
+
+    @classmethod
+    def from_name(cls, name: str) -> VendorOp:
+        """Parse a name made by `name`; raises `ParagraphError` for anything else."""
+        parts = name[len(PREFIX):].split(".") if name.startswith(PREFIX) else []
+        if not parts or parts[0] not in ("conv2d", "matmul", "bmm", "concat"):
+            raise ParagraphError(f"{name!r} is not a paragraph vendor kernel")
+        op = cls(parts[0])
+        rest = parts[1:]
+        if op.kind == "conv2d":
+            if len(rest) < 5 or rest[0] not in ("NCHW", "NHWC"):
+                raise ParagraphError(f"malformed vendor convolution name {name!r}")
+            found = [re.fullmatch(rf"{k}(\d+(?:x\d+)+)", p)
+                     for k, p in zip("spd", rest[1:4], strict=True)]
+            fields = [m for m in found if m is not None]
+            group = re.fullmatch(r"g(\d+)", rest[4])
+            if len(fields) != 3 or group is None:
+                raise ParagraphError(f"malformed vendor convolution name {name!r}")
+            s, p, d = (tuple(int(v) for v in m[1].split("x")) for m in fields)
+            if len(s) != 2 or len(d) != 2 or len(p) not in (2, 4):
+                raise ParagraphError(f"malformed vendor convolution name {name!r}")
+            op = replace(op, layout=rest[0], stride=s, padding=p, dilation=d,
+                         groups=int(group[1]))
+            rest = rest[5:]
+        elif op.kind == "concat":
+            axis = re.fullmatch(r"a(\d+)", rest[0]) if rest else None
+            if axis is None:
+                raise ParagraphError(f"malformed vendor concat name {name!r}")
+            op, rest = replace(op, axis=int(axis[1])), rest[1:]
+        for flag in rest:
+            if flag == "bias":
+                op = replace(op, bias=True)
+            elif flag == "res":
+                op = replace(op, residual=True)
+            elif flag in ACTIVATIONS.values():
+                op = replace(op, act=flag)
+            elif op.kind in ("conv2d", "matmul") and re.fullmatch(r"w[0-9a-f]+", flag):
+                op = replace(op, weight=flag[1:])
+            else:
+                raise ParagraphError(f"unknown part {flag!r} in vendor kernel name {name!r}")
+        return op
+
+
+def _dims(letter: str, values: tuple[int, ...]) -> str:
+    return letter + "x".join(map(str, values))
+
+
+def is_vendor_name(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def cost_name(name: str) -> str:
+    """A vendor function's name without its weight digest (a cost key: the time of a call does
+    not depend on the weight's values); other names unchanged."""
+    return VendorOp.from_name(name).cost_name if is_vendor_name(name) else name
+
+
+def vendor_flops(name: str, in_shapes: list[tuple[int, ...]],
+                 out_shapes: list[tuple[int, ...]]) -> float:
+    """Multiply-adds x 2 of a vendor call (what ``estimate_tir_flops`` gives TVM kernels)."""
+    op = VendorOp.from_name(name)
+    out = out_shapes[0]
+    if op.kind == "concat":
+        return 0.0
+    if op.kind == "conv2d":
+        w = in_shapes[1]  # OIHW or OHWI: the reduction is everything but O
+        return 2.0 * float(np.prod(out)) * float(np.prod(w[1:]))
+    return 2.0 * float(np.prod(out)) * float(in_shapes[0][-1])

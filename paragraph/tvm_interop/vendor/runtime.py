@@ -1,0 +1,263 @@
+"""The vendor kernels themselves: PyTorch's oneDNN/MKL (CPU) and cuDNN/cuBLAS (CUDA) calls on
+TVM's tensors, registered as global functions under their `VendorOp` names
+(`ensure_registered`) and bound to an executor's buffers once (`bind`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import cache
+
+import tvm
+import tvm_ffi
+
+from paragraph.errors import ParagraphError
+from paragraph.machine import cpu_count
+from paragraph.tvm_interop.threads import configured_threads
+from paragraph.tvm_interop.vendor.names import VendorOp
+
+
+class VendorUnavailableError(ParagraphError):
+    """Vendor kernels were asked for where PyTorch (or its CUDA build) is missing."""
+
+
+
+def torch_available() -> bool:
+    """Whether PyTorch imports here (vendor kernels need it)."""
+    try:
+        import torch  # noqa: F401  (optional, the torch extra; and 1.7 s to import)
+    except ImportError:
+        return False
+    return True
+
+
+def require_torch():
+    """PyTorch, or `VendorUnavailableError` saying how to install it."""
+    try:
+        import torch  # optional (the torch extra), and 1.7 s to import
+    except ImportError:
+        raise VendorUnavailableError(
+            "vendor kernels need PyTorch (`pip install paragraph[torch]`); use --kernels tvm"
+        ) from None
+    return torch
+
+
+def _use_schedule_threads(torch) -> None:
+    """Run this call with as many threads as the calling thread's TVM pool, which the executor
+    sizes per stream (`threads.config_threads`): vendor and TVM kernels of one stream use the
+    schedule's thread count. Threads that never sized a pool (the TVM VM's) use every core, as
+    TVM's own pool does.
+
+    The count is checked against torch's on every call, not cached per thread: with libgomp,
+    ``torch.set_num_threads`` in one thread also changed the count other threads saw (a 1-thread
+    stream made the TVM VM's vendor calls in the main thread single-threaded). Setting it only
+    when it differs matters: it also clears oneDNN's primitive cache.
+    """
+    n = configured_threads() or _all_threads()
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+@cache
+def _all_threads() -> int:
+    return int(os.environ.get("TVM_NUM_THREADS") or cpu_count())
+
+
+_external_streams: dict[tuple[int, int], object] = {}
+
+
+def _tvm_stream(torch, tensor):
+    """A torch stream context for TVM's current stream on the tensor's CUDA device: the stream
+    the executor set with ``Device.set_raw_stream`` before this kernel."""
+    dev = tensor.device
+    handle = int(tvm_ffi.get_raw_stream(dev))
+    key = (dev.index, handle)
+    stream = _external_streams.get(key)
+    if stream is None:
+        device = torch.device("cuda", dev.index)
+        stream = (torch.cuda.default_stream(device) if handle == 0
+                  else torch.cuda.ExternalStream(handle, device=device))
+        _external_streams[key] = stream
+    return torch.cuda.stream(stream)
+
+
+def _conv2d_kernel(op: VendorOp) -> Callable:
+    torch = require_torch()
+    to_nchw = (lambda t: t.permute(0, 3, 1, 2)) if op.layout == "NHWC" else (lambda t: t)
+    stride, dilation = list(op.stride), list(op.dilation)
+    padding = list(op.padding[:2])
+    # torch pads symmetrically; TF-style "same" padding (NASNet) is padded first, as a copy
+    pre_pad = None
+    if len(op.padding) == 4:
+        top, left, bottom, right = op.padding
+        pre_pad, padding = (left, right, top, bottom), [0, 0]
+    in_place_add = torch.ops.mkldnn._convolution_pointwise_.binary
+    conv2d = torch.nn.functional.conv2d
+    packed: dict[tuple[int, ...], object] = {}  # (threads, *input shape) -> blocked weight
+
+    def cpu_weight(w, x):
+        """The weight in oneDNN's blocked format for this input shape and thread count,
+        reordered once: a plain weight is reordered on every call (10-25% of Inception-v3's
+        convolution time here), and so is one blocked for another thread count (oneDNN picks
+        the format by threads: 1-thread calls on a 2-thread weight ran 3x slower). The name
+        carries the weight's digest, so the cache follows content, not addresses."""
+        if not op.weight:
+            return w
+        key = (torch.get_num_threads(), *x.shape)
+        if key not in packed:
+            packed[key] = torch._C._nn.mkldnn_reorder_conv2d_weight(
+                w.to_mkldnn(), padding, stride, dilation, op.groups, list(x.shape))
+        return packed[key]
+
+    def bind(*args) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once."""
+        ts = [torch.from_dlpack(a) for a in args]
+        x, w, out = to_nchw(ts[0]), to_nchw(ts[1]), to_nchw(ts[-1])
+        bias = ts[2] if op.bias else None
+        res = to_nchw(ts[2 + op.bias]) if op.residual else None
+
+        def call() -> None:
+            xp = x if pre_pad is None else torch.nn.functional.pad(x, pre_pad)
+            if out.is_cuda:
+                with _tvm_stream(torch, args[0]):
+                    y = conv2d(xp, w, bias, stride, padding, dilation, op.groups)
+                    if res is not None:
+                        y.add_(res)
+                    # cuDNN allocates the result: the copy into TVM's buffer carries the
+                    # activation
+                    if op.act == "relu":
+                        torch.clamp_min(y, 0, out=out)
+                    else:
+                        out.copy_(y)
+                return
+            _use_schedule_threads(torch)
+            # oneDNN computes out = act(conv(x) + bias + out) in place: out starts as 0 or
+            # the residual
+            if res is not None:
+                out.copy_(res)
+            else:
+                out.zero_()
+            in_place_add(out, xp, cpu_weight(w, xp), bias, padding, stride, dilation,
+                         op.groups, "add", None, op.act, [], None)
+        return call
+
+    return bind
+
+
+def _matmul_kernel(op: VendorOp) -> Callable:
+    torch = require_torch()
+    gelu = torch._C._nn.gelu
+    in_place_add = torch.ops.mkldnn._convolution_pointwise_.binary
+    packed: dict[tuple[int, int], object] = {}  # (threads, rows) -> blocked 1x1 conv weight
+
+    def activate(out) -> None:
+        if op.act == "relu":
+            out.relu_()
+        elif op.act is not None:
+            gelu(out, approximate="tanh" if op.act == "gelu_tanh" else "none", out=out)
+
+    def gemm(rows, b, bias, out2) -> None:
+        if bias is not None:
+            torch.addmm(bias, rows, b, out=out2)
+        else:
+            torch.mm(rows, b, out=out2)
+        activate(out2)
+
+    def onednn(rows, b, bias, out2) -> None:
+        """(M, K) @ (K, N) as a 1x1 convolution over M pixels in NHWC: oneDNN's packed GEMM
+        written in place, 2.5x faster than MKL's sgemm on this (AMD) CPU; the weight, a
+        constant, is transposed and reordered once per row count."""
+        m, k = rows.shape
+        n = out2.shape[1]
+        key = (torch.get_num_threads(), m)  # the blocked format depends on both (see conv)
+        if key not in packed:
+            w = b.t().contiguous().view(n, k, 1, 1)
+            packed[key] = torch._C._nn.mkldnn_reorder_conv2d_weight(
+                w.to_mkldnn(), [0, 0], [1, 1], [1, 1], 1, [1, k, 1, m])
+        x4 = rows.view(1, m, 1, k).permute(0, 3, 2, 1)
+        out4 = out2.view(1, m, 1, n).permute(0, 3, 2, 1)
+        out2.zero_()
+        in_place_add(out4, x4, packed[key], bias, [0, 0], [1, 1], [1, 1], 1, "add", None,
+                     "relu" if op.act == "relu" else None, [], None)
+        if op.act not in (None, "relu"):  # oneDNN fuses only relu after its in-place add
+            activate(out2)
+
+    def run(a, b, bias, out, cpu: bool) -> None:
+        if op.kind == "bmm":
+            torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]),
+                      out=out.view(-1, *out.shape[-2:]))
+            activate(out)
+            return
+        # (..., K) @ (K, N): one GEMM over the flattened rows
+        rows, out2 = a.reshape(-1, a.shape[-1]), out.view(-1, out.shape[-1])
+        (onednn if cpu and op.weight else gemm)(rows, b, bias, out2)
+
+    def bind(*args) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once."""
+        ts = [torch.from_dlpack(a) for a in args]
+        bias = ts[2] if op.bias else None
+
+        def call() -> None:
+            if ts[-1].is_cuda:
+                with _tvm_stream(torch, args[0]):
+                    run(ts[0], ts[1], bias, ts[-1], cpu=False)
+                return
+            _use_schedule_threads(torch)
+            run(ts[0], ts[1], bias, ts[-1], cpu=True)
+        return call
+
+    return bind
+
+
+def _concat_kernel(op: VendorOp) -> Callable:
+    torch = require_torch()
+
+    def bind(*args) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once."""
+        ts = [torch.from_dlpack(a) for a in args]
+        parts, out = ts[:-1], ts[-1]
+
+        def call() -> None:
+            if out.is_cuda:
+                with _tvm_stream(torch, args[0]):
+                    torch.cat(parts, dim=op.axis, out=out)
+            else:
+                _use_schedule_threads(torch)
+                torch.cat(parts, dim=op.axis, out=out)
+            if op.act == "relu":
+                out.relu_()
+        return call
+
+    return bind
+
+
+_KERNELS = {"conv2d": _conv2d_kernel, "matmul": _matmul_kernel, "bmm": _matmul_kernel,
+            "concat": _concat_kernel}
+
+
+def ensure_registered(name: str) -> None:
+    """Register the global function ``name`` (a `VendorOp` name) unless it exists; raises
+    `VendorUnavailableError` without PyTorch."""
+    if tvm_ffi.get_global_func(name, allow_missing=True) is not None:
+        return
+    op = VendorOp.from_name(name)
+    binder = _KERNELS[op.kind](op)
+    _BINDERS[name] = binder
+    tvm_ffi.register_global_func(name, lambda *args: binder(*args)(), override=True)
+
+
+_BINDERS: dict[str, Callable] = {}
+
+
+def bind(name: str, args: tuple) -> Callable[[], None] | None:
+    """Vendor kernel ``name`` bound to ``args``: a call with no arguments that reuses torch
+    views of those tensors, which the executor makes once per kernel (its buffers never move).
+    A call through the registered function makes them every time: from DLPack and the layout
+    permutes take about 8 us, much of a small kernel's Python time, and the GIL is held
+    throughout. None for a name registered elsewhere (or not yet), and on a GPU, whose path
+    stays as captured in its CUDA Graphs."""
+    binder = _BINDERS.get(name)
+    if binder is None or any(a.device.dlpack_device_type() != tvm.cpu().dlpack_device_type()
+                             for a in args):
+        return None
+    return binder(*args)
