@@ -1,1 +1,3 @@
-"""Graph-level passes: schedules (and later search, cost, partition) and the Relax passes."""
+"""The graph algorithms of the pure core (no TVM): schedules (`schedule`), the IOS dynamic
+program and search (`ios`), lone-convolution splitting (`split`); later the substitution
+search, its costs and partition."""

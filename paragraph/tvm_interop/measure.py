@@ -174,7 +174,7 @@ def time_steps(groups: Sequence[Sequence[Step]], *, repeat: int = 10, warmup: in
 SAMPLE_SECONDS = 1e-3  # `time_kernel` repeats a short kernel in one dispatch up to this long
 
 
-# v2: vendor kernels are called bound to their tensors (`vendor.bind`), ~8 us less a call
+# v2: vendor kernels are called bound to their tensors (`vendor.runtime.bind`), ~8 us less
 IN_SEQUENCE = "in-sequence/v2"
 
 
@@ -273,17 +273,18 @@ def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int =
         return run
 
     tasks = [bound(serve, cores and cores[1]), bound(volley, cores and cores[0])]
-    samples = []
+
+    def volleys() -> None:
+        if module is not None:
+            program.reset()
+        on_workers(tasks)
+
     try:
-        for _ in range(5):
-            if module is not None:
-                program.reset()
-            start = time.perf_counter()
-            on_workers(tasks)
-            samples.append((time.perf_counter() - start) / (2 * rounds))
+        runs = time_calls(volleys, repeat=5, warmup=0)
     finally:
         if module is not None:
             program.close()
+    samples = [t / (2 * rounds) for t in runs.samples]
     timing = Timing(tuple(samples))
     if db is not None:
         db.put(key, timing)
@@ -310,21 +311,15 @@ def measure_cpu_peaks(db: CostDB | None = None, target: str = "cpu") -> Peaks:
             return Peaks(1 / flops, 1 / bandwidth)
     n = 1024
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    gemm = min(_timed(lambda: a @ a) for _ in range(5))
+    gemm = min(time_calls(lambda: a @ a, repeat=5, warmup=0).samples)
     src = np.ones(64 * 2**20 // 4, np.float32)
     dst = np.empty_like(src)
-    copy = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    copy = min(time_calls(lambda: np.copyto(dst, src), repeat=5, warmup=0).samples)
     peaks = Peaks(2 * n**3 / gemm, 2 * src.nbytes / copy)
     if db is not None:  # stored as seconds per unit so CostDB keeps one column
         db.put(keys[0], Timing((1 / peaks.flops,)))
         db.put(keys[1], Timing((1 / peaks.bandwidth,)))
     return peaks
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def estimate_seconds(graph: Graph, node: Node, peaks: Peaks) -> float:

@@ -1,5 +1,9 @@
 """Vendor kernels: convolutions and matrix products through the libraries PyTorch ships.
 
+By job: `names` (a call's `VendorOp` and function name), `runtime` (the PyTorch kernels behind
+the names), `dispatch` (the Relax pass that makes the calls, and back), `select`
+(``--kernels auto``: the faster source per call, measured).
+
 The TVM wheel has neither cuDNN nor cuBLAS, so paragraph reaches vendor libraries the way TVM's
 own BYOC backends do (``relax.backend.cuda.cudnn.partition_for_cudnn``): a Relax pass,
 `VendorDispatch`, replaces matched operator patterns with ``R.call_dps_packed`` calls to global
@@ -31,8 +35,8 @@ or holds the residual: torch has no ``out=`` convolution that does not allocate 
 its weight reordered once into oneDNN's blocked format and cached under the weight's digest,
 which the function name carries. A product with a constant matrix runs the same way, as a 1x1
 convolution (oneDNN's GEMM was 2.5x faster than MKL's on this AMD CPU); other products use
-MKL's ``out=`` forms. The executor binds each kernel to its tensors once (`bind`): the torch
-views (DLPack, layout permutes) are made then, not on every call. Each call sets
+MKL's ``out=`` forms. The executor binds each kernel to its tensors once (`runtime.bind`):
+the torch views (DLPack, layout permutes) are made then, not on every call. Each call sets
 torch's thread count for the calling thread to the one the executor gave its stream
 (``torch.set_num_threads`` is per thread for OpenMP and MKL). On a shared machine, run with
 ``OMP_WAIT_POLICY=PASSIVE`` (before Python starts): libgomp's spinning barriers made 2-thread
