@@ -28,6 +28,7 @@ from paragraph.passes.ios import (
     enumerate_endings,
     is_ending,
     kernel_preds,
+    merge_rule,
     merge_units,
     part_graph,
     schedule_part,
@@ -38,7 +39,6 @@ from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import CostDB
-from paragraph.tvm_interop.stages import merge_rule
 from paragraph.tvm_interop.vm import run_vm
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from paragraph.dag import lone
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
+from paragraph.rules.library import default_library
 from paragraph.rules.match import Match
 from paragraph.rules.parametric import MergeConvs, Unit
 from paragraph.schedule import Schedule, kernel_ids, producers
@@ -524,6 +525,11 @@ def to_schedule(graph: Graph, planned: Sequence[Planned], cores: int, options: I
 
 
 # ---------------------------------------------------------------------------- merges
+def merge_rule() -> MergeConvs:
+    """The library's IOS merge: every merge that reaches a program is this verified rule."""
+    return default_library().get_as(MERGE_RULE, MergeConvs)
+
+
 def merge_units(rule: MergeConvs, opgraph: Graph,
                 kernel_operators: Mapping[int, Sequence[int]],
                 kernels: Sequence[int]) -> list[Unit] | None:

@@ -37,10 +37,7 @@ def split_rule(parts: int) -> SplitConv:
     rule_id = f"split-conv-{parts}"
     if parts not in (2, 4):
         raise ParagraphError(f"convolutions split into 2 or 4 parts ({rule_id} is no rule)")
-    rule = default_library().get(rule_id)
-    if not isinstance(rule, SplitConv):
-        raise ParagraphError(f"the rule library's {rule_id} is not a convolution split")
-    return rule
+    return default_library().get_as(rule_id, SplitConv)
 
 
 def split_lone_convs(graph: Graph, parts: int, *, min_share: float = MIN_SHARE,

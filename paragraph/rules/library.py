@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from paragraph.errors import RuleLibraryError
 from paragraph.files import atomic_write_bytes
@@ -39,6 +39,7 @@ from paragraph.rules.rule import Rule, check_structure, random_check, rule_from_
 from paragraph.rules.verify import prove_rule, z3_version
 
 FORMAT, VERSION = "paragraph-rules", 1
+R = TypeVar("R", bound=Rule | ParametricRule)
 LIBRARY_PATH = Path(__file__).with_name("library.json")
 
 
@@ -62,6 +63,14 @@ class Library:
             if r.id == base:
                 return r.reversed() if rule_id.endswith("~") and isinstance(r, Rule) else r
         raise RuleLibraryError(f"{self.path}: no rule {rule_id!r}")
+
+    def get_as(self, rule_id: str, kind: type[R]) -> R:
+        """`get`, checked to be a ``kind`` (e.g. the merge rule a pass applies)."""
+        rule = self.get(rule_id)
+        if not isinstance(rule, kind):
+            raise RuleLibraryError(f"{self.path}: rule {rule_id!r} is a {type(rule).__name__}, "
+                                   f"not a {kind.__name__}")
+        return rule
 
     def for_search(self) -> list[AnyRule]:
         """The rules a search applies: each pattern rule both ways (where the reverse can

@@ -15,15 +15,14 @@ from paragraph.machine import cpu_count
 from paragraph.passes.ios import (
     CONCURRENT,
     MERGE,
-    MERGE_RULE,
     SEQUENTIAL,
     IOSOptions,
     apply_merges,
+    merge_rule,
     merge_units,
 )
 from paragraph.passes.schedule import sequential
-from paragraph.rules.library import default_library
-from paragraph.rules.parametric import MergeConvs, Unit
+from paragraph.rules.parametric import Unit
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop.executor import CUDAExecutor, cuda_check, cudart, make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
@@ -35,14 +34,6 @@ Groups = tuple[tuple[int, ...], ...]
 # A measured stage may come out a little under the sum of its kernels measured alone (noise,
 # caches kept warm across a group): the bound is scaled down by this much to stay below it.
 BOUND_SLACK = 0.9
-
-
-def merge_rule() -> MergeConvs:
-    """The library's IOS merge: every merge that reaches a program is this verified rule."""
-    rule = default_library().get(MERGE_RULE)
-    if not isinstance(rule, MergeConvs):
-        raise ParagraphError(f"the rule library's {MERGE_RULE} is not a convolution merge")
-    return rule
 
 
 class StageMeter:
@@ -64,6 +55,7 @@ class StageMeter:
         self.measured = 0
         self._overhead: float | None = None
         self._seconds: dict[tuple[Groups, str], float] = {}  # what `cost` returned
+        self._units: dict[tuple[int, ...], list[Unit] | None] = {}  # what `units` returned
 
     def close(self) -> None:
         self.executor.close()
@@ -122,10 +114,13 @@ class StageMeter:
 
     def units(self, kernels: Sequence[int]) -> list[Unit] | None:
         """The convolution units of ``kernels`` if the merge rule merges exactly them."""
-        p = self.program
+        p, key = self.program, tuple(kernels)
         if p.operator_graph is None or p.kernel_operators is None:
             return None
-        return merge_units(self.rule, p.operator_graph, p.kernel_operators, kernels)
+        if key not in self._units:  # the DP asks again for the same sinks in many states
+            self._units[key] = merge_units(self.rule, p.operator_graph, p.kernel_operators,
+                                           kernels)
+        return self._units[key]
 
     def mergeable(self, kernels: Sequence[int]) -> bool:
         return self.units(kernels) is not None
