@@ -17,6 +17,14 @@ The extensions after them (``g1``, ``e*``, ``sub``, ``z*``) are marked ``table=F
 convolution split into two halves, the opaque element-wise functions (sigmoid, tanh, gelu)
 commuting with concat and transpose as relu does, subtraction, and zero kernels. The parametric
 rules (regrouping, SRU) need them.
+
+Shapes are not modelled (TASO section 2.4) except where an axiom needs them: a hypothesis may
+compare dimensions, ``("dim", "x1", -3)`` (the size of tensor ``x1`` along axis -3; z3's
+``dim(T, Int) -> Int``, with `dim_facts` saying what a concat does to it). ``g1`` needs equal
+halves: without that hypothesis z3 "proved" rules that are false when the two halves of a
+grouped convolution differ. `validate` therefore also draws shapes that break the cases'
+equalities: where both sides apply and the hypotheses hold they must agree, and every
+hypothesis on dimensions must be needed (some broken case differs).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ from paragraph.rules.specs import (
     term_vars,
     to_z3,
     var,
+    z3_dim,
+    z3_function,
     z3_sorts,
 )
 
@@ -53,7 +63,7 @@ x1, x2, w1, w2 = var("x1"), var("x2"), var("w1"), var("w2")
 s = var("s")  # a scalar tensor (smul's second operand)
 
 # a parameter condition (op, expr, expr): op "ne", "eq" or "ge"; each expr an int, a parameter
-# variable or an expression such as ("%", "g", 2)
+# variable, an expression such as ("%", "g", 2), or a tensor's size ("dim", "x1", -3)
 Hypothesis = tuple[str, Any, Any]
 Case = dict[str, Any]  # a validation case: tensor name -> shape, parameter name -> value
 
@@ -80,7 +90,7 @@ class Axiom:
         params = {n: z3.Int(f"ax_{n}") for n in sorted(pv)}
         lhs, rhs = to_z3(self.lhs, tensors, params), to_z3(self.rhs, tensors, params)
         body = lhs == rhs
-        hyps = [hypothesis_z3(h, params) for h in self.hypotheses]
+        hyps = [hypothesis_z3(h, params, tensors) for h in self.hypotheses]
         if hyps:
             body = z3.Implies(z3.And(*hyps), body)
         bound = list(tensors.values()) + list(params.values())
@@ -106,20 +116,75 @@ def _consts(t: Z3Expr) -> list[Z3Expr]:
     return out
 
 
-def hypothesis_z3(h: Hypothesis, params: Mapping[str, Z3Expr]) -> Z3Expr:
-    """A parameter condition ``(op, expr, expr)`` (op ne, eq or ge) as a z3 boolean."""
-    return _compare(h, params)
+DimFn = Callable[[str, int], Any]  # (tensor name, axis) -> its size (an int or a z3 term)
 
 
-def _compare(h: Hypothesis, params: Mapping[str, Any]) -> Any:
+def hypothesis_z3(h: Hypothesis, params: Mapping[str, Z3Expr],
+                  tensors: Mapping[str, Z3Expr] | None = None) -> Z3Expr:
+    """A condition ``(op, expr, expr)`` (op ne, eq or ge) as a z3 boolean; ``tensors`` gives
+    the z3 terms of the tensors its ``("dim", name, axis)`` expressions name."""
+    dim = z3_dim()
+    env = tensors or {}
+    return _compare(h, params, lambda n, a: dim(env[n], z3.IntVal(a)))
+
+
+def dims_of(h: Hypothesis) -> list[tuple[str, int]]:
+    """The ``(tensor, axis)`` sizes a condition compares (empty for a parameter condition)."""
+    return [(e[1], e[2]) for e in h[1:] if isinstance(e, tuple) and e and e[0] == "dim"]
+
+
+def _compare(h: Hypothesis, params: Mapping[str, Any], dim: DimFn | None = None) -> Any:
     op, a, b = h
-    left, right = param_value(a, params), param_value(b, params)
+
+    def value(e: Any) -> Any:
+        if isinstance(e, tuple) and e and e[0] == "dim":
+            if dim is None:
+                raise KeyError(f"{e}: no shapes to read a dimension from")
+            return dim(e[1], e[2])
+        return param_value(e, params)
+
+    left, right = value(a), value(b)
     return {"ne": lambda: left != right, "eq": lambda: left == right,
             "ge": lambda: left >= right}[op]()
 
 
-def _hyp_holds(h: Hypothesis, params: Mapping[str, Any]) -> bool:
-    return bool(_compare(h, params))
+def _hyp_holds(h: Hypothesis, params: Mapping[str, Any],
+               shapes: Mapping[str, tuple[int, ...]] | None = None) -> bool:
+    """Whether condition ``h`` holds for these parameter values (and tensor shapes)."""
+    sizes = shapes or {}
+
+    def dim(n: str, a: int) -> int:
+        shape = sizes[n]
+        if not -len(shape) <= a < 0:
+            raise KeyError(f"{n} of rank {len(shape)} has no axis {a}")
+        return shape[a]
+
+    return bool(_compare(h, params, dim))
+
+
+@cache
+def dim_facts() -> tuple[tuple[str, Z3Expr], ...]:
+    """What z3 knows about sizes, as named formulas: a concat adds its operands' sizes along
+    its axis and keeps the first operand's along the others; element-wise operators keep
+    their first operand's sizes (enough for ``g1``'s halves built from concatenations and
+    zeroed blocks, the only sizes a proof has needed)."""
+    tensor, _ = z3_sorts()
+    dim, cat = z3_dim(), z3_function("concat")
+    a, i = z3.Int("dim_a"), z3.Int("dim_i")
+    u, v = z3.Const("dim_u", tensor), z3.Const("dim_v", tensor)
+    along = dim(cat(a, u, v), a)
+    across = dim(cat(a, u, v), i)
+    facts = [("dim-concat", z3.ForAll([a, u, v], along == dim(u, a) + dim(v, a),
+                                      patterns=[along])),
+             ("dim-concat-across", z3.ForAll([a, i, u, v], z3.Implies(
+                 i != a, across == dim(u, i)), patterns=[across]))]
+    for op in ("ewadd", "ewmul", "ewsub"):
+        f = dim(z3_function(op)(u, v), i)
+        facts.append((f"dim-{op}", z3.ForAll([u, v, i], f == dim(u, i), patterns=[f])))
+    for op in ("relu", "sigmoid", "tanh", "gelu"):
+        f = dim(z3_function(op)(u), i)
+        facts.append((f"dim-{op}", z3.ForAll([u, i], f == dim(u, i), patterns=[f])))
+    return tuple(facts)
 
 
 # ---------------------------------------------------------------------------- cases
@@ -322,13 +387,15 @@ def _build() -> list[Axiom]:
         _pool("pool_max", _cat(-3, x, y)), "concat and pooling", _pool_cases(1))
 
     # ------------------------------------------------------------------ extensions
+    # equal output channels; equal input channels follow from both sides type-checking
+    halves = (("eq", ("dim", "w1", -4), ("dim", "w2", -4)),)
     add("g1", _conv(_cat(-3, x1, x2), _cat(-4, w1, w2)),
         _cat(-3, _conv(x1, w1, g=("//", "g", 2)), _conv(x2, w2, g=("//", "g", 2))),
-        "a grouped conv with an even number of groups is two convs on the halves",
+        "a grouped conv with an even number of groups is two convs on equal halves",
         tuple({**{k: v for k, v in c.items() if k not in ("g", "x", "y")}, "g": 2 * c["g"],
                "x1": c["x"], "x2": c["x"], "w1": c["y"], "w2": c["y"]}
               for c in _conv_cases(groups=(1, 2))),
-        hypotheses=(("eq", ("%", "g", 2), 0), ("ge", "g", 2)), table=False)
+        hypotheses=(("eq", ("%", "g", 2), 0), ("ge", "g", 2), *halves), table=False)
     add("14l", app("matmul", app("smul", x, w), y), app("smul", app("matmul", x, y), w),
         "matmul is linear in its left operand (14 with 9, 12, 16)", _with_scalar(chain, "w"),
         table=False)
@@ -382,7 +449,10 @@ def validate(axiom: Axiom, seed: int = 0, tol: float = 1e-8) -> list[str]:
     """Check ``axiom`` on each of its cases with random float64 tensors; returns failures.
 
     A case whose shapes do not fit one side is a failure too (a case must exercise the axiom).
-    An axiom without cases fails: every axiom must be checked.
+    An axiom without cases fails: every axiom must be checked. Each case is also redrawn
+    with one tensor's size along one axis changed (shapes drawn to break the cases'
+    equalities): where both sides still apply and the hypotheses hold the sides must agree,
+    and each hypothesis on sizes must be needed (a broken case that violates it differs).
     """
     if not axiom.cases:
         return [f"axiom {axiom.name} has no validation cases"]
@@ -390,24 +460,55 @@ def validate(axiom: Axiom, seed: int = 0, tol: float = 1e-8) -> list[str]:
     tv, _ = term_vars(axiom.lhs)
     term_vars(axiom.rhs, tv)
     failures = []
+    needed = {h: False for h in axiom.hypotheses if dims_of(h)}
     for case in axiom.cases:
-        # a case gives every tensor a shape (a tuple), so each draw is an array
-        tensors = {n: cast(np.ndarray, rng.standard_normal(case[n])) for n in tv}
+        shapes = {n: tuple(case[n]) for n in tv}
         params = {k: v for k, v in case.items() if k not in tv}
-        if not all(_hyp_holds(h, params) for h in axiom.hypotheses):
+        if not all(_hyp_holds(h, params, shapes) for h in axiom.hypotheses):
             failures.append(f"{axiom.name}: case {case} violates the hypotheses")
             continue
-        try:
-            left, _ = evaluate(axiom.lhs, tensors, params)
-            right, _ = evaluate(axiom.rhs, tensors, params)
-        except (ShapeError, KeyError) as e:
-            failures.append(f"{axiom.name}: case {case} does not apply ({e})")
-            continue
-        if left.shape != right.shape or not np.allclose(left, right, rtol=tol, atol=tol):
-            diff = (float(np.max(np.abs(left - right))) if left.shape == right.shape
-                    else f"shapes {left.shape} vs {right.shape}")
-            failures.append(f"{axiom.name}: case {case}: sides differ ({diff})")
+        agree = _sides_agree(axiom, shapes, params, rng, tol)
+        if isinstance(agree, str):
+            failures.append(f"{axiom.name}: case {case} does not apply ({agree})")
+        elif not agree:
+            failures.append(f"{axiom.name}: case {case}: sides differ")
+        for n in sorted(tv):
+            for a in range(-len(shapes[n]), 0):
+                for delta in (1, 2):
+                    broken = {**shapes, n: _grow(shapes[n], a, delta)}
+                    verdict = _sides_agree(axiom, broken, params, rng, tol)
+                    if isinstance(verdict, str):
+                        continue
+                    failed = [h for h in axiom.hypotheses
+                              if not _hyp_holds(h, params, broken)]
+                    if not failed and not verdict:
+                        failures.append(f"{axiom.name}: case {case} with {n} of shape "
+                                        f"{broken[n]}: the hypotheses hold, the sides differ")
+                    if not verdict and len(failed) == 1 and failed[0] in needed:
+                        needed[failed[0]] = True
+    failures += [f"{axiom.name}: hypothesis {h} is never needed (no broken case violating it "
+                 "differs)" for h, shown in needed.items() if not shown]
     return failures
+
+
+def _grow(shape: tuple[int, ...], axis: int, delta: int) -> tuple[int, ...]:
+    out = list(shape)
+    out[axis] += delta
+    return tuple(out)
+
+
+def _sides_agree(axiom: Axiom, shapes: Mapping[str, tuple[int, ...]],
+                 params: Mapping[str, Any], rng: np.random.Generator,
+                 tol: float) -> bool | str:
+    """Whether both sides agree on random tensors of these shapes (a string: why a side
+    does not apply)."""
+    tensors = {n: cast(np.ndarray, rng.standard_normal(sh)) for n, sh in shapes.items()}
+    try:
+        left, _ = evaluate(axiom.lhs, tensors, params)
+        right, _ = evaluate(axiom.rhs, tensors, params)
+    except (ShapeError, KeyError) as e:
+        return str(e)
+    return left.shape == right.shape and bool(np.allclose(left, right, rtol=tol, atol=tol))
 
 
 def validate_all(axioms: Sequence[Axiom] | None = None) -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -224,6 +224,54 @@ def prove_parametric(path: str | Path | None = None,
     meta["counts"] = {**meta.get("counts", {}), "parametric": len(proved)}
     write_library(path, lib.rules, proved, meta)
     log(f"wrote {len(lib.rules)} generated + {len(proved)} parametric rules to {path}")
+    return meta
+
+
+def reprove_library(path: str | Path | None = None,
+                    log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Re-prove every rule of a library file with z3 (no proof cache) and re-check it
+    numerically on shapes drawn to break equalities (`random_check`), then rewrite the file:
+    what a change to the axioms or the verifier needs, without re-running the generator. A
+    pattern rule whose proof no longer verifies or whose numeric check fails is dropped (and
+    named in the log); each proof records the sizes it relied on (``dims``), which the matcher
+    then enforces. A parametric rule that does not verify refuses the whole rewrite."""
+    path = Path(path) if path is not None else LIBRARY_PATH
+    lib = load_library(path)
+    kept: list[Rule] = []
+    dropped: list[str] = []
+    for i, rule in enumerate(lib.rules):
+        proof = prove_rule(rule, use_cache=False)
+        why = "" if proof.status == "verified" else f"z3 {proof.status}"
+        if not why:
+            rule = replace(rule, proof={**(rule.proof or {}), **proof.to_json()})
+            try:
+                if not random_check(rule, seed=0):
+                    why = "no random instance applied"
+            except AssertionError as e:
+                why = str(e)
+        if why:
+            dropped.append(f"{rule.id} ({rule.describe()}): {why}")
+            log(f"  dropped {rule.id}: {why}")
+        else:
+            kept.append(rule)
+        if (i + 1) % 50 == 0:
+            log(f"  {i + 1} of {len(lib.rules)} pattern rules re-proved")
+    proved: list[tuple[ParametricRule, dict[str, Any]]] = []
+    for prule in lib.parametric:
+        record = prove(prule)
+        log(f"  {prule.id:<28} {record['status']:<9} axioms {', '.join(record['axioms'])}")
+        if record["status"] != "verified":
+            raise RuleLibraryError(f"{path}: parametric rule {prule.id} did not verify "
+                                   f"({record['status']}); the library was not changed")
+        proved.append((prule, record))
+    meta = {k: v for k, v in lib.meta.items() if k not in ("format", "version")}
+    meta["counts"] = {"generated": len(kept), "parametric": len(proved)}
+    meta["z3"] = z3_version()
+    if dropped:
+        meta["dropped"] = meta.get("dropped", []) + dropped
+    write_library(path, kept, proved, meta)
+    log(f"wrote {len(kept)} generated + {len(proved)} parametric rules to {path} "
+        f"({len(dropped)} dropped)")
     return meta
 
 

@@ -12,7 +12,8 @@ in either operand order (the rules are verified with commutativity).
 A match maps every source operator to a distinct graph node, binds rule inputs to graph
 tensors (two inputs may bind the same tensor), binds parameter variables, and obeys
 MetaFlow's external-edge rule: a tensor the source computes but does not map to the target
-must have no reader outside the match. Rewriting builds the target, rewires readers of mapped
+must have no reader outside the match, and inputs whose templates share a dimension name the
+proof relied on must have equal sizes there (`Rule.equal_dims`). Rewriting builds the target, rewires readers of mapped
 outputs, rejects a rewrite that would close a cycle (TASO fig. 2.6), and folds operators whose
 inputs are all weights (concatenated and padded kernels are computed once, section 2.8).
 """
@@ -285,6 +286,8 @@ def _complete(graph: Graph, rule: Rule, st: _State) -> bool:
     if not all(_holds(c, st.bindings) for c in rule.constraints):
         return False
     inputs = [Meta(graph.type_of(st.tensors[(i, 0)]).shape) for i in range(n)]
+    if not rule.dims_hold([m.shape for m in inputs]):
+        return False  # sizes the proof assumed equal are not (e.g. g1's two halves)
     try:
         metas = infer_side(rule, "source", inputs, st.bindings)
         target = infer_side(rule, "target", inputs, st.bindings)
@@ -303,7 +306,10 @@ def _complete(graph: Graph, rule: Rule, st: _State) -> bool:
             if src.kind not in ("weight", "constant"):
                 return False
             assert src.value is not None  # a valid graph gives every weight its value
-            want = constant_value(op.op, metas[ref].shape)
+            try:
+                want = constant_value(op.op, metas[ref].shape)
+            except ShapeError:
+                return False
             have = np.broadcast_to(src.value, metas[ref].shape)
             if not np.allclose(have, want, rtol=1e-6, atol=1e-7):
                 return False
@@ -477,8 +483,11 @@ def _rewrite_pattern(graph: Graph, match: Match) -> Graph | None:
         ref0 = (n + j, 0)
         if OPS[op.op].constant:
             if ref0 in metas:
-                made[ref0] = b.constant(constant_value(op.op, metas[ref0].shape).astype(dtype),
-                                        name=op.op).out
+                try:
+                    value = constant_value(op.op, metas[ref0].shape)
+                except ShapeError:
+                    return None
+                made[ref0] = b.constant(value.astype(dtype), name=op.op).out
             continue
         p = resolve_params(op, match.bindings)
         args = [made[r] for r in op.inputs]

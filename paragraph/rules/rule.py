@@ -7,7 +7,9 @@ following ones its operators (the source's or the target's). Operator parameters
 variables (``"?s"``): a variable binds when the source is matched and is reused by the target,
 so one rule covers every stride, padding or axis z3 proved it for. Each input carries the shape
 template it was found or written with (``("N", "C", "H", "W")``), which gives its rank and lets
-tests draw random shapes of the same family.
+tests draw random shapes of the same family. Its named sizes are the rule's symbolic
+dimensions: z3 is told them, and the sizes the proof needed (`Rule.equal_dims`) must be equal
+wherever the rule is applied; the matcher enforces that.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from paragraph.rules.specs import (
 )
 
 Ref = tuple[int, int]
+DimFact = tuple[str, int]  # (input name, negative axis): a size a proof relied on
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,36 @@ class Rule:
             return memo[ref]
 
         return [term(pair[0 if which == "source" else 1]) for pair in self.outputs]
+
+    def equal_dims(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Groups of (input index, negative axis) whose sizes must be equal for the rule to
+        hold: the input templates' shared names among the sizes the proof used
+        (``proof["dims"]``); every shared name when the proof does not say (conservative)."""
+        index = {i.name: k for k, i in enumerate(self.inputs)}
+        used = (self.proof or {}).get("dims")
+        facts: list[tuple[int, int]] = []
+        for k, inp in enumerate(self.inputs):
+            facts += [(k, a) for a, d in zip(range(-inp.rank, 0), inp.dims, strict=True)
+                      if isinstance(d, str)]
+        if used is not None:
+            wanted = {(index[n], int(a)) for n, a in used if n in index}
+            facts = [f for f in facts if f in wanted]
+        groups: dict[str, list[tuple[int, int]]] = {}
+        for k, a in facts:
+            groups.setdefault(self.inputs[k].dims[a], []).append((k, a))
+        return tuple(tuple(g) for _, g in sorted(groups.items()) if len(g) > 1)
+
+    def dims_hold(self, shapes: list[tuple[int, ...]]) -> bool:
+        """Whether input tensors of these shapes meet `equal_dims` (the rule may apply)."""
+        for group in self.equal_dims():
+            sizes = set()
+            for k, a in group:
+                if len(shapes[k]) < -a:
+                    return False
+                sizes.add(shapes[k][a])
+            if len(sizes) > 1:
+                return False
+        return True
 
     def reversed(self) -> Rule:
         """The same equivalence applied from target to source (id suffixed ``~``)."""
@@ -234,13 +267,16 @@ def template_metas(rule: Rule, dims: dict[str, int]) -> list[Meta]:
 
 
 def check_numeric(rule: Rule, dims: dict[str, int], bindings: dict[str, Any] | None = None,
-                  seed: int = 0, tol: float = 1e-5) -> bool | None:
-    """Evaluate both sides on random float64 inputs (template shapes with ``dims``): True if
-    every mapped output agrees within ``tol``, False if one differs, None if the shapes or
-    parameters do not apply."""
+                  seed: int = 0, tol: float = 1e-5,
+                  shapes: list[tuple[int, ...]] | None = None) -> bool | None:
+    """Evaluate both sides on random float64 inputs (template shapes with ``dims``, or the
+    input ``shapes`` given): True if every mapped output agrees within ``tol``, False if one
+    differs, None if the shapes or parameters do not apply."""
     rng = np.random.default_rng(seed)
-    tensors = {i.name: rng.uniform(-1, 1, m.shape)
-               for i, m in zip(rule.inputs, template_metas(rule, dims), strict=True)}
+    if shapes is None:
+        shapes = [m.shape for m in template_metas(rule, dims)]
+    tensors = {i.name: rng.uniform(-1, 1, sh)
+               for i, sh in zip(rule.inputs, shapes, strict=True)}
     bindings = bindings or {}
     memo: dict[Term, Evaluated] = {}
     try:
@@ -256,36 +292,61 @@ def check_numeric(rule: Rule, dims: dict[str, int], bindings: dict[str, Any] | N
     return True
 
 
-_DIM_RANGE = {"B": (1, 3), "C": (1, 5), "H": (3, 7), "W": (3, 7), "M": (1, 5), "N": (1, 5)}
+_DIM_RANGE = {"B": (1, 3), "C": (1, 6), "H": (3, 8), "W": (3, 8), "M": (1, 6), "N": (1, 6)}
 # parameter values tried by `random_check`, the most common first (drawn half the time)
 _PARAM_CHOICES = {"stride": (1, 2), "pad": (0, 1), "act": (0, 1), "groups": (1, 2, 4),
                   "axis": (-1, -2, -3, -4), "kh": (3, 1, 5), "kw": (3, 1, 5)}
 
 
-def random_check(rule: Rule, seed: int = 0, tries: int = 60) -> int:
+def random_check(rule: Rule, seed: int = 0, tries: int = 80) -> int:
     """Check ``rule`` numerically on random shapes of its inputs' families and random values
     of its parameter variables; returns how many instances applied (0: none did).
 
-    Raises AssertionError naming the instance when the two sides differ.
+    The shapes are drawn to break equalities the rule does not state: different names get
+    different sizes, and half the draws also change sizes that `Rule.equal_dims` leaves free
+    (one input's size along one axis), keeping only instances where both sides apply, as the
+    matcher would. Raises AssertionError naming the instance when the two sides differ.
     """
     rng = np.random.default_rng(seed)
     names = sorted({v for o in rule.source + rule.target for _, v in o.params
                     if isinstance(v, str)})
+    bound = {f for g in rule.equal_dims() for f in g}
+    free = [(k, a) for k, i in enumerate(rule.inputs) for a in range(-i.rank, 0)
+            if (k, a) not in bound]
     applied = 0
-    for _ in range(tries):
-        dims = {d: int(rng.integers(lo, hi + 1)) for d, (lo, hi) in _DIM_RANGE.items()}
-        for i in rule.inputs:
-            for d in i.dims:
-                if isinstance(d, str) and d not in dims:
-                    dims[d] = int(rng.integers(1, 5))
+    for t in range(tries):
+        dims = _distinct_dims(rule, rng)
         bindings = {}
         for n in names:
             choices = _PARAM_CHOICES[n.lstrip("?").rstrip("0123456789")]
             bindings[n] = int(choices[0] if rng.random() < 0.5 else rng.choice(choices))
         if not all(_hyp_holds(c, bindings) for c in rule.constraints):
             continue
-        ok = check_numeric(rule, dims, bindings, seed=int(rng.integers(1 << 30)), tol=1e-4)
+        shapes = [list(m.shape) for m in template_metas(rule, dims)]
+        if t % 2 and free:
+            k, a = free[int(rng.integers(len(free)))]
+            shapes[k][a] += int(rng.integers(1, 3))
+        inputs = [tuple(sh) for sh in shapes]
+        if not rule.dims_hold(inputs):
+            continue
+        ok = check_numeric(rule, dims, bindings, seed=int(rng.integers(1 << 30)), tol=1e-4,
+                           shapes=inputs)
         if ok is False:
-            raise AssertionError(f"rule {rule.id} differs at dims {dims}, params {bindings}")
+            raise AssertionError(f"rule {rule.id} differs at shapes {inputs}, params "
+                                 f"{bindings}")
         applied += ok is True
     return applied
+
+
+def _distinct_dims(rule: Rule, rng: np.random.Generator) -> dict[str, int]:
+    """A size for every named dimension of the templates, different names different sizes
+    where the ranges allow (so no equality the rule does not state holds by accident)."""
+    wanted = sorted({d for i in rule.inputs for d in i.dims if isinstance(d, str)})
+    taken: set[int] = set()
+    dims = {}
+    for d in wanted:
+        lo, hi = _DIM_RANGE.get(d, (1, 6))
+        free = [v for v in range(lo, hi + 1) if v not in taken] or list(range(lo, hi + 1))
+        dims[d] = int(rng.choice(free))
+        taken.add(dims[d])
+    return dims

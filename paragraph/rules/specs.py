@@ -361,6 +361,8 @@ def c_pool_value(shape: tuple[int, ...], mode: str = "float") -> np.ndarray:
 
 def i_conv_value(shape: tuple[int, ...], mode: str = "float") -> np.ndarray:
     """Identity kernel (C, C, kh, kw): 1 at the centre of the diagonal, 0 elsewhere."""
+    _require(len(shape) == 4 and shape[0] == shape[1],
+             f"an identity kernel must be square in its channels, not {shape}")
     v = np.zeros(shape, np.int64 if mode == "int" else np.float64)
     c = np.arange(shape[0])
     v[c, c, shape[2] // 2, shape[3] // 2] = 1
@@ -368,6 +370,9 @@ def i_conv_value(shape: tuple[int, ...], mode: str = "float") -> np.ndarray:
 
 
 def i_matmul_value(shape: tuple[int, ...], mode: str = "float") -> np.ndarray:
+    """Identity matrix (or a batch of them): square in its last two axes."""
+    _require(len(shape) >= 2 and shape[-1] == shape[-2],
+             f"an identity matrix must be square, not {shape}")
     v = np.zeros(shape, np.int64 if mode == "int" else np.float64)
     v[..., np.arange(shape[-1]), np.arange(shape[-1])] = 1
     return v
@@ -455,6 +460,14 @@ def compute(name: str, params: Params, args: Sequence[np.ndarray], metas: Sequen
 def z3_sorts() -> tuple[Z3Expr, Z3Expr]:
     """The z3 sort of tensors (uninterpreted) and of parameters (integers)."""
     return z3.DeclareSort("T"), z3.IntSort()
+
+
+@cache
+def z3_dim() -> Z3Expr:
+    """``dim(T, axis) -> Int``: a tensor's size along a (negative) axis, for the few axioms
+    whose hypotheses compare sizes (`paragraph.rules.axioms`)."""
+    tensor, param = z3_sorts()
+    return z3.Function("dim", tensor, param, param)
 
 
 @cache

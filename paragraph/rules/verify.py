@@ -3,7 +3,11 @@
 A rule is verified when the axioms, with its parameter constraints as hypotheses, entail that
 every source output equals its mapped target tensor for all inputs and all values of the
 parameter variables: z3 must find ``axioms /\\ constraints /\\ not (src == tgt)``
-unsatisfiable. The unsat core names the axioms the proof used. Proofs are cached on disk by a
+unsatisfiable. The unsat core names the axioms the proof used. The rule's symbolic dimensions
+(its inputs' shape templates: two inputs naming the same dimension have equal sizes there)
+are stated too, each as a tracked fact, and the core names the ones the proof needed
+(`Proof.dims`): those are what the matcher must enforce (an axiom such as ``g1`` holds only
+for equal sizes). Proofs are cached on disk by a
 hash of the goal, the axioms and the z3 version (`cache_dir`), so re-verifying a library costs
 a lookup per rule.
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -21,24 +25,37 @@ from typing import Any
 import z3
 
 from paragraph.files import atomic_write_json, cache_dir
-from paragraph.rules.axioms import Axiom, Hypothesis, all_axioms, by_name, hypothesis_z3
-from paragraph.rules.rule import Rule
-from paragraph.rules.specs import Term, Z3Expr, term_vars, to_z3, z3_sorts
+from paragraph.rules.axioms import (
+    Axiom,
+    Hypothesis,
+    all_axioms,
+    by_name,
+    dim_facts,
+    hypothesis_z3,
+)
+from paragraph.rules.rule import DimFact, Rule
+from paragraph.rules.specs import Term, Z3Expr, term_vars, to_z3, z3_dim, z3_sorts
 
 DEFAULT_RLIMIT = 20_000_000  # z3 resource units (about 10 s here); deterministic, unlike time
 
 
 @dataclass(frozen=True)
 class Proof:
-    """The verifier's answer: ``verified`` (with the axioms used), ``failed`` or ``unknown``."""
+    """The verifier's answer: ``verified`` (with the axioms and the size facts used),
+    ``failed`` or ``unknown``. ``dims`` is None when no size facts were stated."""
 
     status: str
     axioms: tuple[str, ...] = ()
     seconds: float = 0.0
     z3: str = ""
+    dims: tuple[DimFact, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "axioms": list(self.axioms), "z3": self.z3}
+        out: dict[str, Any] = {"status": self.status, "axioms": list(self.axioms),
+                               "z3": self.z3}
+        if self.dims is not None:
+            out["dims"] = [list(d) for d in self.dims]
+        return out
 
 
 def z3_version() -> str:
@@ -48,7 +65,8 @@ def z3_version() -> str:
 
 @cache
 def _axiom_digest(names: tuple[str, ...]) -> str:
-    text = "\n".join(str(a.formula().sexpr()) for a in all_axioms() if a.name in names)
+    text = "\n".join([str(a.formula().sexpr()) for a in all_axioms() if a.name in names]
+                     + [str(f.sexpr()) for _, f in dim_facts()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -56,23 +74,28 @@ class Prover:
     """One z3 solver holding the axioms (tracked for unsat cores), reused for many goals."""
 
     def __init__(self, axioms: Sequence[Axiom] | None = None,
-                 rlimit: int = DEFAULT_RLIMIT) -> None:
+                 rlimit: int = DEFAULT_RLIMIT, seed: int = 0) -> None:
         self.axioms = tuple(all_axioms() if axioms is None else axioms)
         self.rlimit = rlimit
         self.solver = z3.Solver()
         self.solver.set("rlimit", rlimit)
+        self.solver.set("random_seed", seed)
         self.solver.set("timeout", max(2000, rlimit // 500))  # a backstop: rlimit can slip
         self.solver.set("unsat_core", True)
         self.tracks: dict[str, str] = {}  # tracking literal -> axiom name
-        for a in self.axioms:
-            track = z3.Bool(f"axiom_{a.name}")
-            self.tracks[str(track)] = a.name
-            self.solver.assert_and_track(a.formula(), track)
+        named = [(a.name, a.formula()) for a in self.axioms] + list(dim_facts())
+        for name, formula in named:
+            track = z3.Bool(f"axiom_{name}")
+            self.tracks[str(track)] = name
+            self.solver.assert_and_track(formula, track)
         self.key = _axiom_digest(tuple(a.name for a in self.axioms)) + z3_version()
 
     def prove(self, lhs: Sequence[Term], rhs: Sequence[Term],
-              hypotheses: Sequence[Hypothesis] = ()) -> Proof:
-        """Prove ``lhs[i] == rhs[i]`` for all i, for all variables, under ``hypotheses``."""
+              hypotheses: Sequence[Hypothesis] = (),
+              dims: Mapping[str, Sequence[Any]] | None = None) -> Proof:
+        """Prove ``lhs[i] == rhs[i]`` for all i, for all variables, under ``hypotheses``;
+        ``dims`` gives tensor variables' shape templates, whose named sizes become tracked
+        facts (the proof reports those it used)."""
         tensor_sort, _ = z3_sorts()
         tv: set[str] = set()
         pv: set[str] = set()
@@ -85,20 +108,35 @@ class Prover:
                         for a, b in zip(lhs, rhs, strict=True)])
         start = time.perf_counter()
         self.solver.push()
+        facts: dict[str, DimFact] = {}
         try:
             for h in hypotheses:
-                self.solver.add(hypothesis_z3(h, params))
+                self.solver.add(hypothesis_z3(h, params, tensors))
+            dim = z3_dim()
+            for name, template in sorted((dims or {}).items()):
+                if name not in tensors:
+                    continue
+                for axis, d in zip(range(-len(template), 0), template, strict=True):
+                    if isinstance(d, str):  # a named size; literal ones prove nothing
+                        track = z3.Bool(f"dim_{name}_{axis}")
+                        facts[str(track)] = (name, axis)
+                        self.solver.assert_and_track(
+                            dim(tensors[name], z3.IntVal(axis)) == z3.Int(f"size_{d}"), track)
             self.solver.add(z3.Not(goal))
             answer = self.solver.check()
             used: tuple[str, ...] = ()
+            used_dims: tuple[DimFact, ...] = ()
             if answer == z3.unsat:
-                used = tuple(sorted({self.tracks[str(c)] for c in self.solver.unsat_core()
-                                     if str(c) in self.tracks}, key=_axiom_order))
+                core = [str(c) for c in self.solver.unsat_core()]
+                used = tuple(sorted({self.tracks[c] for c in core if c in self.tracks},
+                                    key=axiom_order))
+                used_dims = tuple(sorted(facts[c] for c in core if c in facts))
         finally:
             self.solver.pop()
         status = ("verified" if answer == z3.unsat else "failed" if answer == z3.sat
                   else "unknown")
-        return Proof(status, used, time.perf_counter() - start, z3_version())
+        return Proof(status, used, time.perf_counter() - start, z3_version(),
+                     None if dims is None else used_dims)
 
     def prove_rule(self, rule: Rule, use_cache: bool = True) -> Proof:
         """`prove` the rule's output map under its constraints, through the on-disk cache."""
@@ -106,10 +144,12 @@ class Prover:
         if use_cache and path.exists():
             try:
                 d = json.loads(path.read_text())
-                return Proof(d["status"], tuple(d["axioms"]), 0.0, d["z3"])
-            except (OSError, ValueError, KeyError):
+                return Proof(d["status"], tuple(d["axioms"]), 0.0, d["z3"],
+                             tuple((str(n), int(a)) for n, a in d["dims"]))
+            except (OSError, ValueError, KeyError, TypeError):
                 pass
-        proof = self.prove(rule.terms("source"), rule.terms("target"), rule.constraints)
+        proof = self.prove(rule.terms("source"), rule.terms("target"), rule.constraints,
+                           {i.name: i.dims for i in rule.inputs})
         if use_cache and proof.status != "unknown":
             try:
                 atomic_write_json(path, proof.to_json())
@@ -118,7 +158,7 @@ class Prover:
         return proof
 
 
-def _axiom_order(name: str) -> tuple[int, str]:
+def axiom_order(name: str) -> tuple[int, str]:
     order = {a.name: i for i, a in enumerate(all_axioms())}
     return order.get(name, 10**6), name
 
@@ -136,7 +176,7 @@ def prove_rule(rule: Rule, use_cache: bool = True) -> Proof:
     those re-proves it quickly and deterministically (z3's search over all axioms depends on
     the solver's history). Otherwise, or if that fails, every axiom is used.
     """
-    used = (rule.proof or {}).get("axioms")
+    used = [a for a in (rule.proof or {}).get("axioms", ()) if not a.startswith("dim-")]
     if used:
         axioms = by_name(used)
         if len(axioms) == len(set(used)):
