@@ -13,9 +13,10 @@ A match maps every source operator to a distinct graph node, binds rule inputs t
 tensors (two inputs may bind the same tensor), binds parameter variables, and obeys
 MetaFlow's external-edge rule: a tensor the source computes but does not map to the target
 must have no reader outside the match, and inputs whose templates share a dimension name the
-proof relied on must have equal sizes there (`Rule.equal_dims`). Rewriting builds the target, rewires readers of mapped
-outputs, rejects a rewrite that would close a cycle (TASO fig. 2.6), and folds operators whose
-inputs are all weights (concatenated and padded kernels are computed once, section 2.8).
+proof relied on must have equal sizes there (`Rule.equal_dims`). Rewriting builds the target,
+rewires readers of mapped outputs, rejects a rewrite that would close a cycle (TASO fig. 2.6),
+and folds operators whose inputs are all weights (concatenated and padded kernels are computed
+once, section 2.8).
 """
 
 from __future__ import annotations
