@@ -1,0 +1,182 @@
+"""The substitution search's pure core: graph costs, partition, DP, backtracking (issue 16)."""
+
+import itertools
+
+import numpy as np
+
+from paragraph import GraphBuilder
+from paragraph.cost import COSTS, CostModel, Device, KernelDAG, dag_cost, fuse, kernels_of
+from paragraph.interpret import run_graph
+from paragraph.rules.library import default_library
+from paragraph.search import (
+    DPResult,
+    Partition,
+    SearchOptions,
+    backtrack,
+    dp,
+    extract,
+    min_vertex_cut,
+    partition,
+    search,
+    stitch,
+)
+
+RNG = np.random.default_rng(0)
+
+
+def w(*shape):
+    return RNG.standard_normal(shape).astype("float32")
+
+
+def inception_module(c=8, hw=8, extra_bn=False, ks=(1, 1, 3)):
+    """x -> parallel convs (1x1, 1x1, 3x3) with bias + relu -> concat."""
+    b = GraphBuilder()
+    x = b.input((1, c, hw, hw))
+    outs = []
+    for k in ks:
+        y = b.op("conv2d", [x, b.weight(w(c, c, k, k))], {"padding": k // 2})
+        y = b.op("add", [y.out, b.weight(w(1, c, 1, 1))])
+        outs.append(b.op("relu", [y.out]).out)
+    if extra_bn:
+        outs[0] = b.op("multiply", [outs[0], b.weight(w(1, c, 1, 1))]).out
+    return b.build([b.op("concat", outs, {"axis": 1}).out])
+
+
+def same_outputs(a, b_):
+    xs = [RNG.standard_normal(a[i].type.shape).astype("float32") for i in a.inputs]
+    for p, q in zip(run_graph(a, xs), run_graph(b_, xs), strict=True):
+        np.testing.assert_allclose(p, q, rtol=1e-4, atol=1e-4)
+
+
+def test_fusion_puts_bias_and_activation_into_the_convolution():
+    g = inception_module()
+    groups = fuse(g)
+    convs = [grp for grp in groups if g[grp[0]].kind == "conv2d"]
+    assert len(convs) == 3 and all([g[i].kind for i in grp] == ["conv2d", "add", "relu"]
+                                   for grp in convs)
+    assert len(groups) == 4  # and the concat
+
+
+def test_costs_equal_hand_computed_values():
+    g = inception_module()
+    ks = kernels_of(g)
+    seconds = {k.signature: s for k, s in zip(ks, (1.0, 2.0, 4.0, 0.5), strict=True)}
+    assert len(seconds) == 3 or len(seconds) == 4  # the two 1x1 branches share a signature
+    model = CostModel(measured={k.signature: {"conv2d": 1.0}.get(k.kind, 0.5) * (
+        4.0 if "3x3" in k.signature else 1.0) for k in ks})
+    # kernels: conv1x1 (1), conv1x1 (1), conv3x3 (4), concat (0.5)
+    assert model.cost(g, "sum") == 6.5
+    assert model.cost(g, "critical-path") == 4.5
+    assert model.cost(g, "mixed") == 6.5 + 0.25 * 4.5
+    model.device = Device(streams=2)
+    # streams: 3x3 then concat on one; both 1x1 on the other: max(4, 2) + 0.5
+    assert model.cost(g, "simulated") == 4.5
+    model.device = Device(streams=1)
+    assert model.cost(g, "simulated") == 6.5
+
+
+def test_simulation_schedules_by_bottom_level():
+    dag = KernelDAG((), (3.0, 1.0, 1.0, 1.0, 2.0), ((), (), (), (), (0, 1, 2, 3)))
+    assert dag_cost(dag, "simulated", device=Device(streams=2)) == 5.0
+    assert dag_cost(dag, "simulated", device=Device(streams=3)) == 5.0
+    assert dag_cost(dag, "sum") == 8.0 and dag_cost(dag, "critical-path") == 5.0
+
+
+def test_min_vertex_cut_finds_the_bottleneck():
+    # two diamonds joined by one operator: the cut is that operator
+    b = GraphBuilder()
+    x = b.input((1, 4))
+    a1 = b.op("relu", [x]).out
+    a2, a3 = b.op("sigmoid", [a1]).out, b.op("tanh", [a1]).out
+    a4 = b.op("add", [a2, a3]).out
+    mid = b.op("relu", [a4]).out
+    c2, c3 = b.op("sigmoid", [mid]).out, b.op("tanh", [mid]).out
+    c4 = b.op("add", [c2, c3]).out
+    g = b.build([b.op("relu", [c4]).out])
+    ops = [n.id for n in g.operators]
+    cap = dict.fromkeys(ops, 5)
+    first = min_vertex_cut(g, ops, cap)
+    assert first == set(ops[:5])  # the prefix ends at the bottleneck (a4 or mid: cap ties)
+    cap[ops[4]] = 0  # now mid is strictly cheapest
+    assert min_vertex_cut(g, ops, cap) == set(ops[:5])
+    cap[ops[4]], cap[ops[3]] = 5, 0  # a4 cheapest: the prefix ends there
+    assert min_vertex_cut(g, ops, cap) == set(ops[:4])
+
+
+def test_dp_equals_exhaustive_search_over_partition_sequences():
+    rng = np.random.default_rng(1)
+    for n in range(1, 7):
+        pieces = tuple(frozenset({i}) for i in range(n))
+        runs = tuple((i, j) for i in range(n) for j in range(i, min(n, i + 3)))
+        cost = {r: float(rng.uniform(0.5, 1.5)) * (r[1] - r[0] + 1) for r in runs}
+        got = dp(Partition(pieces, runs, {}), cost.__getitem__)
+        assert isinstance(got, DPResult)
+        best = float("inf")
+        for cuts in itertools.product((False, True), repeat=n - 1):
+            bounds = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n]
+            seq = [(a, b - 1) for a, b in itertools.pairwise(bounds)]
+            if all(r in cost for r in seq):
+                best = min(best, sum(cost[r] for r in seq))
+        assert abs(got.cost - best) < 1e-12
+        assert abs(sum(cost[r] for r in got.runs) - best) < 1e-12
+
+
+def test_extract_and_stitch_round_trip():
+    g = inception_module()
+    ops = {n.id for n in g.operators if n.kind != "concat"}
+    sub = extract(g, ops)
+    sub.validate()
+    assert len(sub.outputs) == 3 and len(sub.inputs) == 1
+    back = stitch(g, ops, sub)
+    back.validate()
+    assert back.structural_hash() == g.structural_hash()
+
+
+def test_sum_cost_merges_parallel_convolutions_and_simulated_keeps_them_apart():
+    # AutoGraph fig. 1 / TASO's merge of convolutions: merging saves launches (the sum cost
+    # merges all three) but puts all the work on one stream; on two streams the simulated cost
+    # keeps two convolutions apart (it merges two of the three, which balances the streams)
+    g = inception_module(c=16, hw=16, ks=(3, 3, 3))
+    rules = default_library().for_search()
+    model = CostModel(Device(flops=50e9, bandwidth=10e9, launch=20e-6, streams=2))
+
+    def convs(graph):
+        return sum(n.kind == "conv2d" for n in graph.nodes)
+
+    summed = search(g, rules, lambda x: model.cost(x, "sum"),
+                    SearchOptions(method="taso", beta=1.05, seconds=60))
+    assert convs(summed.graph) == 1 and summed.cost_after < summed.cost_before
+    assert {a.rule for a in summed.applied} == {"ios-merge-convs"}
+    same_outputs(g, summed.graph)
+    sim = search(g, rules, lambda x: model.cost(x, "simulated"),
+                 SearchOptions(method="autograph", seconds=60))
+    assert convs(sim.graph) == 2 and sim.cost_after < sim.cost_before
+    assert model.cost(summed.graph, "simulated") > sim.cost_after
+    same_outputs(g, sim.graph)
+
+
+def test_backtracking_never_returns_worse_than_its_input():
+    g = inception_module(extra_bn=True)
+    rules = default_library().for_search()
+    model = CostModel()
+    for kind in COSTS:
+        best = backtrack(g, rules, lambda x, k=kind: model.cost(x, k), keep=3)
+        assert best[0].cost <= model.cost(g, kind)
+        assert all(a.cost <= b.cost for a, b in itertools.pairwise(best))
+        same_outputs(g, best[0].graph)
+
+
+def test_partition_pieces_are_ordered_and_cover_the_graph():
+    from paragraph import models
+    from paragraph.tvm_interop.relax_graph import from_relax
+    g = from_relax(models.get("inception_v3", reduced=True))
+    part = partition(g, default_library().for_search(), size_l=40, size_u=120)
+    ops = [n.id for n in g.operators]
+    assert sorted(set().union(*part.pieces)) == sorted(ops)
+    assert all(len(p) <= 40 for p in part.pieces)
+    piece_of = {v: i for i, p in enumerate(part.pieces) for v in p}
+    for n in g.operators:  # every edge goes forward: pieces are convex, in order
+        for r in n.inputs:
+            if r.node in piece_of:
+                assert piece_of[r.node] <= piece_of[n.id]
+    assert all(len(part.ops(r)) <= 120 or r[0] == r[1] for r in part.runs)
