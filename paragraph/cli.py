@@ -16,13 +16,22 @@ import tvm_ffi
 
 from paragraph import __version__, models
 from paragraph.bench import benchmark, format_table
+from paragraph.cost import COSTS
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.passes.ios import IOS_SCHEDULES, MODES, IOSOptions
 from paragraph.passes.schedule import ALGORITHMS
-from paragraph.planner import SCHEDULES, Plan, max_difference, plan_schedule, tolerance
+from paragraph.planner import (
+    SCHEDULES,
+    Plan,
+    max_difference,
+    plan_schedule,
+    search_plan,
+    tolerance,
+)
 from paragraph.rules.cli import register as register_rules
 from paragraph.schedule import Schedule
+from paragraph.search import METHODS, SearchOptions
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
@@ -118,6 +127,26 @@ def _schedule(args: argparse.Namespace, program: KernelProgram) -> Plan:
                          split=not args.no_split)
 
 
+def _search_options(args: argparse.Namespace) -> SearchOptions:
+    taso = args.search == "taso"
+    try:
+        return SearchOptions(method=args.search, cost=args.cost or ("sum" if taso else "mixed"),
+                             beta=args.beta or (1.05 if taso else 1.1),
+                             seconds=args.search_budget)
+    except ValueError as e:
+        raise ParagraphError(str(e)) from None
+
+
+def _say_search(report: dict) -> None:
+    _say(f"  {len(report['applied'])} rewrites: "
+         + ("; ".join(report["applied"][:8]) + (" ..." if len(report["applied"]) > 8 else "")
+            if report["applied"] else "none kept"))
+    _say(f"  cost {report['cost_before_ms']:.3f} -> {report['cost_after_ms']:.3f} ms "
+         f"({report['cost']}); measured {report['measured_before_ms']:.3f} -> "
+         f"{report['measured_after_ms']:.3f} ms ({report['speedup']:.2f}x); "
+         f"{report['candidates_built']} candidates built in {report['seconds']:.0f} s")
+
+
 def _ios_options(args: argparse.Namespace):
     warmup, repeat, number = args.ios_protocol
     return IOSOptions(mode=args.ios_mode, r=args.ios_r, s=args.ios_s,
@@ -166,10 +195,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say(f"  {len(graph.operators)} operators, {opaque} opaque; "
          f"hash {graph.structural_hash()[:16]}")
     target = _target(args)
+    searched = None
+    if getattr(args, "search", "none") != "none":
+        options = _search_options(args)
+        _say(f"{args.search} substitution search ({options.cost} cost, beta {options.beta}, "
+             f"budget {options.seconds:.0f} s):")
+        searched = search_plan(graph, target, options=options,
+                               schedule=args.schedule or "critical-path", kernels=args.kernels,
+                               tuning_db=args.tuning_db, top_k=args.top_k, cores=args.threads,
+                               log=_say)
+        _say_search(searched.report["search"])
     with _Step(f"lowering and compiling for {target.kind.name} "
                f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} kernels"):
-        program = KernelProgram.build(roundtrip, target, tuning_db=args.tuning_db,
-                                      kernels=args.kernels)
+        program = (searched.program if searched is not None else
+                   KernelProgram.build(roundtrip, target, tuning_db=args.tuning_db,
+                                       kernels=args.kernels))
     _say(f"  {_kernel_summary(program)}")
     inputs = random_inputs(mod, seed=args.seed)
     with _Step("running the original model on the TVM VM"):
@@ -178,7 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:  # the round trip changed the module's form: compare with the original itself
             expected = run_vm(build_vm(mod, target, program.device), inputs,
                               device=program.device)
-    plan = _schedule(args, program)
+    plan = searched if searched is not None else _schedule(args, program)
     _say(f"  schedule {plan.schedule.describe()}")
     if args.save_schedule:
         atomic_write_bytes(args.save_schedule, plan.schedule.dumps().encode())
@@ -388,11 +428,32 @@ def build_parser() -> argparse.ArgumentParser:
                        help="critical-path: do not split lone convolutions across the streams "
                        "(by default it does where the split program measures faster)")
 
+    def search_options(p: argparse.ArgumentParser) -> None:
+        g = p.add_argument_group("substitution search (AutoGraph; TASO/MetaFlow baselines)")
+        g.add_argument("--search", choices=METHODS, default="none",
+                       help="rewrite the graph with the verified rule library before "
+                       "scheduling: greedy (best single rewrite until none helps), taso "
+                       "(backtracking per piece, sum cost, beta 1.05 unless --beta), "
+                       "autograph (flow partition + DP + backtracking, then candidates built "
+                       "and timed on the executor); default none")
+        g.add_argument("--cost", choices=COSTS, default=None,
+                       help="graph cost the search minimises (default: sum for taso, mixed "
+                       "for the others); simulated = the critical-path list schedule's "
+                       "makespan on the streams")
+        g.add_argument("--beta", type=float, default=None,
+                       help="keep candidates within beta of the best (default 1.1; 1.05 "
+                       "for taso)")
+        g.add_argument("--top-k", type=_positive, default=20,
+                       help="candidates built and timed per on-board round (default 20)")
+        g.add_argument("--search-budget", type=float, default=300.0, metavar="SECONDS",
+                       help="seconds for the whole search, builds included (default 300)")
+
     p = sub.add_parser("run", help="import a model, round-trip it through paragraph's graph, "
                        "compile it, check outputs and time it on the parallel executor (or "
                        "run a directory written by `paragraph compile`)")
     model_options(p)
     schedule_options(p, default=None)
+    search_options(p)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="CUDA: issue the streams directly instead of replaying a CUDA Graph")

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from paragraph.cost import CostModel, Device, cost_function
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.machine import cpu_count
@@ -53,13 +54,22 @@ from paragraph.passes.ios import (
 )
 from paragraph.passes.schedule import ALGORITHMS, critical_path, make_schedule, sequential
 from paragraph.passes.split import split_lone_convs
+from paragraph.rules.library import default_library
 from paragraph.rules.parametric import MergeConvs, Unit
 from paragraph.schedule import Schedule
+from paragraph.search import Applied, SearchOptions
+from paragraph.search import search as substitution_search
 from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs, measure_handoff
+from paragraph.tvm_interop.measure import (
+    CostDB,
+    CostKey,
+    kernel_costs,
+    measure_cpu_peaks,
+    measure_handoff,
+)
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.stages import StageMeter
 
@@ -392,3 +402,79 @@ def max_difference(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) ->
             d = float(np.max(np.abs(g - e) / (1.0 + np.abs(e))))
             worst = max(worst, d if d == d else float("inf"))  # NaN: never equal
     return worst
+
+
+# ---------------------------------------------------------------------------- substitution search
+def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOptions(),
+                schedule: str = "critical-path", kernels: str = "tvm",
+                tuning_db: str | None = None, top_k: int = 20, rounds: int = 4,
+                cores: int | None = None, db: CostDB | None = None,
+                log: Log | None = None) -> Plan:
+    """The substitution search with AutoGraph's on-board loop (alg. 1): search ``graph`` with
+    the verified library under the search's cost (`paragraph.search.search`), build the
+    ``top_k`` candidates by estimated cost, plan ``schedule`` for each and time them end to
+    end side by side with the best graph so far (outputs checked against it, so against the
+    model); a measured improvement becomes the start of the next round, until none improves,
+    ``rounds`` are done or the search budget is spent. The input graph is always a candidate,
+    so the result is never slower than it as measured. The cost model is the roofline
+    estimate on this machine's measured peaks (`paragraph.tvm_interop.measure`)."""
+    say = log or (lambda _m: None)
+    start = time.perf_counter()
+    own_db = db is None
+    db = CostDB() if db is None else db
+    try:
+        rules = default_library().for_search()
+        peaks = measure_cpu_peaks(db, str(target))
+        threads = cores or cpu_count()
+        model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))
+        cost = cost_function(model, options.cost)
+
+        def build(g: Graph, applied: Sequence[str]) -> Plan:
+            program = KernelProgram.build(to_relax(g), target, tuning_db=tuning_db,
+                                          kernels=kernels, rewrites=tuple(applied))
+            return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores)
+
+        best = build(graph, ())
+        best_graph: Graph = graph
+        best_applied: tuple[Applied, ...] = ()
+        best_s = end_to_end([(best.program, best.schedule)], db, tuning_db or "")[0]
+        first_s, built, cost_before = best_s, 1, cost(graph)
+        say(f"  input: {best_s * 1e3:.3f} ms measured, cost {cost_before * 1e3:.3f} ms "
+            f"({options.cost})")
+        seen = {graph.structural_hash()}
+        for r in range(rounds):
+            left = options.seconds - (time.perf_counter() - start)
+            if left <= 0:
+                break
+            result = substitution_search(best_graph, rules, cost,
+                                         replace(options, seconds=left), progress=say)
+            fresh = [c for c in result.candidates if c.graph.structural_hash() not in seen][:top_k]
+            if not fresh:
+                say(f"  round {r + 1}: no new candidate")
+                break
+            plans = []
+            for c in fresh:
+                seen.add(c.graph.structural_hash())
+                plans.append(build(c.graph, [a.rule for a in (*best_applied, *c.applied)]))
+            built += len(plans)
+            times = end_to_end([(best.program, best.schedule)]
+                               + [(p.program, p.schedule) for p in plans],
+                               db, tuning_db or "", check=True)
+            i = min(range(len(plans)), key=lambda j: times[j + 1])
+            say(f"  round {r + 1}: {len(plans)} candidates built, best {times[i + 1] * 1e3:.3f} "
+                f"ms against {times[0] * 1e3:.3f} ms")
+            if times[i + 1] >= times[0]:
+                break
+            best, best_s = plans[i], times[i + 1]
+            best_graph, best_applied = fresh[i].graph, (*best_applied, *fresh[i].applied)
+        report = {**best.report, "search": {
+            "method": options.method, "cost": options.cost, "beta": options.beta,
+            "applied": [str(a) for a in best_applied],
+            "cost_before_ms": cost_before * 1e3, "cost_after_ms": cost(best_graph) * 1e3,
+            "measured_before_ms": first_s * 1e3, "measured_after_ms": best_s * 1e3,
+            "speedup": first_s / best_s if best_s > 0 else 1.0,
+            "candidates_built": built, "seconds": time.perf_counter() - start}}
+        return Plan(best.program, best.schedule, report)
+    finally:
+        if own_db:
+            db.close()

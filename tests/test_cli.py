@@ -162,3 +162,19 @@ def test_argument_errors_exit_cleanly():
     with pytest.raises(SystemExit) as info:
         main(["run", "squeezenet1_1", "--repeat", "0"])
     assert info.value.code == 2
+
+
+def test_search_rewrites_checks_and_is_never_slower(capsys):
+    # AutoGraph's on-board loop on a reduced model: candidates built, timed beside the input,
+    # outputs checked against the model; the result is the input or measured faster than it
+    code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--search", "taso",
+                           "--search-budget", "15", "--top-k", "2", "--threads", "2")
+    assert code == 0
+    assert "taso substitution search" in out and "candidates built" in out
+    assert ": equal" in out
+    line = next(ln for ln in out.splitlines() if "measured" in ln and "->" in ln)
+    before, after = (float(x.split()[0]) for x in line.split("measured ")[1].split(" -> "))
+    assert after <= before
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--search", "taso",
+                           "--beta", "0.9")
+    assert code != 0 and "beta 0.9" in err
