@@ -16,11 +16,13 @@ import tvm_ffi
 
 from paragraph import __version__, models
 from paragraph.bench import benchmark, format_table
-from paragraph.cost import COSTS
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
+from paragraph.graph import Graph
+from paragraph.passes.cost import COSTS
 from paragraph.passes.ios import IOS_SCHEDULES, MODES, IOSOptions
 from paragraph.passes.schedule import ALGORITHMS
+from paragraph.passes.search import METHODS, SearchOptions
 from paragraph.planner import (
     SCHEDULES,
     Plan,
@@ -31,7 +33,6 @@ from paragraph.planner import (
 )
 from paragraph.rules.cli import register as register_rules
 from paragraph.schedule import Schedule
-from paragraph.search import METHODS, SearchOptions
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
@@ -127,6 +128,20 @@ def _schedule(args: argparse.Namespace, program: KernelProgram) -> Plan:
                          split=not args.no_split)
 
 
+def _searched(args: argparse.Namespace, graph: Graph, target: Any) -> Plan | None:
+    """The plan of the substitution search --search asks for (None for none)."""
+    if getattr(args, "search", "none") == "none":
+        return None
+    options = _search_options(args)
+    _say(f"{args.search} substitution search ({options.cost} cost, beta {options.beta}, "
+         f"budget {options.seconds:.0f} s):")
+    plan = search_plan(graph, target, options=options, schedule=args.schedule or "critical-path",
+                       kernels=args.kernels, tuning_db=args.tuning_db, top_k=args.top_k,
+                       cores=args.threads, log=_say)
+    _say_search(plan.report["search"])
+    return plan
+
+
 def _search_options(args: argparse.Namespace) -> SearchOptions:
     taso = args.search == "taso"
     try:
@@ -195,16 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say(f"  {len(graph.operators)} operators, {opaque} opaque; "
          f"hash {graph.structural_hash()[:16]}")
     target = _target(args)
-    searched = None
-    if getattr(args, "search", "none") != "none":
-        options = _search_options(args)
-        _say(f"{args.search} substitution search ({options.cost} cost, beta {options.beta}, "
-             f"budget {options.seconds:.0f} s):")
-        searched = search_plan(graph, target, options=options,
-                               schedule=args.schedule or "critical-path", kernels=args.kernels,
-                               tuning_db=args.tuning_db, top_k=args.top_k, cores=args.threads,
-                               log=_say)
-        _say_search(searched.report["search"])
+    searched = _searched(args, graph, target)
     with _Step(f"lowering and compiling for {target.kind.name} "
                f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} kernels"):
         program = (searched.program if searched is not None else
@@ -275,11 +281,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
     target = _target(args)
+    searched = _searched(args, from_relax(mod), target)
     with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
-        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
-                                      kernels=args.kernels)
+        program = (searched.program if searched is not None else
+                   KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+                                       kernels=args.kernels))
     _say(f"  {_kernel_summary(program)}")
-    plan = _schedule(args, program)
+    plan = searched if searched is not None else _schedule(args, program)
     _say(f"  schedule {plan.schedule.describe()}")
     with _Step(f"writing {args.output}"):
         out = save_program(plan.program, args.output,
@@ -492,6 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "schedule) into a directory that `paragraph run DIR` runs")
     model_options(p)
     schedule_options(p)
+    search_options(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.set_defaults(func=cmd_compile)
 

@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from paragraph.cost import CostModel, Device, cost_function
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.machine import cpu_count
+from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
 from paragraph.passes.ios import (
     CONCURRENT,
     IOS_SCHEDULES,
@@ -53,12 +53,12 @@ from paragraph.passes.ios import (
     to_schedule,
 )
 from paragraph.passes.schedule import ALGORITHMS, critical_path, make_schedule, sequential
+from paragraph.passes.search import Applied, SearchOptions
+from paragraph.passes.search import search as substitution_search
 from paragraph.passes.split import split_lone_convs
 from paragraph.rules.library import default_library
 from paragraph.rules.parametric import MergeConvs, Unit
 from paragraph.schedule import Schedule
-from paragraph.search import Applied, SearchOptions
-from paragraph.search import search as substitution_search
 from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.importers import prepare
@@ -411,13 +411,16 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
                 cores: int | None = None, db: CostDB | None = None,
                 log: Log | None = None) -> Plan:
     """The substitution search with AutoGraph's on-board loop (alg. 1): search ``graph`` with
-    the verified library under the search's cost (`paragraph.search.search`), build the
+    the verified library under the search's cost (`paragraph.passes.search.search`), build the
     ``top_k`` candidates by estimated cost, plan ``schedule`` for each and time them end to
     end side by side with the best graph so far (outputs checked against it, so against the
     model); a measured improvement becomes the start of the next round, until none improves,
     ``rounds`` are done or the search budget is spent. The input graph is always a candidate,
-    so the result is never slower than it as measured. The cost model is the roofline
-    estimate on this machine's measured peaks (`paragraph.tvm_interop.measure`)."""
+    so the result is never slower than it as measured. The cost model: each kernel signature
+    of the input program (and of every round's winner) as measured on one thread (the
+    critical-path schedule's kernel times, cached in the cost database), the others the
+    roofline estimate on this machine's measured peaks scaled by the median measured/estimate
+    ratio of their kind."""
     say = log or (lambda _m: None)
     start = time.perf_counter()
     own_db = db is None
@@ -435,6 +438,9 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores)
 
         best = build(graph, ())
+        learned = _learn_kernel_seconds(model, best, db)
+        say(f"  cost model: {learned} kernel signatures measured (1 thread), the rest "
+            f"estimated{' and scaled by kind' if learned else ''}")
         best_graph: Graph = graph
         best_applied: tuple[Applied, ...] = ()
         best_s = end_to_end([(best.program, best.schedule)], db, tuning_db or "")[0]
@@ -466,6 +472,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             if times[i + 1] >= times[0]:
                 break
             best, best_s = plans[i], times[i + 1]
+            _learn_kernel_seconds(model, best, db)
             best_graph, best_applied = fresh[i].graph, (*best_applied, *fresh[i].applied)
         report = {**best.report, "search": {
             "method": options.method, "cost": options.cost, "beta": options.beta,
@@ -478,3 +485,23 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     finally:
         if own_db:
             db.close()
+
+
+def _learn_kernel_seconds(model: CostModel, plan: Plan, db: CostDB) -> int:
+    """Teach ``model`` the 1-thread seconds of ``plan``'s kernels whose operators are exactly
+    one kernel of the fusion model (matched by operator set, stored by signature, so they
+    price the same kernel in every candidate); returns how many it learned."""
+    program = plan.program
+    ops_of, opgraph = program.kernel_operators, program.operator_graph
+    if not ops_of or opgraph is None:
+        return 0
+    with make_executor(program, plan.schedule) as ex:
+        seconds = kernel_costs(ex, db=db, threads=1)
+    mine = {frozenset(k.ops): k for k in kernels_of(opgraph)}
+    learned = {}
+    for kernel, ops in ops_of.items():
+        k = mine.get(frozenset(ops))
+        if k is not None and kernel in seconds:
+            learned[k.signature] = (k, seconds[kernel])
+    model.learn(learned)
+    return len(learned)
