@@ -219,7 +219,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say(f"  {_kernel_summary(program)}")
     inputs = random_inputs(mod, seed=args.seed)
     with _Step("running the original model on the TVM VM"):
-        if tvm_ffi.structural_equal(roundtrip, mod, map_free_vars=True):
+        # a searched program is a rewritten model: compare with the model itself
+        if searched is None and tvm_ffi.structural_equal(roundtrip, mod, map_free_vars=True):
             expected = run_vm(program.vm(), inputs, device=program.device)
         else:  # the round trip changed the module's form: compare with the original itself
             expected = run_vm(build_vm(mod, target, program.device), inputs,
