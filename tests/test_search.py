@@ -3,6 +3,7 @@
 import itertools
 
 import numpy as np
+import pytest
 
 from paragraph import GraphBuilder
 from paragraph.interpret import run_graph
@@ -215,3 +216,23 @@ def test_search_regroups_a_resnext_convolution_where_measurements_favour_fewer_g
     # without that measurement the roofline prices the block-diagonal kernel's extra work
     plain = search(g, rules, lambda x: CostModel().cost(x, "mixed"), SearchOptions(seconds=60))
     assert not any(a.rule.startswith("autograph-regroup") for a in plain.applied)
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", "resnext50_32x4d"])
+def test_every_search_keeps_the_outputs_and_never_raises_the_cost(name):
+    from paragraph import models
+    from paragraph.tvm_interop.relax_graph import from_relax
+    g = from_relax(models.get(name, reduced=True))
+    rules = default_library().for_search()
+    model = CostModel()
+    xs = [np.random.default_rng(1).standard_normal(g[i].type.shape).astype("float32")
+          for i in g.inputs]
+    want = run_graph(g, xs)
+    for method, kind in (("greedy", "sum"), ("taso", "sum"), ("autograph", "mixed"),
+                         ("autograph", "simulated")):
+        result = search(g, rules, lambda x, k=kind: model.cost(x, k),
+                        SearchOptions(method=method, cost=kind, seconds=4, expansions=40))
+        assert result.cost_after <= result.cost_before, (method, kind)
+        result.graph.validate()
+        for a, b in zip(want, run_graph(result.graph, xs), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3, err_msg=f"{method} {kind}")
