@@ -340,15 +340,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if target.kind.name != "llvm":
         raise ParagraphError("paragraph inspect records kernel timelines on the CPU executor; "
                              "use --target cpu")
+    searched = _searched(args, from_relax(mod), target)
     with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
-        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
-                                      kernels=args.kernels)
-    plan = _schedule(args, program)
+        program = (searched.program if searched is not None else
+                   KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+                                       kernels=args.kernels))
+    plan = searched if searched is not None else _schedule(args, program)
     program, schedule = plan.program, plan.schedule
     _say(f"  schedule {schedule.describe()}")
     if args.dot:
         atomic_write_bytes(args.dot, program.graph.to_dot().encode())
         _say(f"  wrote the kernel graph to {args.dot}")
+    if searched is not None and args.graphs:
+        before, after = (f"{args.graphs}-before.dot", f"{args.graphs}-after.dot")
+        atomic_write_bytes(before, from_relax(mod).to_dot().encode())
+        if program.operator_graph is not None:
+            atomic_write_bytes(after, program.operator_graph.to_dot().encode())
+        _say(f"  wrote the operator graph before and after the search to {before}, {after}")
     if args.save_schedule:
         atomic_write_bytes(args.save_schedule, schedule.dumps().encode())
         _say(f"  wrote {args.save_schedule}")
@@ -485,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=_positive, default=5, help="profiled runs (median shown)")
     p.add_argument("--out", metavar="PNG", help="timeline file (default MODEL-SCHEDULE-...png)")
     p.add_argument("--dot", metavar="FILE", help="also write the kernel graph as Graphviz dot")
+    search_options(p)
+    p.add_argument("--graphs", metavar="PREFIX", help="with --search: write the operator graph "
+                   "before and after it as PREFIX-before.dot and PREFIX-after.dot")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tune", help="tune the model's fused kernels with MetaSchedule "
