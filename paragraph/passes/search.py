@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from paragraph.errors import GraphError
 from paragraph.graph import Graph, Node, TensorRef
 from paragraph.rules.match import AnyRule, apply_match, find_matches, kind_index
 
@@ -437,7 +438,10 @@ def _assemble(graph: Graph, part: Partition, runs: Sequence[tuple[int, int]],
         cand = best[run]
         if not cand.applied:
             continue
-        out = stitch(out, part.ops(run) & {n.id for n in out.nodes}, cand.graph)
+        try:
+            out = stitch(out, part.ops(run) & {n.id for n in out.nodes}, cand.graph)
+        except (GraphError, ValueError):
+            continue  # the piece no longer fits (a rewrite changed what it reads): keep it
         applied += cand.applied
     return Candidate(0.0, out, applied)
 
