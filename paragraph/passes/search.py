@@ -169,13 +169,14 @@ def piece_outputs(graph: Graph, ops: set[int]) -> list[TensorRef]:
     return list(outs)
 
 
-def stitch(graph: Graph, ops: set[int], optimised: Graph) -> Graph:
+def stitch(graph: Graph, ops: set[int], optimised: Graph, external: Sequence[TensorRef],
+           outputs: Sequence[TensorRef]) -> tuple[Graph, dict[TensorRef, TensorRef]]:
     """``graph`` with the operators ``ops`` replaced by ``optimised`` (a graph `extract` made
-    of them, rewritten): its k-th input is rewired to the k-th tensor the piece reads, its
-    k-th output replaces the piece's k-th output."""
-    external = external_inputs(graph, ops)
-    if len(external) != len(optimised.inputs):
-        raise ValueError("the optimised piece does not read what the piece reads")
+    of them, rewritten): its k-th input is rewired to ``external[k]``, its k-th output replaces
+    ``outputs[k]`` (both recorded when the piece was extracted: other stitches may reorder
+    ``graph``). Returns the new graph and that replacement of tensors."""
+    if len(external) != len(optimised.inputs) or len(outputs) != len(optimised.outputs):
+        raise ValueError("the optimised piece does not read or compute what the piece does")
     stood_for = dict(zip(optimised.inputs, external, strict=True))
     fresh = itertools.count(max(graph.next_id, optimised.next_id))
     ids: dict[int, int] = {}
@@ -191,9 +192,9 @@ def stitch(graph: Graph, ops: set[int], optimised: Graph) -> Graph:
 
     added = [n.replace(id=ids[n.id], inputs=tuple(map(ref, n.inputs)))
              for n in optimised.nodes if n.id in ids]
-    remap = {old: ref(new) for old, new in zip(piece_outputs(graph, ops), optimised.outputs,
-                                                 strict=True)}
-    return graph.replace_subgraph(ops, added, remap).without_dead_nodes()
+    remap = {old: ref(new) for old, new in zip(outputs, optimised.outputs, strict=True)}
+    out = graph.replace_subgraph(ops, added, remap).without_dead_nodes()
+    return out, remap
 
 
 def external_inputs(graph: Graph, ops: set[int]) -> list[TensorRef]:
@@ -431,18 +432,28 @@ def search(graph: Graph, rules: Sequence[AnyRule], cost: CostFn,
 
 def _assemble(graph: Graph, part: Partition, runs: Sequence[tuple[int, int]],
               best: dict[tuple[int, int], Candidate]) -> Candidate:
-    """Stitch each run's chosen graph into ``graph`` (runs are disjoint)."""
+    """Stitch each run's chosen graph into ``graph`` (runs are disjoint; each piece's inputs
+    and outputs are those of ``graph``, followed through the earlier stitches). A result
+    that does not validate keeps ``graph``."""
     out = graph
     applied: tuple[Applied, ...] = ()
+    renamed: dict[TensorRef, TensorRef] = {}
     for run in runs:
         cand = best[run]
         if not cand.applied:
             continue
+        ops = part.ops(run)
+        external = [renamed.get(r, r) for r in external_inputs(graph, ops)]
         try:
-            out = stitch(out, part.ops(run) & {n.id for n in out.nodes}, cand.graph)
+            out, remap = stitch(out, ops, cand.graph, external, piece_outputs(graph, ops))
         except (GraphError, ValueError):
-            continue  # the piece no longer fits (a rewrite changed what it reads): keep it
+            continue  # the piece no longer fits: keep it as it was
+        renamed.update(remap)
         applied += cand.applied
+    try:
+        out.validate()
+    except GraphError:
+        return Candidate(0.0, graph)
     return Candidate(0.0, out, applied)
 
 
