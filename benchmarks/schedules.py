@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 
 from paragraph import models
-from paragraph.bench import check_outputs, executor_config, vm_config
+from paragraph.bench import check_and_time, executor_config, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.passes.ios import IOSOptions
 from paragraph.planner import plan_digest, plan_ios, plan_schedule
-from paragraph.timing import time_round_robin
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
@@ -69,13 +68,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         configs.append(executor_config(result.program, result.schedule, inputs))
         plans[configs[-1].name] = (plan_digest(result.schedule)
                                    if result.program is program else None)
-    try:
-        check_outputs(configs, expected, 1e-4)
-        time_round_robin(configs, args.repeat)
-    finally:
-        for c in configs:
-            if c.close is not None:
-                c.close()
+    check_and_time(configs, expected, 1e-4, args.repeat)
     base = statistics.median(vm.samples) * 1e3
     rows = [c.row(base) for c in configs]
     for r in rows:

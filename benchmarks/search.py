@@ -27,12 +27,11 @@ import time
 from pathlib import Path
 
 from paragraph import models
-from paragraph.bench import check_outputs, executor_config, vm_config
+from paragraph.bench import check_and_time, executor_config, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.passes.search import SearchOptions
 from paragraph.planner import plan_schedule, search_plan
-from paragraph.timing import time_round_robin
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
@@ -78,13 +77,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
                            "cost_after_ms": report["cost_after_ms"]}
         configs.append(dataclasses.replace(executor_config(plan.program, plan.schedule, inputs),
                                            name=label))
-    try:
-        check_outputs(configs, expected, 1e-4)
-        time_round_robin(configs, args.repeat)
-    finally:
-        for c in configs:
-            if c.close is not None:
-                c.close()
+    check_and_time(configs, expected, 1e-4, args.repeat)
     base = statistics.median(vm.samples) * 1e3
     rows = [c.row(base) for c in configs]
     for r in rows:

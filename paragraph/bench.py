@@ -57,6 +57,19 @@ def executor_config(program: KernelProgram, schedule: Schedule, inputs: Sequence
     return Config(name, lambda: executor.run(*inputs), info, close=executor.close)
 
 
+def check_and_time(configs: Sequence[Config], expected: Sequence[np.ndarray], tol: float,
+                   repeat: int, progress: Callable[[int], None] | None = None) -> None:
+    """`check_outputs`, then `time_round_robin` for ``repeat`` rounds; every configuration is
+    closed afterwards, whatever happened."""
+    try:
+        check_outputs(configs, expected, tol)
+        time_round_robin(configs, repeat, progress=progress)
+    finally:
+        for c in configs:
+            if c.close is not None:
+                c.close()
+
+
 def check_outputs(configs: Sequence[Config], expected: Sequence[np.ndarray],
                   tol: float = 1e-5) -> None:
     """Raise unless every configuration reproduces ``expected`` within ``tol``
@@ -110,15 +123,11 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
         configs.append(config)
     for c in configs:
         c.info.setdefault("kernels", "tvm" if c.name == "tvm_compile_default" else kernels)
-    try:
-        check_outputs(configs, expected, tol)
-        log(f"outputs of all {len(configs)} configurations agree; timing {repeat} rounds ...")
-        time_round_robin(configs, repeat, progress=lambda r: log(f"  round {r}/{repeat}")
-                         if r % max(1, repeat // 4) == 0 else None)
-    finally:
-        for c in configs:
-            if c.close is not None:
-                c.close()
+    log(f"checking the outputs of {len(configs)} configurations, then timing {repeat} "
+        "rounds ...")
+    check_and_time(configs, expected, tol, repeat,
+                   progress=lambda r: log(f"  round {r}/{repeat}")
+                   if r % max(1, repeat // 4) == 0 else None)
     base = statistics.median(vm.samples) * 1e3
     return {"benchmark": "executor", "model": model, "target": str(program.target),
             "kernels": len(program.kernels), "kernel_sources": program.sources(),

@@ -31,11 +31,11 @@ import networkx as nx
 
 from paragraph.errors import GraphError
 from paragraph.graph import Graph, Node, TensorRef
+from paragraph.passes.cost import CostFn
 from paragraph.rules.match import AnyRule, apply_match, find_matches, kind_index
 
 SIZE_L, SIZE_U = 40, 120  # AutoGraph's partition thresholds
 METHODS = ("none", "greedy", "taso", "autograph")
-CostFn = Callable[[Graph], float]
 Progress = Callable[[str], object]
 
 

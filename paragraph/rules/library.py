@@ -203,6 +203,21 @@ def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
     return meta
 
 
+def _prove_all(rules: Sequence[ParametricRule], path: Path,
+               log: Callable[[str], None]) -> list[tuple[ParametricRule, dict[str, Any]]]:
+    """Each parametric rule with its proof record; refuses (`RuleLibraryError`, nothing
+    written) if one does not verify."""
+    proved = []
+    for rule in rules:
+        proof = prove(rule)
+        log(f"  {rule.id:<28} {proof['status']:<9} axioms {', '.join(proof['axioms'])}")
+        if proof["status"] != "verified":
+            raise RuleLibraryError(f"{path}: parametric rule {rule.id} did not verify "
+                                   f"({proof['status']}); the library was not changed")
+        proved.append((rule, proof))
+    return proved
+
+
 def prove_parametric(path: str | Path | None = None,
                      log: Callable[[str], None] = print) -> dict[str, Any]:
     """Re-prove every parametric rule paragraph ships and rewrite their entries in the library
@@ -212,14 +227,7 @@ def prove_parametric(path: str | Path | None = None,
     file's metadata."""
     path = Path(path) if path is not None else LIBRARY_PATH
     lib = load_library(path)
-    proved: list[tuple[ParametricRule, dict[str, Any]]] = []
-    for rule in all_parametric():
-        proof = prove(rule)
-        log(f"  {rule.id:<28} {proof['status']:<9} axioms {', '.join(proof['axioms'])}")
-        if proof["status"] != "verified":
-            raise RuleLibraryError(f"{path}: parametric rule {rule.id} did not verify "
-                                   f"({proof['status']}); the library was not changed")
-        proved.append((rule, proof))
+    proved = _prove_all(all_parametric(), path, log)
     meta = {k: v for k, v in lib.meta.items() if k not in ("format", "version")}
     meta["counts"] = {**meta.get("counts", {}), "parametric": len(proved)}
     write_library(path, lib.rules, proved, meta)
@@ -256,14 +264,7 @@ def reprove_library(path: str | Path | None = None,
             kept.append(rule)
         if (i + 1) % 50 == 0:
             log(f"  {i + 1} of {len(lib.rules)} pattern rules re-proved")
-    proved: list[tuple[ParametricRule, dict[str, Any]]] = []
-    for prule in lib.parametric:
-        record = prove(prule)
-        log(f"  {prule.id:<28} {record['status']:<9} axioms {', '.join(record['axioms'])}")
-        if record["status"] != "verified":
-            raise RuleLibraryError(f"{path}: parametric rule {prule.id} did not verify "
-                                   f"({record['status']}); the library was not changed")
-        proved.append((prule, record))
+    proved = _prove_all(lib.parametric, path, log)
     meta = {k: v for k, v in lib.meta.items() if k not in ("format", "version")}
     meta["counts"] = {"generated": len(kept), "parametric": len(proved)}
     meta["z3"] = z3_version()
