@@ -19,7 +19,7 @@ import tvm
 from paragraph.errors import ParagraphError
 from paragraph.machine import describe_machine
 from paragraph.passes.ios import IOSOptions
-from paragraph.planner import max_difference, plan_schedule, tolerance
+from paragraph.planner import Plan, max_difference, plan_schedule, tolerance
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop.executor import make_executor
@@ -85,14 +85,16 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
               target: object = None, tuning_db: str | None = None, seed: int = 0,
               model: str = "", include_default: bool = True, kernels: str = "tvm",
               ios: IOSOptions | None = None, cores: int | None = None, split: bool = True,
-              log: Callable[[str], None] = print) -> dict:
+              searched: Plan | None = None, log: Callable[[str], None] = print) -> dict:
     """Build every configuration, check its outputs, time them side by side; returns the JSON
     result (per configuration ``config``, ``median_ms``, ``p10_ms``, ``p90_ms``,
     ``speedup_vs_tvm_vm``, ``kernels`` (the kernel source), plus machine, target and
     versions). ``kernels`` ("tvm", "vendor", "auto") is the source of the program's kernels;
     ``tvm_compile_default`` always runs TVM's own. Schedules are names of
     `paragraph.planner.plan_schedule`; IOS ones search with ``ios`` options first and
-    report their search time; ``split`` lets critical-path split lone convolutions."""
+    report their search time; ``split`` lets critical-path split lone convolutions.
+    ``searched``, the `Plan` of a substitution search (`paragraph.planner.search_plan`) of
+    the same model, adds ``search:<method>+<schedule>`` with the search's report."""
     log(f"lowering and compiling the kernels ({kernels}) ...")
     start = time.perf_counter()
     program = KernelProgram.build(mod, target, tuning_db=tuning_db, kernels=kernels)
@@ -120,6 +122,15 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
                                search=plan.report.get("search"),
                                predicted_ms=plan.report.get("predicted_ms"),
                                program_kernels=len(plan.program.kernels))
+        configs.append(config)
+    if searched is not None:
+        report = dict(searched.report["search"])
+        tol = max(tol, tolerance(searched.program))
+        config = executor_config(searched.program, searched.schedule, inputs)
+        config.name = f"search:{report['method']}+{searched.schedule.name}"
+        config.info.update(search={k: v for k, v in report.items() if k != "applied"},
+                           rewrites=report["applied"],
+                           program_kernels=len(searched.program.kernels))
         configs.append(config)
     for c in configs:
         c.info.setdefault("kernels", "tvm" if c.name == "tvm_compile_default" else kernels)

@@ -135,7 +135,8 @@ def _searched(args: argparse.Namespace, graph: Graph, target: Any) -> Plan | Non
     options = _search_options(args)
     _say(f"{args.search} substitution search ({options.cost} cost, beta {options.beta}, "
          f"budget {options.seconds:.0f} s):")
-    plan = search_plan(graph, target, options=options, schedule=args.schedule or "critical-path",
+    plan = search_plan(graph, target, options=options,
+                       schedule=getattr(args, "schedule", None) or "critical-path",
                        kernels=args.kernels, tuning_db=args.tuning_db, top_k=args.top_k,
                        cores=args.threads, log=_say)
     _say_search(plan.report["search"])
@@ -321,10 +322,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if unknown:
         raise ParagraphError(f"unknown schedule(s) {unknown}; choose from {list(choices)}")
     _say(f"benchmarking {label}")
-    result = benchmark(mod, schedules=schedules, repeat=args.repeat, target=_target(args),
+    target = _target(args)
+    searched = _searched(args, from_relax(mod), target)
+    result = benchmark(mod, schedules=schedules, repeat=args.repeat, target=target,
                        tuning_db=args.tuning_db, seed=args.seed, model=args.model, log=_say,
                        kernels=args.kernels, ios=_ios_options(args), cores=args.threads,
-                       split=not args.no_split)
+                       split=not args.no_split, searched=searched)
     result.update(reduced=args.reduced, batch=args.batch)
     _say(format_table(result))
     if args.json:
@@ -457,9 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="graph cost the search minimises (default: sum for taso, mixed "
                        "for the others); simulated = the critical-path list schedule's "
                        "makespan on the streams")
-        g.add_argument("--beta", type=float, default=None,
-                       help="keep candidates within beta of the best (default 1.1; 1.05 "
-                       "for taso)")
+        g.add_argument("--beta", "--alpha", type=float, default=None, dest="beta",
+                       help="keep candidates within beta of the best (AutoGraph's beta, "
+                       "TASO's alpha; default 1.1, 1.05 for taso)")
         g.add_argument("--top-k", type=_positive, default=20,
                        help="candidates built and timed per on-board round (default 20)")
         g.add_argument("--search-budget", type=float, default=300.0, metavar="SECONDS",
@@ -485,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     split_option(p)
     ios_options(p)
+    search_options(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("inspect", help="profile one schedule and draw its timeline (PNG)")

@@ -98,6 +98,19 @@ class Node:
     def is_source(self) -> bool:
         return self.kind in SOURCE_KINDS
 
+    def local_digest(self) -> bytes:
+        """Digest of what the node is apart from its inputs: kind, attributes, output types
+        and (weights, constants) its array (cached: the structural hash's inner loop)."""
+        cached = self.__dict__.get("_local")
+        if cached is None:
+            h = hashlib.blake2b(repr((self.kind, self.attrs, self.outputs)).encode(),
+                                digest_size=16)
+            if self.kind != "input" and self.value is not None:
+                h.update(self.content_digest())
+            cached = h.digest()
+            object.__setattr__(self, "_local", cached)
+        return cached
+
     def content_digest(self) -> bytes:
         """Digest of a weight's or constant's array (cached: nodes are immutable)."""
         cached = self.__dict__.get("_digest")
@@ -243,15 +256,12 @@ class Graph:
             position = {nid: i for i, nid in enumerate(self.inputs)}
             node_hash: dict[int, bytes] = {}
             for n in self.nodes:
-                h = hashlib.blake2b(digest_size=16)
-                h.update(repr((n.kind, n.attrs, n.outputs)).encode())
+                h = hashlib.blake2b(n.local_digest(), digest_size=16)
                 for r in n.inputs:
                     h.update(node_hash[r.node])
                     h.update(r.index.to_bytes(4, "little"))
                 if n.kind == "input":
                     h.update(f"input{position[n.id]}".encode())
-                elif n.value is not None:
-                    h.update(n.content_digest())
                 node_hash[n.id] = h.digest()
             g = hashlib.blake2b(digest_size=16)
             for r in self.outputs:

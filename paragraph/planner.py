@@ -71,6 +71,7 @@ from paragraph.tvm_interop.measure import (
     measure_handoff,
 )
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.signatures import SignatureMeter
 from paragraph.tvm_interop.stages import StageMeter
 
 SCHEDULES = (*ALGORITHMS, "ios", *IOS_SCHEDULES)
@@ -408,21 +409,26 @@ def max_difference(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) ->
 def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOptions(),
                 schedule: str = "critical-path", kernels: str = "tvm",
                 tuning_db: str | None = None, top_k: int = 20, rounds: int = 4,
-                cores: int | None = None, db: CostDB | None = None,
+                cores: int | None = None, db: CostDB | None = None, measure: bool = True,
                 log: Log | None = None) -> Plan:
     """The substitution search with AutoGraph's on-board loop (alg. 1): search ``graph`` with
-    the verified library under the search's cost (`paragraph.passes.search.search`), build the
-    ``top_k`` candidates by estimated cost, plan ``schedule`` for each and time them end to
-    end side by side with the best graph so far (outputs checked against it, so against the
-    model); a measured improvement becomes the start of the next round, until none improves,
-    ``rounds`` are done or the search budget is spent. The input graph is always a candidate,
-    so the result is never slower than it as measured. The cost model: each kernel signature
-    of the input program (and of every round's winner) as measured on one thread (the
-    critical-path schedule's kernel times, cached in the cost database), the others the
-    roofline estimate on this machine's measured peaks scaled by the median measured/estimate
-    ratio of their kind."""
+    the verified library under the search's cost (`paragraph.passes.search.search`), price the
+    best candidates with their kernels measured, build the ``top_k`` cheapest, plan
+    ``schedule`` for each and time them end to end side by side with the best graph so far
+    (outputs checked against it, so against the model); a measured improvement becomes the
+    start of the next round, until none improves, ``rounds`` are done or the search budget is
+    spent. The input graph is always a candidate, so the result is never slower than it as
+    measured.
+
+    The cost model prices each kernel of a candidate (`paragraph.passes.cost.kernels_of`) by
+    its signature's seconds on one thread with this kernel source, measured once and cached in
+    the cost database (`SignatureMeter`): the input's kernels before the search, the new
+    kernels of the ``2 * top_k`` cheapest candidates after each round. Kernels not measured
+    (``measure`` False, or the budget spent) get the roofline estimate on this machine's
+    measured peaks, scaled by the median measured/estimate ratio of their kind."""
     say = log or (lambda _m: None)
     start = time.perf_counter()
+    deadline = time.monotonic() + options.seconds
     own_db = db is None
     db = CostDB() if db is None else db
     try:
@@ -431,22 +437,30 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         threads = cores or cpu_count()
         model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))
         cost = cost_function(model, options.cost)
+        meter = SignatureMeter(target, kernels, db, tuning_db)
+
+        def learn(g: Graph) -> None:
+            new = [k for k in kernels_of(g) if k.signature not in model.measured]
+            model.learn(meter.seconds(g, new, measure=measure, deadline=deadline, progress=say))
 
         def build(g: Graph, applied: Sequence[str]) -> Plan:
             program = KernelProgram.build(to_relax(g), target, tuning_db=tuning_db,
                                           kernels=kernels, rewrites=tuple(applied))
             return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores)
 
+        learn(graph)
+        say(f"  cost model: {len(model.measured)} kernel signatures measured (1 thread, "
+            f"{meter.measured} new), the rest estimated"
+            f"{' and scaled by kind' if model.measured else ''}")
         best = build(graph, ())
-        learned = _learn_kernel_seconds(model, best, db)
-        say(f"  cost model: {learned} kernel signatures measured (1 thread), the rest "
-            f"estimated{' and scaled by kind' if learned else ''}")
         best_graph: Graph = graph
         best_applied: tuple[Applied, ...] = ()
-        best_s = end_to_end([(best.program, best.schedule)], db, tuning_db or "")[0]
-        first_s, built, cost_before = best_s, 1, cost(graph)
-        say(f"  input: {best_s * 1e3:.3f} ms measured, cost {cost_before * 1e3:.3f} ms "
-            f"({options.cost})")
+        # the input is timed beside the candidates (a lone first timing in a fresh process
+        # runs slow), and alone only if no candidate comes
+        first_s: float | None = None
+        best_s: float | None = None
+        built, cost_before = 1, cost(graph)
+        say(f"  input: cost {cost_before * 1e3:.3f} ms ({options.cost})")
         seen = {graph.structural_hash()}
         for r in range(rounds):
             left = options.seconds - (time.perf_counter() - start)
@@ -454,7 +468,11 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
                 break
             result = substitution_search(best_graph, rules, cost,
                                          replace(options, seconds=left), progress=say)
-            fresh = [c for c in result.candidates if c.graph.structural_hash() not in seen][:top_k]
+            fresh = [c for c in result.candidates
+                     if c.graph.structural_hash() not in seen][:2 * top_k]
+            for c in fresh:  # their new kernels measured, then ranked again
+                learn(c.graph)
+            fresh = sorted(fresh, key=lambda c: cost(c.graph))[:top_k]
             if not fresh:
                 say(f"  round {r + 1}: no new candidate")
                 break
@@ -469,39 +487,28 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             i = min(range(len(plans)), key=lambda j: times[j + 1])
             say(f"  round {r + 1}: {len(plans)} candidates built, best {times[i + 1] * 1e3:.3f} "
                 f"ms against {times[0] * 1e3:.3f} ms")
+            if first_s is None:
+                first_s = times[0]
+            best_s = times[0]
             if times[i + 1] >= times[0]:
                 break
             best, best_s = plans[i], times[i + 1]
-            _learn_kernel_seconds(model, best, db)
             best_graph, best_applied = fresh[i].graph, (*best_applied, *fresh[i].applied)
+        if first_s is None or best_s is None:
+            first_s = best_s = end_to_end([(best.program, best.schedule)], db,
+                                          tuning_db or "")[0]
+        if meter.failed:
+            say(f"  cost model: {len(meter.failed)} kernels could not be measured alone and "
+                f"were estimated (first: {next(iter(meter.failed.values()))})")
         report = {**best.report, "search": {
             "method": options.method, "cost": options.cost, "beta": options.beta,
             "applied": [str(a) for a in best_applied],
             "cost_before_ms": cost_before * 1e3, "cost_after_ms": cost(best_graph) * 1e3,
             "measured_before_ms": first_s * 1e3, "measured_after_ms": best_s * 1e3,
             "speedup": first_s / best_s if best_s > 0 else 1.0,
-            "candidates_built": built, "seconds": time.perf_counter() - start}}
+            "candidates_built": built, "kernels_priced_by_measurement": len(model.measured),
+            "kernels_measured_now": meter.measured, "seconds": time.perf_counter() - start}}
         return Plan(best.program, best.schedule, report)
     finally:
         if own_db:
             db.close()
-
-
-def _learn_kernel_seconds(model: CostModel, plan: Plan, db: CostDB) -> int:
-    """Teach ``model`` the 1-thread seconds of ``plan``'s kernels whose operators are exactly
-    one kernel of the fusion model (matched by operator set, stored by signature, so they
-    price the same kernel in every candidate); returns how many it learned."""
-    program = plan.program
-    ops_of, opgraph = program.kernel_operators, program.operator_graph
-    if not ops_of or opgraph is None:
-        return 0
-    with make_executor(program, plan.schedule) as ex:
-        seconds = kernel_costs(ex, db=db, threads=1)
-    mine = {frozenset(k.ops): k for k in kernels_of(opgraph)}
-    learned = {}
-    for kernel, ops in ops_of.items():
-        k = mine.get(frozenset(ops))
-        if k is not None and kernel in seconds:
-            learned[k.signature] = (k, seconds[kernel])
-    model.learn(learned)
-    return len(learned)

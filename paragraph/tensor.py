@@ -4,9 +4,16 @@ users."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
+
+
+@cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -18,11 +25,11 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.numel * np.dtype(self.dtype).itemsize
+        return self.numel * _itemsize(self.dtype)
 
     def __str__(self) -> str:
         return f"{self.dtype}[{'x'.join(map(str, self.shape))}]"

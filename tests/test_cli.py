@@ -164,17 +164,29 @@ def test_argument_errors_exit_cleanly():
     assert info.value.code == 2
 
 
-def test_search_rewrites_checks_and_is_never_slower(capsys):
+def test_search_rewrites_checks_and_is_never_slower(capsys, tmp_path, monkeypatch):
     # AutoGraph's on-board loop on a reduced model: candidates built, timed beside the input,
     # outputs checked against the model; the result is the input or measured faster than it
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
     code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--search", "taso",
                            "--search-budget", "15", "--top-k", "2", "--threads", "2")
     assert code == 0
     assert "taso substitution search" in out and "candidates built" in out
+    assert "measuring" in out and "new kernel signatures" in out
     assert ": equal" in out
     line = next(ln for ln in out.splitlines() if "measured" in ln and "->" in ln)
     before, after = (float(x.split()[0]) for x in line.split("measured ")[1].split(" -> "))
     assert after <= before
+    # bench times the searched program beside the schedules; --alpha is TASO's name for beta
+    path = tmp_path / "bench.json"
+    code, out, _ = run_cli(capsys, "bench", "squeezenet1_1", "--reduced", "--schedules",
+                           "sequential", "--search", "greedy", "--alpha", "1.05",
+                           "--search-budget", "10", "--top-k", "1", "--repeat", "2",
+                           "--json", str(path))
+    assert code == 0, out
+    rows = {c["config"]: c for c in json.loads(path.read_text())["configs"]}
+    searched = rows["search:greedy+critical-path"]
+    assert searched["search"]["beta"] == 1.05 and searched["search"]["candidates_built"] >= 1
     code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--search", "taso",
                            "--beta", "0.9")
     assert code != 0 and "beta 0.9" in err

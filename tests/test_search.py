@@ -158,6 +158,51 @@ def test_sum_cost_merges_parallel_convolutions_and_simulated_keeps_them_apart():
     same_outputs(g, sim.graph)
 
 
+def nasnet_cell(c=32, hw=32):
+    """A NASNet-A cell in miniature (AutoGraph fig. 8): two large convolutions on parallel
+    branches reading one tensor (substitution 1/3: merge them), and avg_pool(x) + avg_pool(x)
+    (substitution 2: one depth-wise convolution), concatenated."""
+    b = GraphBuilder()
+    x = b.input((1, c, hw, hw))
+    outs = []
+    for _ in range(2):
+        y = b.op("conv2d", [x, b.weight(w(c, c, 3, 3))], {"padding": 1})
+        y = b.op("add", [y.out, b.weight(w(1, c, 1, 1))])
+        outs.append(b.op("relu", [y.out]).out)
+    pool = {"pool_size": (3, 3), "strides": (1, 1), "padding": (1, 1, 1, 1),
+            "count_include_pad": True}
+    p, q = (b.op("avg_pool2d", [x], pool).out for _ in range(2))
+    outs.append(b.op("add", [p, q]).out)
+    return b.build([b.op("concat", outs, {"axis": 1}).out])
+
+
+@pytest.mark.parametrize("parallel", ["mixed", "simulated"])
+def test_parallel_costs_reject_the_fusions_that_lengthen_the_critical_path(parallel):
+    # AutoGraph fig. 8: TASO's sum cost takes all three substitutions of a NASNet cell, which
+    # makes one long chain of large kernels; the parallelism-aware costs take only the pool
+    # pair (less work, same critical path) and keep the two convolutions on parallel branches
+    g = nasnet_cell()
+    rules = default_library().for_search()
+    model = CostModel(Device(flops=50e9, bandwidth=10e9, launch=20e-6, streams=2))
+
+    def convs(graph):
+        return sum(n.kind == "conv2d" for n in graph.nodes)
+
+    taso = search(g, rules, lambda x: model.cost(x, "sum"),
+                  SearchOptions(method="taso", cost="sum", beta=1.05, seconds=60))
+    assert {a.rule for a in taso.applied} == {"ios-merge-convs", "taso-avgpool-pair-dwconv"}
+    assert convs(taso.graph) == 1 + 1  # the merged convolution and the pools' depth-wise one
+    ours = search(g, rules, lambda x: model.cost(x, parallel),
+                  SearchOptions(method="autograph", cost=parallel, seconds=60))
+    assert {a.rule for a in ours.applied} == {"taso-avgpool-pair-dwconv"}
+    assert convs(ours.graph) == 2 + 1
+    # by the parallel cost TASO's graph is the worse one; by the sum cost, the better one
+    assert model.cost(taso.graph, parallel) > ours.cost_after
+    assert model.cost(taso.graph, "sum") < model.cost(ours.graph, "sum")
+    same_outputs(g, taso.graph)
+    same_outputs(g, ours.graph)
+
+
 def test_backtracking_never_returns_worse_than_its_input():
     g = inception_module(extra_bn=True)
     rules = default_library().for_search()

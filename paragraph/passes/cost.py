@@ -191,6 +191,7 @@ class CostModel:
     device: Device = field(default_factory=Device)
     measured: dict[str, float] = field(default_factory=dict)
     scale: dict[str, float] = field(default_factory=dict)
+    _kernels: dict[str, Kernel] = field(default_factory=dict, repr=False)  # learned ones
 
     def estimate(self, k: Kernel) -> float:
         """The roofline estimate of a kernel (0 for views)."""
@@ -205,14 +206,17 @@ class CostModel:
         return self.estimate(k) * self.scale.get(k.kind, self.scale.get("*", 1.0))
 
     def learn(self, measured: Mapping[str, tuple[Kernel, float]]) -> None:
-        """Add measured kernels (signature -> (kernel, seconds)) and recompute the scales."""
-        ratios: dict[str, list[float]] = {}
+        """Add measured kernels (signature -> (kernel, seconds)) and recompute the scales over
+        every kernel measured so far."""
         for sig, (k, s) in measured.items():
             self.measured[sig] = s
+            self._kernels[sig] = k
+        ratios: dict[str, list[float]] = {}
+        for sig, k in self._kernels.items():
             est = self.estimate(k)
             if est > 0:
-                ratios.setdefault(k.kind, []).append(s / est)
-                ratios.setdefault("*", []).append(s / est)
+                ratios.setdefault(k.kind, []).append(self.measured[sig] / est)
+                ratios.setdefault("*", []).append(self.measured[sig] / est)
         for kind, rs in ratios.items():
             rs.sort()
             self.scale[kind] = rs[len(rs) // 2]

@@ -1,0 +1,120 @@
+"""Measured seconds of the search's kernels, by signature (issue 16, item 1).
+
+The substitution search prices a candidate graph over the kernels it will become
+(`paragraph.passes.cost.kernels_of`: an anchor with its fused element-wise chain, an element-wise
+chain, a pool, ...). A `SignatureMeter` measures such a kernel on the device: its operators are
+extracted as a graph of their own (`paragraph.passes.search.extract`), built with the program's
+kernel source (TVM, vendor or auto, so a vendor convolution with its bias and activation is timed
+as the vendor call it becomes), run once on real inputs (so every buffer holds values a run
+makes: an index tensor is in range), and its kernels timed in sequence on one thread, the way
+`kernel_costs` times a model's kernels. The layout transposes the vendor path adds at the edges
+of a graph of one convolution are not the kernel's: in a whole model they happen once, so they
+are left out. The result is cached in the cost database by signature, so a kernel is measured
+once per machine, kernel source and tuning database, and every later search starts knowing it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from paragraph.graph import Graph
+from paragraph.passes.cost import Kernel
+from paragraph.passes.search import extract
+from paragraph.timing import Timing
+from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs
+
+SIGNATURE_PROTOCOL = "signature/v1"  # bump when what a signature's seconds mean changes
+_EDGE_KERNELS = ("transpose", "layout_transform")  # what the vendor path adds at the edges
+
+
+def _inputs(graph: Graph) -> list[np.ndarray]:
+    """Inputs for one run: normal floats; integer tensors (indices) zero, always in range."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in graph.inputs:
+        t = graph[i].type
+        if np.dtype(t.dtype).kind == "f":
+            out.append(rng.standard_normal(t.shape).astype(t.dtype))
+        else:
+            out.append(np.zeros(t.shape, t.dtype))
+    return out
+
+
+class SignatureMeter:
+    """Seconds of kernels by signature on one target with one kernel source: from the cost
+    database, else measured (`measure`) and stored there."""
+
+    def __init__(self, target, kernels: str = "tvm", db: CostDB | None = None,
+                 tuning_db: str | None = None) -> None:
+        self.target = target
+        self.kernels = kernels
+        self.db = db
+        self.tuning_db = tuning_db
+        self.measured = 0  # kernels this meter built and timed
+        self.failed: dict[str, str] = {}  # signature -> why it could not be measured
+
+    def key(self, signature: str) -> CostKey:
+        return CostKey(str(self.target), f"sig:{signature}", self.tuning_db or "",
+                       self.kernels, f"threads=1/{SIGNATURE_PROTOCOL}")
+
+    def cached(self, kernel: Kernel) -> float | None:
+        """The stored seconds of ``kernel``'s signature, or None."""
+        return None if self.db is None else self.db.get(self.key(kernel.signature))
+
+    def measure_one(self, graph: Graph, kernel: Kernel) -> float:
+        """Build and time ``kernel`` (operators of ``graph``) alone; stored in the database."""
+        # imported here: the kernel program and the executor need TVM and are heavy to load
+        from paragraph.passes.schedule import sequential
+        from paragraph.tvm_interop.executor import make_executor
+        from paragraph.tvm_interop.kernels import KernelProgram
+        from paragraph.tvm_interop.relax_graph import to_relax
+
+        piece = extract(graph, set(kernel.ops))
+        program = KernelProgram.build(to_relax(piece), self.target, tuning_db=self.tuning_db,
+                                      kernels=self.kernels)
+        own = {graph[i].kind for i in kernel.ops}
+        with make_executor(program, sequential(program.graph, cores=1),
+                           use_cuda_graph=False) as ex:
+            ex.run(*_inputs(piece))  # every buffer filled by a real run before timing
+            costs = kernel_costs(ex, db=self.db, threads=1, tuning=self.tuning_db or "")
+        seconds = sum(s for k, s in costs.items()
+                      if program.graph[k].kind == "kernel"
+                      and not (str(program.graph[k].attrs["func"]).startswith(_EDGE_KERNELS)
+                               and "permute_dims" not in own))
+        self.measured += 1
+        if self.db is not None:
+            self.db.put(self.key(kernel.signature), Timing((seconds,)))
+        return seconds
+
+    def seconds(self, graph: Graph, kernels: Iterable[Kernel], *, measure: bool = True,
+                deadline: float | None = None,
+                progress: Callable[[str], object] | None = None
+                ) -> dict[str, tuple[Kernel, float]]:
+        """Seconds of each distinct signature among ``kernels`` (operators of ``graph``):
+        cached, else (``measure``, before ``deadline`` on `time.monotonic`) measured. Views
+        cost nothing and are not measured; a kernel that cannot be built is left out (and
+        noted in ``failed``): the estimate prices it."""
+        out: dict[str, tuple[Kernel, float]] = {}
+        todo: list[Kernel] = []
+        for k in kernels:
+            if k.signature in out or k.signature in self.failed or k.flops == k.nbytes == 0.0:
+                continue
+            s = self.cached(k)
+            if s is not None:
+                out[k.signature] = (k, s)
+            elif measure and k.signature not in {t.signature for t in todo}:
+                todo.append(k)
+        if todo and progress is not None:
+            progress(f"  cost model: measuring {len(todo)} new kernel signatures (1 thread) ...")
+        for k in todo:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            try:
+                out[k.signature] = (k, self.measure_one(graph, k))
+            except Exception as exc:  # an estimate still prices it; say why once
+                self.failed[k.signature] = f"{type(exc).__name__}: {exc}"
+        return out
+
