@@ -101,12 +101,37 @@ def kernels_table(r: dict) -> list[str]:
     return lines
 
 
+def search_table(r: dict) -> list[str]:
+    names = ["tvm_vm", "none+sequential", "none+best", "greedy+best", "taso+sequential",
+             "taso+best", "autograph+best", "simulated+best"]
+    lines = [f"Substitution search, AutoGraph's table 2 ({r['kernels']} kernels, budget "
+             f"{r['budget_s']:.0f} s and top-k {r['top_k']} per search, median of "
+             f"{r['repeat']} round-robin runs, {_date(r)}; `benchmarks/search.py`), ms "
+             "(search s / candidates built):", "",
+             "| model | " + " | ".join(names) + " | fastest |", "|---" * (len(names) + 2) + "|"]
+    for m in r["models"]:
+        rows = {x["config"]: x for x in m["configs"]}
+        cells = []
+        for n in names:
+            x = rows.get(n)
+            if x is None:
+                cells.append("-")
+                continue
+            extra = (f" ({x['search_s']:.0f} s / {x['candidates_built']})"
+                     if "search_s" in x else "")
+            cells.append(f"{x['median_ms']:.2f}{extra}")
+        flag = " (contended)" if m.get("contended") else ""
+        lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {m['fastest']} |")
+    return lines
+
+
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
     out: list[str] = []
     for name, table in (("executor-cpu.json", executor_table),
                         ("schedules-cpu.json", schedules_table),
-                        ("kernels-cpu.json", kernels_table)):
+                        ("kernels-cpu.json", kernels_table),
+                        ("search-cpu.json", search_table)):
         result = _load(folder, name)
         if result is not None:
             out += table(result) + [""]

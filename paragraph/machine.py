@@ -65,3 +65,42 @@ def describe_machine() -> dict[str, Any]:
             "onnxruntime": _version("onnxruntime"),
         },
     }
+
+
+def _proc_ticks(exclude: int) -> int:
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == exclude:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended meanwhile
+    return total
+
+
+def _steal_ticks() -> int:
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = f.readline().split()
+    return int(fields[8]) if len(fields) > 8 else 0
+
+
+def cpu_contention(seconds: float = 1.0) -> dict[str, float]:
+    """Cores other processes used (``other_processes``) and the hypervisor took from this VM
+    (``steal``) over ``seconds`` while this process waits: what a benchmark records before and
+    after timing, since the load average cannot tell its own threads from anyone else's.
+    Empty where /proc is not available."""
+    import time
+
+    try:
+        me = os.getpid()
+        ticks = os.sysconf("SC_CLK_TCK")
+        p0, s0, t0 = _proc_ticks(me), _steal_ticks(), time.monotonic()
+        time.sleep(seconds)
+        p1, s1, t1 = _proc_ticks(me), _steal_ticks(), time.monotonic()
+    except (OSError, ValueError):
+        return {}
+    wall = (t1 - t0) * ticks
+    return {"other_processes": round((p1 - p0) / wall, 3), "steal": round((s1 - s0) / wall, 3)}

@@ -22,9 +22,13 @@ import numpy as np
 
 from paragraph.graph import Graph
 from paragraph.passes.cost import Kernel
+from paragraph.passes.schedule import sequential
 from paragraph.passes.search import extract
 from paragraph.timing import Timing
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs
+from paragraph.tvm_interop.relax_graph import to_relax
 
 SIGNATURE_PROTOCOL = "signature/v1"  # bump when what a signature's seconds mean changes
 _EDGE_KERNELS = ("transpose", "layout_transform")  # what the vendor path adds at the edges
@@ -66,12 +70,6 @@ class SignatureMeter:
 
     def measure_one(self, graph: Graph, kernel: Kernel) -> float:
         """Build and time ``kernel`` (operators of ``graph``) alone; stored in the database."""
-        # imported here: the kernel program and the executor need TVM and are heavy to load
-        from paragraph.passes.schedule import sequential
-        from paragraph.tvm_interop.executor import make_executor
-        from paragraph.tvm_interop.kernels import KernelProgram
-        from paragraph.tvm_interop.relax_graph import to_relax
-
         piece = extract(graph, set(kernel.ops))
         program = KernelProgram.build(to_relax(piece), self.target, tuning_db=self.tuning_db,
                                       kernels=self.kernels)
