@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import time
 from importlib import metadata
 from typing import Any
 
@@ -92,8 +93,6 @@ def cpu_contention(seconds: float = 1.0) -> dict[str, float]:
     (``steal``) over ``seconds`` while this process waits: what a benchmark records before and
     after timing, since the load average cannot tell its own threads from anyone else's.
     Empty where /proc is not available."""
-    import time
-
     try:
         me = os.getpid()
         ticks = os.sysconf("SC_CLK_TCK")
