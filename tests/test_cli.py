@@ -169,7 +169,7 @@ def test_search_rewrites_checks_and_is_never_slower(capsys, tmp_path, monkeypatc
     # outputs checked against the model; the result is the input or measured faster than it
     monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
     code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--search", "taso",
-                           "--search-budget", "15", "--top-k", "2", "--threads", "2")
+                           "--search-budget", "6", "--top-k", "2", "--threads", "2")
     assert code == 0
     assert "taso substitution search" in out and "candidates built" in out
     assert "measuring" in out and "new kernel signatures" in out
@@ -181,7 +181,7 @@ def test_search_rewrites_checks_and_is_never_slower(capsys, tmp_path, monkeypatc
     path = tmp_path / "bench.json"
     code, out, _ = run_cli(capsys, "bench", "squeezenet1_1", "--reduced", "--schedules",
                            "sequential", "--search", "greedy", "--alpha", "1.05",
-                           "--search-budget", "10", "--top-k", "1", "--repeat", "2",
+                           "--search-budget", "4", "--top-k", "1", "--repeat", "2",
                            "--json", str(path))
     assert code == 0, out
     rows = {c["config"]: c for c in json.loads(path.read_text())["configs"]}

@@ -197,6 +197,48 @@ def stitch(graph: Graph, ops: set[int], optimised: Graph, external: Sequence[Ten
     return out, remap
 
 
+def stitch_all(graph: Graph, pieces: Sequence[tuple[set[int], Graph, Sequence[TensorRef],
+                                                   Sequence[TensorRef]]]) -> Graph:
+    """`stitch` of several disjoint pieces at once, each ``(ops, optimised, external,
+    outputs)`` as `stitch` takes them: one rewrite of the whole graph instead of one per piece
+    (a piece may read another's output: the replacement is followed)."""
+    fresh = itertools.count(max([graph.next_id] + [p[1].next_id for p in pieces]))
+    removed: set[int] = set()
+    added: list[Node] = []
+    remap: dict[TensorRef, TensorRef] = {}
+    for ops, optimised, external, outputs in pieces:
+        if len(external) != len(optimised.inputs) or len(outputs) != len(optimised.outputs):
+            raise ValueError("an optimised piece does not read or compute what the piece does")
+        stood_for = dict(zip(optimised.inputs, external, strict=True))
+        ids = {n.id: next(fresh) for n in optimised.nodes
+               if not (n.kind == "input" or (n.is_source and n.id in graph and graph[n.id] is n))}
+
+        def ref(r: TensorRef, stood_for=stood_for, ids=ids) -> TensorRef:
+            if r.node in stood_for:
+                return stood_for[r.node]
+            return TensorRef(ids[r.node], r.index) if r.node in ids else r
+
+        added += [n.replace(id=ids[n.id], inputs=tuple(map(ref, n.inputs)))
+                  for n in optimised.nodes if n.id in ids]
+        remap.update({old: ref(new) for old, new in zip(outputs, optimised.outputs,
+                                                          strict=True)})
+        removed |= ops
+
+    def final(r: TensorRef) -> TensorRef:
+        for _ in range(len(remap) + 1):
+            if r.node not in removed:
+                return r
+            if r not in remap:
+                raise GraphError(f"tensor {r} of a replaced piece is still read")
+            r = remap[r]
+        raise GraphError("the pieces' outputs replace each other in a cycle")
+
+    remap = {k: final(v) for k, v in remap.items()}
+    added = [n.replace(inputs=tuple(map(final, n.inputs)))
+             if any(r.node in removed for r in n.inputs) else n for n in added]
+    return graph.replace_subgraph(removed, added, remap).without_dead_nodes()
+
+
 def external_inputs(graph: Graph, ops: set[int]) -> list[TensorRef]:
     """The tensors ``ops`` read from outside (weights excepted), in first-read order: what
     `extract` turns into inputs."""
@@ -435,6 +477,16 @@ def _assemble(graph: Graph, part: Partition, runs: Sequence[tuple[int, int]],
     """Stitch each run's chosen graph into ``graph`` (runs are disjoint; each piece's inputs
     and outputs are those of ``graph``, followed through the earlier stitches). A result
     that does not validate keeps ``graph``."""
+    todo = [(part.ops(r), best[r]) for r in runs if best[r].applied]
+    if not todo:
+        return Candidate(0.0, graph)
+    try:  # all pieces in one rewrite of the graph (one per piece costs pieces x graph)
+        out = stitch_all(graph, [(ops, c.graph, external_inputs(graph, ops),
+                                  piece_outputs(graph, ops)) for ops, c in todo])
+        out.validate()
+        return Candidate(0.0, out, tuple(a for _, c in todo for a in c.applied))
+    except (GraphError, ValueError):
+        pass  # piece by piece below, keeping whatever no longer fits as it was
     out = graph
     applied: tuple[Applied, ...] = ()
     renamed: dict[TensorRef, TensorRef] = {}

@@ -43,7 +43,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    results = verify_library(args.file, use_cache=not args.no_cache, log=_say)
+    results = verify_library(args.file, use_cache=not args.no_cache, log=_say,
+                             workers=args.workers)
     _say(f"done in {time.perf_counter() - start:.1f} s")
     return 0 if all(v == "ok" for v in results.values()) else 1
 
@@ -115,6 +116,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     v = verbs.add_parser("verify", help="re-prove every rule with z3 and check it numerically")
     v.add_argument("file", nargs="?", default=None, help="library file (default: shipped)")
     v.add_argument("--no-cache", action="store_true", help="ignore cached proofs")
+    v.add_argument("--workers", type=int, default=2,
+                   help="processes proving rules at once (default 2)")
     v.set_defaults(func=cmd_verify)
     ls = verbs.add_parser("list", help="list the rules")
     ls.add_argument("--origin", choices=("generated", "parametric"), default=None)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -276,21 +278,43 @@ def reprove_library(path: str | Path | None = None,
     return meta
 
 
+def _verify_pattern(rule: Rule, use_cache: bool) -> str:
+    proof = prove_rule(rule, use_cache)
+    try:
+        applied = random_check(rule, seed=0)
+        numeric = "ok" if applied else "no random instance applied"
+    except AssertionError as e:
+        numeric = str(e)
+    return ("ok" if proof.status == "verified" and numeric == "ok"
+            else f"z3 {proof.status}, numeric: {numeric}")
+
+
+def _verify_share(path: str, share: Sequence[int], use_cache: bool) -> list[tuple[str, str]]:
+    """One worker's share of `verify_library`: the pattern rules at those positions."""
+    rules = load_library(path).rules
+    return [(rules[i].id, _verify_pattern(rules[i], use_cache)) for i in share]
+
+
 def verify_library(path: str | Path | None = None, use_cache: bool = True,
-                   log: Callable[[str], None] = print) -> dict[str, str]:
+                   log: Callable[[str], None] = print, workers: int = 1) -> dict[str, str]:
     """Re-prove every rule of a library with z3 and check it numerically; maps rule ids to
-    ``"ok"`` or what failed."""
+    ``"ok"`` or what failed. ``workers`` > 1 proves the pattern rules in that many fresh
+    processes (each z3 context of its own), interleaved so each gets easy and hard ones."""
     lib = load_library(path)
     results: dict[str, str] = {}
-    for rule in lib.rules:
-        proof = prove_rule(rule, use_cache)
-        try:
-            applied = random_check(rule, seed=0)
-            numeric = "ok" if applied else "no random instance applied"
-        except AssertionError as e:
-            numeric = str(e)
-        results[rule.id] = ("ok" if proof.status == "verified" and numeric == "ok"
-                            else f"z3 {proof.status}, numeric: {numeric}")
+    if workers > 1 and len(lib.rules) > 1:
+        # spawned, not forked: the parent may hold thread pools (torch, TVM) a fork would copy
+        ctx = multiprocessing.get_context("spawn")
+        shares = [range(w, len(lib.rules), workers) for w in range(workers)]
+        where = str(path or LIBRARY_PATH)
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            for part in pool.map(_verify_share, [where] * workers, shares,
+                                 [use_cache] * workers):
+                results.update(part)
+        results = {r.id: results[r.id] for r in lib.rules}
+    else:
+        for rule in lib.rules:
+            results[rule.id] = _verify_pattern(rule, use_cache)
     for prule in lib.parametric:
         record = prove(prule)
         try:
