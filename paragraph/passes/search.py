@@ -213,7 +213,8 @@ def stitch_all(graph: Graph, pieces: Sequence[tuple[set[int], Graph, Sequence[Te
         ids = {n.id: next(fresh) for n in optimised.nodes
                if not (n.kind == "input" or (n.is_source and n.id in graph and graph[n.id] is n))}
 
-        def ref(r: TensorRef, stood_for=stood_for, ids=ids) -> TensorRef:
+        def ref(r: TensorRef, stood_for: dict[int, TensorRef] = stood_for,
+                ids: dict[int, int] = ids) -> TensorRef:
             if r.node in stood_for:
                 return stood_for[r.node]
             return TensorRef(ids[r.node], r.index) if r.node in ids else r
