@@ -12,6 +12,10 @@ class UnsupportedModelError(ParagraphError):
     """
 
 
+class InputError(ParagraphError):
+    """Wrong number, shape, dtype or values of a model's inputs (raised before anything runs)."""
+
+
 class ModelLoadError(ParagraphError):
     """A model source could not be read (missing or corrupt file, unknown format)."""
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
+from paragraph.inputs import sample_inputs
 from paragraph.machine import cpu_count
 from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
 from paragraph.passes.ios import (
@@ -350,9 +351,8 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
     try:
         graph = candidates[0][0].graph
         if check:
-            rng = np.random.default_rng(0)
-            inputs = [rng.standard_normal(graph[i].type.shape).astype(graph[i].type.dtype)
-                      for i in graph.inputs]
+            inputs = sample_inputs([graph[i].type for i in graph.inputs],
+                                   candidates[0][0].input_ranges)
             outs = [[np.asarray(o) for o in ex.run(*inputs)] for ex in executors]
             tol = max(tolerance(p) for p, _ in candidates)
             for (p, _), got in zip(candidates[1:], outs[1:], strict=True):

@@ -33,8 +33,9 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from paragraph.errors import ParagraphError
+from paragraph.errors import InputError, ParagraphError
 from paragraph.graph import TensorRef
+from paragraph.inputs import check_index_ranges, sample_inputs
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop import native as _native
 from paragraph.tvm_interop.memory import MemoryPlan, plan_memory
@@ -50,10 +51,6 @@ from paragraph.tvm_interop.vendor import runtime as vendor
 
 if TYPE_CHECKING:  # programs are built above the executor, which only runs them
     from paragraph.tvm_interop.kernels import KernelProgram
-
-
-class InputError(ParagraphError):
-    """Wrong number, shape or dtype of inputs (raised before anything runs)."""
 
 
 class KernelError(ParagraphError):
@@ -140,9 +137,14 @@ class _Base:
                        for b in self.plan.blocks]
         self.tensors: dict[TensorRef, tvm.runtime.Tensor] = {}
         self.inputs: list[tvm.runtime.Tensor] = []
+        # inputs hold valid samples from the start: kernels timed before any run read them,
+        # and an embedding's ids must index its table (TVM's take does not check)
+        samples = dict(zip(self.graph.inputs, sample_inputs(
+            [self.graph[i].type for i in self.graph.inputs], self.program.input_ranges),
+            strict=True))
         for n in self.graph.nodes:
             if n.kind == "input":
-                t = tvm.runtime.empty(n.type.shape, n.type.dtype, dev)
+                t = tvm.runtime.tensor(samples[n.id], dev)
                 self.inputs.append(t)
                 self.tensors[n.out] = t
             elif n.kind in ("weight", "constant"):
@@ -157,7 +159,8 @@ class _Base:
                         t.shape, t.dtype)
 
     def check_inputs(self, inputs: Sequence[object]) -> None:
-        """Raise `InputError` unless ``inputs`` match the graph's inputs in count, shape, dtype."""
+        """Raise `InputError` unless ``inputs`` match the graph's inputs in count, shape, dtype,
+        and every index an input holds is within what reads it (`paragraph.inputs`)."""
         expected = [self.graph[i] for i in self.graph.inputs]
         if len(inputs) != len(expected):
             raise InputError(f"the model takes {len(expected)} input(s) "
@@ -167,6 +170,7 @@ class _Base:
             if shape != node.type.shape or dtype != node.type.dtype:
                 raise InputError(f"input {k} ({node.name!r}) must be {node.type.dtype}"
                                  f"{list(node.type.shape)}, got {dtype}{list(shape)}")
+        check_index_ranges(inputs, self.program.input_ranges, [n.name for n in expected])
 
     def _copy_in(self, inputs: Sequence[object]) -> None:
         self.check_inputs(inputs)

@@ -16,6 +16,7 @@ from tvm import relax
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes
 from paragraph.graph import Graph, Node
+from paragraph.inputs import IndexRange, index_ranges
 from paragraph.tvm_interop.lowering import (
     Dispatch,
     is_gpu,
@@ -45,6 +46,8 @@ class KernelProgram:
     kernel_source: str = "tvm"  # what `build` was asked for: tvm, vendor or auto
     source: tvm.IRModule | Graph | None = None  # the model `build` lowered
     rewrites: tuple[str, ...] = ()  # library rules applied to the model (rule id: where)
+    # input position -> the values it may hold (an embedding's ids), `paragraph.inputs`
+    input_ranges: dict[int, IndexRange] = field(default_factory=dict)
 
     @classmethod
     def build(cls, mod: tvm.IRModule | Graph, target: tvm.target.Target | str | None = None, *,
@@ -79,7 +82,7 @@ class KernelProgram:
                 graph = slices_as_views(graph, opgraph, kernel_operators)
         program = cls(lowered, graph, target, device, executable, operator_graph=opgraph,
                       kernel_operators=kernel_operators, kernel_source=kernels, source=mod,
-                      rewrites=tuple(rewrites))
+                      rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph))
         program._link()
         return program
 
@@ -140,7 +143,9 @@ def save_program(program: KernelProgram, directory: str | os.PathLike,
     vendor = sorted({n.attrs["func"] for n in program.graph.nodes
                      if n.kind == "kernel" and n.attrs["source"] == "vendor"})
     meta = {"format": 1, "target": json.loads(str(program.target)),
-            "vendor_functions": vendor, "sources": program.sources(), **(info or {})}
+            "vendor_functions": vendor, "sources": program.sources(),
+            "input_ranges": {str(k): r.as_json() for k, r in program.input_ranges.items()},
+            **(info or {})}
     atomic_write_bytes(out / PROGRAM_FILE, (json.dumps(meta, indent=2) + "\n").encode())
     return out
 
@@ -163,7 +168,9 @@ def load_program(directory: str | os.PathLike,
     program = KernelProgram(lowered, kernel_graph(lowered), target, device,
                             relax.VMExecutable(library),
                             kernel_source=str(meta.get("kernels", "tvm")),
-                            rewrites=tuple(meta.get("rewrites", ())))
+                            rewrites=tuple(meta.get("rewrites", ())),
+                            input_ranges={int(k): IndexRange.from_json(v) for k, v in
+                                          meta.get("input_ranges", {}).items()})
     program._link()
     return program, meta
 

@@ -21,6 +21,7 @@ from tvm.ir.expr import Constant as _ConstBase  # tensor constants and IntImm/Fl
 
 from paragraph.errors import UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType
+from paragraph.inputs import index_ranges, sample_inputs
 
 __all__ = ["from_relax", "to_relax", "MODELED"]
 
@@ -481,13 +482,11 @@ def _rebuild_opaque(n: Node, expr_of: Callable[[TensorRef], Any]) -> Any:
 
 
 def random_inputs(mod: tvm.IRModule, seed: int = 0, func_name: str = "main") -> list[np.ndarray]:
-    """Seeded random arrays for every parameter of ``mod[func_name]`` (static shapes)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in mod[func_name].params:
-        (t,) = _static_type(p.ty, f"input {p.name!r}")
-        if t.dtype.startswith("float"):
-            out.append(rng.standard_normal(t.shape).astype(t.dtype))
-        else:
-            out.append(rng.integers(0, 8, t.shape).astype(t.dtype))
-    return out
+    """Seeded random arrays for every parameter of ``mod[func_name]`` (static shapes), valid
+    for what reads them (`paragraph.inputs.sample_inputs`: an embedding's ids within its
+    table)."""
+    types = [_static_type(p.ty, f"input {p.name!r}")[0] for p in mod[func_name].params]
+    ranges = {}
+    if any(np.dtype(t.dtype).kind in "iu" for t in types):  # only then the graph is needed
+        ranges = index_ranges(from_relax(mod, func_name))
+    return sample_inputs(types, ranges, seed)

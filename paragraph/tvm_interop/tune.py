@@ -219,8 +219,10 @@ def _time_untuned(func_mod: tvm.IRModule, target: tvm.target.Target) -> float:
         with target:
             func_mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(func_mod)
     lib = tvm.compile(func_mod, target=target).mod
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.standard_normal(info.shape).astype(info.dtype), dev)
+    rng = np.random.default_rng(0)  # integer arguments (indices) zero: in range of any table
+    args = [tvm.runtime.tensor(rng.standard_normal(info.shape).astype(info.dtype)
+                               if np.dtype(str(info.dtype)).kind == "f"
+                               else np.zeros(info.shape, info.dtype), dev)
             for info in ArgInfo.from_prim_func(func_mod["main"])]
     timer = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=0)
     return float(np.median(timer(*args).results)) * 1e3

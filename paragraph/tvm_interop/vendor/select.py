@@ -15,6 +15,7 @@ from paragraph.schedule import Schedule, kernel_ids
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.lowering import kernel_graph, lower
 from paragraph.tvm_interop.measure import CostDB, kernel_key, time_kernel
+from paragraph.tvm_interop.memory import no_reuse_plan
 from paragraph.tvm_interop.tune import tuning_id
 from paragraph.tvm_interop.vendor.dispatch import (
     probe_module,
@@ -87,9 +88,13 @@ def _probe_costs(probe: tvm.IRModule, target: tvm.target.Target, source: str,
                 n.attrs.get("hash") for n in graph.nodes]:
             raise ParagraphError("the probe module lowered differently twice")
         schedule = Schedule.build(program.graph, [kernel_ids(program.graph)], threads=threads)
-        executor = make_executor(program, schedule, use_cuda_graph=False)
+        # every tensor in its own buffer, filled by one run: a kernel timed alone reads what
+        # the model gives it (an index that a reused buffer left as floats would crash a take)
+        executor = make_executor(program, schedule, use_cuda_graph=False,
+                                 plan=no_reuse_plan(program.graph))
         sync = None if target.kind.name == "llvm" else program.device.sync
         try:
+            executor.run(*[t.numpy() for t in executor.inputs], copy_outputs=False)
             for k in missing:
                 timing = time_kernel(executor.steps[k], threads=threads, repeat=repeat,
                                      warmup=1, sync=sync)
