@@ -64,6 +64,7 @@ from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.lowering import resolve_target
 from paragraph.tvm_interop.measure import (
     CostDB,
     CostKey,
@@ -441,11 +442,15 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         threads = cores or cpu_count()
         model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))
         cost = cost_function(model, options.cost)
-        meter = SignatureMeter(target, kernels, db, tuning_db)
+        # on a CPU each kernel is timed on one thread and on all (streams, or one at a time
+        # with every core: the costs price both); a GPU kernel has the device either way
+        on_cpu = resolve_target(target).kind.name == "llvm"
+        meter = SignatureMeter(target, kernels, db, tuning_db, threads=threads if on_cpu else 1)
 
         def learn(g: Graph) -> None:
             new = [k for k in kernels_of(g) if k.signature not in model.measured]
-            model.learn(meter.seconds(g, new, measure=measure, deadline=deadline, progress=say))
+            model.learn(meter.seconds(g, new, measure=measure, deadline=deadline, progress=say),
+                        meter.wide)
 
         def build(g: Graph, applied: Sequence[str]) -> Plan:
             program = KernelProgram.build(to_relax(g), target, tuning_db=tuning_db,
@@ -453,7 +458,8 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores)
 
         learn(graph)
-        say(f"  cost model: {len(model.measured)} kernel signatures measured (1 thread, "
+        say(f"  cost model: {len(model.measured)} kernel signatures measured (1"
+            f"{f' and {meter.threads}' if meter.threads > 1 else ''} thread, "
             f"{meter.measured} new), the rest estimated"
             f"{' and scaled by kind' if model.measured else ''}")
         t_build = time.perf_counter()

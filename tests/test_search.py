@@ -78,6 +78,33 @@ def test_costs_equal_hand_computed_values():
     assert model.cost(g, "simulated") == 6.5
 
 
+def test_costs_price_kernels_alone_on_all_threads_where_that_is_known():
+    g = inception_module()
+    ks = kernels_of(g)
+    one = {k.signature: (4.0 if "3x3" in k.signature else 1.0 if k.kind == "conv2d" else 0.5)
+           for k in ks}
+    model = CostModel(device=Device(streams=2))
+    model.learn({k.signature: (k, one[k.signature]) for k in ks},
+                # on 2 threads: the 3x3 convolution gains 2x, the 1x1s and the concat nothing
+                {k.signature: one[k.signature] / (2.0 if "3x3" in k.signature else 1.0)
+                 for k in ks})
+    # kernels alone: 1 + 1 + 2 + 0.5; longest path 2 + 0.5
+    assert model.cost(g, "sum") == 4.5
+    assert model.cost(g, "critical-path") == 2.5
+    assert model.cost(g, "mixed") == 4.5 + 0.25 * 2.5
+    # streams of one thread: max(4, 1 + 1) + 0.5 = 4.5; one at a time on both threads: 4.5
+    assert model.cost(g, "simulated") == 4.5
+    model.learn({}, {k.signature: one[k.signature] / 2 for k in ks})  # everything scales
+    assert model.cost(g, "simulated") == 3.25  # one at a time on both threads wins
+    # a kernel not measured on 2 threads gains what measured kernels of its kind gain
+    other = CostModel()
+    conv, concat = (next(k for k in ks if k.kind == kind) for kind in ("conv2d", "concat"))
+    other.learn({conv.signature: (conv, 1.0), concat.signature: (concat, 1.0)},
+                {conv.signature: 0.6})
+    assert other.speedup["conv2d"] == other.speedup["*"] == 0.6
+    assert other.seconds_wide(concat) == 0.6 and other.seconds_wide(conv) == 0.6
+
+
 def test_simulation_schedules_by_bottom_level():
     dag = KernelDAG((), (3.0, 1.0, 1.0, 1.0, 2.0), ((), (), (), (), (0, 1, 2, 3)))
     assert dag_cost(dag, "simulated", device=Device(streams=2)) == 5.0

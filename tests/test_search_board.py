@@ -55,6 +55,13 @@ def test_signatures_are_measured_once_and_then_read_from_the_cost_database(tmp_p
     assert again.measured == 0
     # measuring off: only what the database knows; another kernel source knows nothing yet
     assert SignatureMeter("llvm", "vendor", db).seconds(g, ks, measure=False) == {}
+    # on two threads too: one-thread times known, two-thread ones not yet, so measured again
+    wide = SignatureMeter("llvm", "tvm", db, threads=2)
+    assert wide.seconds(g, ks, measure=False) == {}
+    assert set(wide.seconds(g, ks)) == want and set(wide.wide) == want
+    assert all(s > 0 for s in wide.wide.values())
+    both = SignatureMeter("llvm", "tvm", db, threads=2)
+    assert set(both.seconds(g, ks)) == want and both.measured == 0 and both.wide == wide.wide
 
 
 @pytest.mark.skipif(not torch_available(), reason="vendor kernels need PyTorch")

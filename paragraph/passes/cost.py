@@ -14,8 +14,14 @@ Four costs over the kernel DAG (`COSTS`):
 * ``sum``: total kernel time, what TASO and MetaFlow minimise;
 * ``critical-path``: the longest path;
 * ``mixed``: AutoGraph eq. 1, (1 + a) * critical path + the rest, a = 0.25;
-* ``simulated``: the makespan the critical-path list scheduler (`simulate`) predicts on the
-  device's streams, what the mixed cost stands in for.
+* ``simulated``: what the critical-path planner will get: the makespan of its list schedule
+  (`simulate`) with one-thread kernels on the device's streams, or one kernel at a time on
+  all threads, whichever is shorter. The mixed cost stands in for it.
+
+The first three price each kernel alone on the whole device (all its threads), as the papers
+measure operators; where only one-thread times are known, those. On a 2-core CPU the two
+differ by kernel: a grouped convolution gains little from the second core, a large 1x1
+convolution nearly 2x, and a rewrite that changes one into the other is judged by both.
 """
 
 from __future__ import annotations
@@ -65,17 +71,24 @@ class KernelDAG:
     """The kernels of a graph with their seconds and producers (indices), in order."""
 
     kernels: tuple[Kernel, ...]
-    seconds: tuple[float, ...]
+    seconds: tuple[float, ...]  # each kernel on one thread (one stream of the device)
     preds: tuple[tuple[int, ...], ...]
+    # each kernel alone with all the device's threads; None: as ``seconds`` (not measured)
+    wide: tuple[float, ...] | None = None
+
+    def alone(self) -> tuple[float, ...]:
+        """Each kernel's seconds when it runs alone on the whole device (what TASO, MetaFlow
+        and AutoGraph measure per operator)."""
+        return self.seconds if self.wide is None else self.wide
 
     def total(self) -> float:
-        return sum(self.seconds)
+        return sum(self.alone())
 
     def critical_path(self) -> tuple[float, list[int]]:
-        """The longest path's seconds and its kernels."""
+        """The longest path's seconds (kernels alone on the device) and its kernels."""
         best: list[float] = []
         prev: list[int] = []
-        for i, s in enumerate(self.seconds):
+        for i, s in enumerate(self.alone()):
             p = max(self.preds[i], key=best.__getitem__, default=-1)
             best.append(s + (best[p] if p >= 0 else 0.0))
             prev.append(p)
@@ -185,12 +198,17 @@ def kernels_of(graph: Graph) -> list[Kernel]:
 # ---------------------------------------------------------------------------- the model
 @dataclass
 class CostModel:
-    """Seconds per kernel: measured by signature where known, else the roofline estimate
-    scaled by the median measured/estimated ratio of that kind (1 where none is known)."""
+    """Seconds per kernel on one thread: measured by signature where known, else the roofline
+    estimate scaled by the median measured/estimated ratio of that kind (1 where none is
+    known); and on all the device's threads (``wide``): measured where known, else the
+    one-thread seconds scaled by the median wide/one-thread ratio of that kind (how well such
+    kernels use more cores; 1 where none is known)."""
 
     device: Device = field(default_factory=Device)
     measured: dict[str, float] = field(default_factory=dict)
     scale: dict[str, float] = field(default_factory=dict)
+    wide: dict[str, float] = field(default_factory=dict)  # signature -> seconds, all threads
+    speedup: dict[str, float] = field(default_factory=dict)  # kind -> median wide/one ratio
     _kernels: dict[str, Kernel] = field(default_factory=dict, repr=False)  # learned ones
 
     def estimate(self, k: Kernel) -> float:
@@ -205,12 +223,30 @@ class CostModel:
             return self.measured[k.signature]
         return self.estimate(k) * self.scale.get(k.kind, self.scale.get("*", 1.0))
 
-    def learn(self, measured: Mapping[str, tuple[Kernel, float]]) -> None:
-        """Add measured kernels (signature -> (kernel, seconds)) and recompute the scales over
-        every kernel measured so far."""
+    def seconds_wide(self, k: Kernel) -> float:
+        """The kernel's seconds alone on all the device's threads."""
+        if k.signature in self.wide:
+            return self.wide[k.signature]
+        return self.seconds(k) * self.speedup.get(k.kind, self.speedup.get("*", 1.0))
+
+    def learn(self, measured: Mapping[str, tuple[Kernel, float]],
+              wide: Mapping[str, float] | None = None) -> None:
+        """Add measured kernels (signature -> (kernel, seconds on one thread); ``wide``:
+        signature -> seconds on all threads) and recompute the scales over every kernel
+        measured so far."""
         for sig, (k, s) in measured.items():
             self.measured[sig] = s
             self._kernels[sig] = k
+        self.wide.update({sig: w for sig, w in (wide or {}).items() if sig in self.measured})
+        gains: dict[str, list[float]] = {}
+        for sig, w in self.wide.items():
+            if self.measured[sig] > 0:
+                kind = self._kernels[sig].kind
+                gains.setdefault(kind, []).append(w / self.measured[sig])
+                gains.setdefault("*", []).append(w / self.measured[sig])
+        for kind, rs in gains.items():
+            rs.sort()
+            self.speedup[kind] = rs[len(rs) // 2]
         ratios: dict[str, list[float]] = {}
         for sig, k in self._kernels.items():
             est = self.estimate(k)
@@ -234,7 +270,8 @@ class CostModel:
         order = toposort(range(len(ks)), preds)
         pos = {k: j for j, k in enumerate(order)}
         return KernelDAG(tuple(ks[i] for i in order), tuple(self.seconds(ks[i]) for i in order),
-                         tuple(tuple(sorted(pos[p] for p in preds[i])) for i in order))
+                         tuple(tuple(sorted(pos[p] for p in preds[i])) for i in order),
+                         tuple(self.seconds_wide(ks[i]) for i in order) if self.wide else None)
 
     def cost(self, graph: Graph, kind: str = "mixed", alpha: float = ALPHA) -> float:
         """The graph's cost (`COSTS`) in seconds."""
@@ -250,9 +287,9 @@ def dag_cost(dag: KernelDAG, kind: str = "mixed", alpha: float = ALPHA,
         return dag.critical_path()[0]
     if kind == "mixed":
         return dag.total() + alpha * dag.critical_path()[0]
-    if kind == "simulated":
+    if kind == "simulated":  # kernels on streams of one thread, or one at a time on all
         d = device or Device()
-        return simulate(dag, d.streams, d.handoff)
+        return min(simulate(dag, d.streams, d.handoff), dag.total())
     raise ValueError(f"unknown cost {kind!r}; choose from {', '.join(COSTS)}")
 
 

@@ -7,10 +7,12 @@ extracted as a graph of their own (`paragraph.passes.search.extract`), built wit
 kernel source (TVM, vendor or auto, so a vendor convolution with its bias and activation is timed
 as the vendor call it becomes), run once on real inputs (so every buffer holds values a run
 makes: an index tensor is in range), and its kernels timed in sequence on one thread, the way
-`kernel_costs` times a model's kernels. The layout transposes the vendor path adds at the edges
-of a graph of one convolution are not the kernel's: in a whole model they happen once, so they
-are left out. The result is cached in the cost database by signature, so a kernel is measured
-once per machine, kernel source and tuning database, and every later search starts knowing it.
+`kernel_costs` times a model's kernels, and again on all the threads the search's device has
+(``threads``): how much a kernel gains from more cores differs by kernel. The layout
+transposes the vendor path adds at the edges of a graph of one convolution are not the kernel's:
+in a whole model they happen once, so they are left out. The result is cached in the cost
+database by signature, so a kernel is measured once per machine, kernel source, tuning database
+and thread count, and every later search starts knowing it.
 """
 
 from __future__ import annotations
@@ -52,21 +54,32 @@ class SignatureMeter:
     database, else measured (`measure`) and stored there."""
 
     def __init__(self, target, kernels: str = "tvm", db: CostDB | None = None,
-                 tuning_db: str | None = None) -> None:
+                 tuning_db: str | None = None, threads: int = 1) -> None:
         self.target = target
         self.kernels = kernels
         self.db = db
         self.tuning_db = tuning_db
+        self.threads = threads  # the wide timing's threads (1: one-thread timings only)
         self.measured = 0  # kernels this meter built and timed
         self.failed: dict[str, str] = {}  # signature -> why it could not be measured
+        self.wide: dict[str, float] = {}  # signature -> seconds on ``threads`` threads
 
-    def key(self, signature: str) -> CostKey:
+    def key(self, signature: str, threads: int = 1) -> CostKey:
         return CostKey(str(self.target), f"sig:{signature}", self.tuning_db or "",
-                       self.kernels, f"threads=1/{SIGNATURE_PROTOCOL}")
+                       self.kernels, f"threads={threads}/{SIGNATURE_PROTOCOL}")
 
     def cached(self, kernel: Kernel) -> float | None:
-        """The stored seconds of ``kernel``'s signature, or None."""
-        return None if self.db is None else self.db.get(self.key(kernel.signature))
+        """The stored one-thread seconds of ``kernel``'s signature (its wide seconds noted in
+        ``wide``), or None when either is missing."""
+        if self.db is None:
+            return None
+        one = self.db.get(self.key(kernel.signature))
+        if one is not None and self.threads > 1:
+            wide = self.db.get(self.key(kernel.signature, self.threads))
+            if wide is None:
+                return None
+            self.wide[kernel.signature] = wide
+        return one
 
     def measure_one(self, graph: Graph, kernel: Kernel) -> float:
         """Build and time ``kernel`` (operators of ``graph``) alone; stored in the database."""
@@ -74,16 +87,25 @@ class SignatureMeter:
         program = KernelProgram.build(to_relax(piece), self.target, tuning_db=self.tuning_db,
                                       kernels=self.kernels)
         own = {graph[i].kind for i in kernel.ops}
+        def own_seconds(costs: dict[int, float]) -> float:
+            return sum(s for k, s in costs.items()
+                       if program.graph[k].kind == "kernel"
+                       and not (str(program.graph[k].attrs["func"]).startswith(_EDGE_KERNELS)
+                                and "permute_dims" not in own))
+
         with make_executor(program, sequential(program.graph, cores=1),
                            use_cuda_graph=False) as ex:
             ex.run(*_inputs(piece))  # every buffer filled by a real run before timing
-            costs = kernel_costs(ex, db=self.db, threads=1, tuning=self.tuning_db or "")
-        seconds = sum(s for k, s in costs.items()
-                      if program.graph[k].kind == "kernel"
-                      and not (str(program.graph[k].attrs["func"]).startswith(_EDGE_KERNELS)
-                               and "permute_dims" not in own))
+            seconds = own_seconds(kernel_costs(ex, db=self.db, threads=1,
+                                               tuning=self.tuning_db or ""))
+            if self.threads > 1:
+                wide = own_seconds(kernel_costs(ex, db=self.db, threads=self.threads,
+                                                tuning=self.tuning_db or ""))
+                self.wide[kernel.signature] = wide
         self.measured += 1
         if self.db is not None:
+            if self.threads > 1:  # first, so a stored one-thread time always has its pair
+                self.db.put(self.key(kernel.signature, self.threads), Timing((wide,)))
             self.db.put(self.key(kernel.signature), Timing((seconds,)))
         return seconds
 
@@ -106,7 +128,8 @@ class SignatureMeter:
             elif measure and k.signature not in {t.signature for t in todo}:
                 todo.append(k)
         if todo and progress is not None:
-            progress(f"  cost model: measuring {len(todo)} new kernel signatures (1 thread) ...")
+            progress(f"  cost model: measuring {len(todo)} new kernel signatures (1"
+                     f"{f' and {self.threads}' if self.threads > 1 else ''} thread) ...")
         for k in todo:
             if deadline is not None and time.monotonic() > deadline:
                 break
