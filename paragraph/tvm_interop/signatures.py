@@ -20,9 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-import numpy as np
-
 from paragraph.graph import Graph
+from paragraph.inputs import sample_inputs
 from paragraph.passes.cost import Kernel
 from paragraph.passes.schedule import sequential
 from paragraph.passes.search import extract
@@ -34,19 +33,6 @@ from paragraph.tvm_interop.relax_graph import to_relax
 
 SIGNATURE_PROTOCOL = "signature/v1"  # bump when what a signature's seconds mean changes
 _EDGE_KERNELS = ("transpose", "layout_transform")  # what the vendor path adds at the edges
-
-
-def _inputs(graph: Graph) -> list[np.ndarray]:
-    """Inputs for one run: normal floats; integer tensors (indices) zero, always in range."""
-    rng = np.random.default_rng(0)
-    out = []
-    for i in graph.inputs:
-        t = graph[i].type
-        if np.dtype(t.dtype).kind == "f":
-            out.append(rng.standard_normal(t.shape).astype(t.dtype))
-        else:
-            out.append(np.zeros(t.shape, t.dtype))
-    return out
 
 
 class SignatureMeter:
@@ -95,7 +81,8 @@ class SignatureMeter:
 
         with make_executor(program, sequential(program.graph, cores=1),
                            use_cuda_graph=False) as ex:
-            ex.run(*_inputs(piece))  # every buffer filled by a real run before timing
+            # every buffer filled by a real run before timing (indices within their tables)
+            ex.run(*sample_inputs([piece[i].type for i in piece.inputs], program.input_ranges))
             seconds = own_seconds(kernel_costs(ex, db=self.db, threads=1,
                                                tuning=self.tuning_db or ""))
             if self.threads > 1:
