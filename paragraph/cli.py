@@ -41,6 +41,7 @@ from paragraph.tvm_interop.kernels import PROGRAM_FILE, KernelProgram, load_prog
 from paragraph.tvm_interop.lowering import resolve_target
 from paragraph.tvm_interop.tune import format_summary, tune
 from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
+from paragraph.tvm_interop.vendor.runtime import default_kernels
 from paragraph.tvm_interop.vm import build_vm, local_cpu_target, run_vm
 
 
@@ -408,10 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
         if tuning_db:
             p.add_argument("--tuning-db", metavar="DIR",
                            help="apply this MetaSchedule database (a `paragraph tune` work dir)")
-        p.add_argument("--kernels", choices=KERNEL_SOURCES, default="tvm",
+        p.add_argument("--kernels", choices=KERNEL_SOURCES, default=None,
                        help="kernel source: TVM codegen, vendor libraries through PyTorch "
-                       "(oneDNN/cuDNN/cuBLAS), or auto (per kernel the faster, measured; "
-                       "default tvm)")
+                       "(oneDNN/cuDNN/cuBLAS), or auto (per kernel the faster of the two, "
+                       "measured). Default: the fastest available, vendor where PyTorch is "
+                       "installed (auto with --tuning-db), else tvm"
+                       + ("" if tuning_db else "; `tune` tunes TVM's kernels: default tvm"))
 
     def ios_options(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group("IOS search (--schedule ios)")
@@ -534,6 +537,9 @@ def _positive(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``paragraph`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "kernels", "") is None:  # the fastest source this machine has
+        args.kernels = ("tvm" if args.command == "tune" else
+                        default_kernels(args.target, getattr(args, "tuning_db", None)))
     try:
         return args.func(args)
     except ParagraphError as e:

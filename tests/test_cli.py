@@ -33,6 +33,21 @@ def test_run_checks_outputs_and_times(capsys):
     assert "memory:" in out
 
 
+def test_default_kernels_are_the_fastest_source(capsys, monkeypatch):
+    """Without --kernels a user gets vendor kernels where torch is installed (untuned TVM CPU
+    kernels are 10-100x slower), auto with a tuning database, TVM's own without torch; `tune`
+    keeps tuning TVM's kernels."""
+    from paragraph.tvm_interop.vendor import runtime
+
+    assert runtime.default_kernels("cpu") == "vendor"
+    assert runtime.default_kernels("cpu", "some/db") == "auto"
+    code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "2")
+    assert code == 0 and "vendor kernels" in out and "vendor kernels: median" in out
+    monkeypatch.setattr(runtime, "torch_available", lambda: False)
+    assert runtime.default_kernels("cpu", "some/db") == "tvm"
+    assert runtime.default_kernels("cuda") == "tvm"
+
+
 def test_saved_schedule_runs_again(capsys, tmp_path):
     path = tmp_path / "sched.json"
     code, _, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",

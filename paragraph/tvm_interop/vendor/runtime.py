@@ -32,6 +32,22 @@ def torch_available() -> bool:
     return True
 
 
+def default_kernels(target_kind: str, tuning_db: object = None) -> str:
+    """The kernel source a user gets without ``--kernels``: the fastest available here.
+    Vendor kernels where PyTorch is installed (with CUDA for a CUDA target): untuned TVM CPU
+    kernels are 10-100x slower than oneDNN's; ``auto`` when a tuning database is given as well,
+    since tuned TVM kernels can beat the vendor's and ``auto`` keeps the faster per kernel by
+    measurement; TVM's own kernels otherwise."""
+    if not torch_available():
+        return "tvm"
+    if target_kind == "cuda":
+        import torch  # optional, as above
+
+        if not torch.cuda.is_available():
+            return "tvm"
+    return "auto" if tuning_db else "vendor"
+
+
 def require_torch():
     """PyTorch, or `VendorUnavailableError` saying how to install it."""
     try:
