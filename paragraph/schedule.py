@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -64,9 +64,12 @@ class Schedule:
     name: str = ""
     graph_hash: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
+    # kernels that run on fewer threads than their stream has (measured faster so: a small
+    # kernel's second thread costs a wake-up longer than the work it takes over)
+    kernel_threads: Mapping[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("waits", "info"):
+        for name in ("waits", "info", "kernel_threads"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, MappingProxyType(dict(value)))
@@ -118,8 +121,7 @@ class Schedule:
 
     def _with_default_launch_order(self, graph: Graph) -> Schedule:
         order = _topological(self._edges(), self.kernels)
-        return Schedule(self.streams, self.threads, self.waits, self.stages, tuple(order),
-                        self.name, self.graph_hash, self.info)
+        return replace(self, launch_order=tuple(order))
 
     # -- views
     @property
@@ -177,6 +179,12 @@ class Schedule:
         if len(self.threads) != len(self.streams) or any(t < 1 for t in self.threads):
             raise ScheduleError(f"schedule {self.name!r}: one thread count >= 1 per stream "
                                 f"needed, got {list(self.threads)}")
+        stream_of = self.stream_of
+        for k, t in self.kernel_threads.items():
+            if k not in stream_of or not 1 <= t <= self.threads[stream_of[k]]:
+                raise ScheduleError(f"schedule {self.name!r}: kernel %{k} cannot run on {t} "
+                                    "thread(s) (a scheduled kernel, at least 1, at most its "
+                                    "stream's)")
         if self.stages is not None and sorted(k for st in self.stages for k in st) != sorted(
                 placed):
             raise ScheduleError(f"schedule {self.name!r}: stages must partition the kernels")
@@ -210,7 +218,9 @@ class Schedule:
                 "threads": list(self.threads),
                 "waits": {str(k): list(v) for k, v in sorted(self.waits.items())},
                 "stages": None if self.stages is None else [list(s) for s in self.stages],
-                "launch_order": list(self.launch_order), "info": dict(self.info)}
+                "launch_order": list(self.launch_order), "info": dict(self.info),
+                **({"kernel_threads": {str(k): t for k, t in sorted(self.kernel_threads.items())}}
+                   if self.kernel_threads else {})}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
@@ -232,7 +242,9 @@ class Schedule:
                         launch_order=tuple(int(k) for k in d.get("launch_order", ())),
                         name=str(d.get("name", "")),
                         graph_hash=str(d.get("graph_hash", "")),
-                        info=dict(d.get("info", {})))
+                        info=dict(d.get("info", {})),
+                        kernel_threads={int(k): int(t)
+                                        for k, t in d.get("kernel_threads", {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ScheduleError(f"corrupt schedule: {type(e).__name__}: {e}") from None
         if graph is not None:
@@ -248,6 +260,8 @@ class Schedule:
         stages = f", {len(self.stages)} stages" if self.stages else ""
         threads = (f"{self.threads[0]} thread(s) each" if len(set(self.threads)) == 1
                    else f"threads {list(self.threads)}")
+        if self.kernel_threads:
+            threads += f" ({len(self.kernel_threads)} kernels on fewer)"
         return (f"{self.name or 'schedule'}: {len(self.kernels)} kernels on {self.num_streams} "
                 f"stream(s), {sum(map(len, self.waits.values()))} cross-stream waits{stages}, "
                 f"{threads}")

@@ -317,6 +317,60 @@ def test_each_stream_thread_gets_its_schedule_thread_count():
     assert torch.get_num_threads() == before
 
 
+def test_a_kernel_thread_cap_runs_the_call_on_fewer_threads():
+    """A bound call with ``threads`` (the schedule's ``kernel_threads``) runs torch on that many
+    threads inside a stream of more, and on the stream's count without it."""
+    a = tvm.runtime.tensor(RNG.random((8, 8), dtype="float32"))
+    out = tvm.runtime.empty((8, 8), "float32")
+    ensure_registered(VendorOp("matmul").name)
+    seen = []
+
+    def worker():
+        config_threads(2)
+        for cap in (1, None):
+            bind(VendorOp("matmul").name, (a, a, out), threads=cap)()
+            seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen == [1, 2]
+
+
+def test_kernels_measured_faster_on_one_thread_are_capped(tmp_path):
+    """`fewer_threads_where_faster` caps only vendor kernels of multi-thread streams, to one
+    thread, from measurements it caches; the capped schedule validates, survives JSON and runs
+    with the same outputs; a cap beyond its stream's threads is refused."""
+    from paragraph.planner import fewer_threads_where_faster
+    from paragraph.schedule import Schedule, ScheduleError
+
+    mod = models.get("nasnet_a_mobile", reduced=True)
+    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    inputs = random_inputs(mod, seed=1)
+    g = program.graph
+    wide = make_schedule("sequential", g, cores=2)
+    db = CostDB(tmp_path / "costs.sqlite")
+    capped = fewer_threads_where_faster(program, wide, db)
+    vendor_kernels = {n.id for n in program.kernels if n.attrs.get("source") == "vendor"}
+    assert set(capped.kernel_threads) <= vendor_kernels
+    assert set(capped.kernel_threads.values()) <= {1}
+    measured = len(db)
+    assert fewer_threads_where_faster(program, wide, db) == capped  # from the cache
+    assert len(db) == measured
+    every = Schedule.build(g, wide.streams, threads=2)
+    every = Schedule(**{**every.__dict__, "kernel_threads": dict.fromkeys(vendor_kernels, 1)})
+    assert Schedule.from_json(every.dumps(), g) == every
+    with make_executor(program, wide) as plain, make_executor(program, every) as fewer:
+        for got, want in zip(fewer.run(*inputs), plain.run(*inputs), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert fewer_threads_where_faster(program, make_schedule("sequential", g, cores=1),
+                                      db).kernel_threads == {}  # one thread: nothing to cap
+    k = next(iter(vendor_kernels))
+    for bad in ({k: 3}, {k: 0}, {-5: 1}):
+        with pytest.raises(ScheduleError, match="cannot run on"):
+            Schedule(**{**every.__dict__, "kernel_threads": bad}).validate(g)
+
+
 @pytest.mark.parametrize("name", models.list())
 def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
     mod = models.get(name, reduced=True)

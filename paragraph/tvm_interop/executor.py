@@ -126,7 +126,8 @@ class _Base:
                 outs = [TensorRef(k, i) for i in range(len(node.outputs))]
                 args = tuple(self.tensors[r] for r in (*node.inputs, *outs))
                 if node.attrs["source"] == "vendor":  # torch views made once, not per call
-                    bound = vendor.bind(node.attrs["func"], args)
+                    bound = vendor.bind(node.attrs["func"], args,
+                                        schedule.kernel_threads.get(k))
                     fn, args = (fn, args) if bound is None else (bound, ())
             self.steps[k] = Step(k, node.attrs.get("func") or node.name or node.kind, fn, args,
                                  waits.get(k, ()), k in signalled)

@@ -59,18 +59,21 @@ def require_torch():
     return torch
 
 
-def _use_schedule_threads(torch) -> None:
+def _use_schedule_threads(torch, cap: int | None = None) -> None:
     """Run this call with as many threads as the calling thread's TVM pool, which the executor
-    sizes per stream (`threads.config_threads`): vendor and TVM kernels of one stream use the
-    schedule's thread count. Threads that never sized a pool (the TVM VM's) use every core, as
-    TVM's own pool does.
+    sizes per stream (`threads.config_threads`), or ``cap`` where fewer (the schedule's
+    ``kernel_threads``: small kernels measured faster on one thread than on two): vendor and
+    TVM kernels of one stream use the schedule's thread count. Threads that never sized a pool
+    (the TVM VM's) use every core, as TVM's own pool does.
 
     The count is checked against torch's on every call, not cached per thread: with libgomp,
     ``torch.set_num_threads`` in one thread also changed the count other threads saw (a 1-thread
-    stream made the TVM VM's vendor calls in the main thread single-threaded). Setting it only
-    when it differs matters: it also clears oneDNN's primitive cache.
+    stream made the TVM VM's vendor calls in the main thread single-threaded). Setting it costs
+    well under a microsecond; the packed weights are cached per thread count.
     """
     n = configured_threads() or _all_threads()
+    if cap is not None and cap < n:
+        n = cap
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
 
@@ -135,7 +138,7 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
                 w.to_mkldnn(), padding, stride, dilation, op.groups, list(x.shape))
         return packed[key]
 
-    def bind(*args) -> Callable[[], None]:
+    def bind(*args, threads: int | None = None) -> Callable[[], None]:
         """The call on these tensors, with their torch views made once."""
         ts = [torch.from_dlpack(a) for a in args]
         x, w, out = to_nchw(ts[0]), to_nchw(ts[1]), to_nchw(ts[-1])
@@ -157,7 +160,7 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
                     else:
                         out.copy_(y)
                 return
-            _use_schedule_threads(torch)
+            _use_schedule_threads(torch, threads)
             # oneDNN computes out = act(conv(x) + bias + out) in place: out starts as 0 or
             # the residual
             if res is not None:
@@ -219,7 +222,7 @@ def _matmul_kernel(op: VendorOp) -> Callable:
         rows, out2 = a.reshape(-1, a.shape[-1]), out.view(-1, out.shape[-1])
         (onednn if cpu and op.weight else gemm)(rows, b, bias, out2, zero or out2.zero_)
 
-    def bind(*args) -> Callable[[], None]:
+    def bind(*args, threads: int | None = None) -> Callable[[], None]:
         """The call on these tensors, with their torch views made once."""
         ts = [torch.from_dlpack(a) for a in args]
         bias = ts[2] if op.bias else None
@@ -230,7 +233,7 @@ def _matmul_kernel(op: VendorOp) -> Callable:
                 with _tvm_stream(torch, args[0]):
                     run(ts[0], ts[1], bias, ts[-1], cpu=False)
                 return
-            _use_schedule_threads(torch)
+            _use_schedule_threads(torch, threads)
             run(ts[0], ts[1], bias, ts[-1], cpu=True, zero=zero)
         return call
 
@@ -240,7 +243,7 @@ def _matmul_kernel(op: VendorOp) -> Callable:
 def _concat_kernel(op: VendorOp) -> Callable:
     torch = require_torch()
 
-    def bind(*args) -> Callable[[], None]:
+    def bind(*args, threads: int | None = None) -> Callable[[], None]:
         """The call on these tensors, with their torch views made once."""
         ts = [torch.from_dlpack(a) for a in args]
         parts, out = ts[:-1], ts[-1]
@@ -250,7 +253,7 @@ def _concat_kernel(op: VendorOp) -> Callable:
                 with _tvm_stream(torch, args[0]):
                     torch.cat(parts, dim=op.axis, out=out)
             else:
-                _use_schedule_threads(torch)
+                _use_schedule_threads(torch, threads)
                 torch.cat(parts, dim=op.axis, out=out)
             if op.act == "relu":
                 out.relu_()
@@ -277,15 +280,16 @@ def ensure_registered(name: str) -> None:
 _BINDERS: dict[str, Callable] = {}
 
 
-def bind(name: str, args: tuple) -> Callable[[], None] | None:
+def bind(name: str, args: tuple, threads: int | None = None) -> Callable[[], None] | None:
     """Vendor kernel ``name`` bound to ``args``: a call with no arguments that reuses torch
     views of those tensors, which the executor makes once per kernel (its buffers never move).
     A call through the registered function makes them every time: from DLPack and the layout
     permutes take about 8 us, much of a small kernel's Python time, and the GIL is held
-    throughout. None for a name registered elsewhere (or not yet), and on a GPU, whose path
-    stays as captured in its CUDA Graphs."""
+    throughout. ``threads`` caps the call's thread count below its stream's (the schedule's
+    ``kernel_threads``). None for a name registered elsewhere (or not yet), and on a GPU,
+    whose path stays as captured in its CUDA Graphs."""
     binder = _BINDERS.get(name)
     if binder is None or any(a.device.dlpack_device_type() != tvm.cpu().dlpack_device_type()
                              for a in args):
         return None
-    return binder(*args)
+    return binder(*args, threads=threads)
