@@ -129,6 +129,34 @@ def conv_branches_concat(bb, x):
     return bb.emit(relax.op.concat([wide, narrow], axis=1))
 
 
+def erf_gelu(order):
+    """PyTorch's ONNX export of GELU after a linear layer, with the products in ``order``."""
+    def body(bb, x):
+        y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, const(16, 8))), const(8)))
+        if order == "scaled":  # x * (1 / sqrt 2) instead of x / sqrt 2
+            s = bb.emit(relax.op.multiply(relax.const(np.float32(2 ** -0.5)), y))
+        else:
+            s = bb.emit(relax.op.divide(y, relax.const(np.float32(2 ** 0.5))))
+        one_plus = bb.emit(relax.op.add(bb.emit(relax.op.erf(s)), relax.const(np.float32(1))))
+        if order == "half_first":
+            half = bb.emit(relax.op.multiply(relax.const(np.float32(0.5)), y))
+            return bb.emit(relax.op.multiply(half, one_plus))
+        return bb.emit(relax.op.multiply(bb.emit(relax.op.multiply(y, one_plus)),
+                                         relax.const(np.float32(0.5))))
+    return module((5, 16), body)
+
+
+def softmax_after_scores(bb, x):
+    scores = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(x, [0, 2, 1]))))
+    return bb.emit(relax.op.nn.softmax(scores, axis=-1))
+
+
+OTHERS = {
+    **{f"erf_gelu_{o}": (erf_gelu(o), "matmul.bias.gelu") for o in
+       ("torch", "half_first", "scaled")},
+    "softmax": (module((3, 6, 8), softmax_after_scores), ["bmm", "softmax.a2"]),
+}
+
 CONCATS = {
     "concat_nested_relu": (module((1, 4, 5, 5), concat_nested_relu), "concat.a1.relu"),
     # NHWC for the convolutions: the concat joins channels on axis 3
@@ -147,16 +175,16 @@ def vm_outputs(program, inputs):
     return run_vm(program.vm(), inputs, device=program.device)
 
 
-@pytest.mark.parametrize("case", [*CONVS, *MATMULS, *CONCATS])
+@pytest.mark.parametrize("case", [*CONVS, *MATMULS, *CONCATS, *OTHERS])
 def test_every_pattern_matches_tvm_kernels(case):
-    mod, expected = {**CONVS, **MATMULS, **CONCATS}[case]
+    mod, expected = {**CONVS, **MATMULS, **CONCATS, **OTHERS}[case]
     expected = [expected] if isinstance(expected, str) else expected
     dispatched = dispatch_to_vendor(mod, local_cpu_target())
     names = vendor_names(dispatched)
     assert sorted(map(cost_name, names)) == sorted(f"paragraph.vendor.{e}" for e in expected)
     # on the CPU each constant weight is named by its digest (its packed form is cached by it)
-    assert all(bool(VendorOp.from_name(n).weight) == (".bmm" not in n and ".concat" not in n)
-               for n in names)
+    assert all(bool(VendorOp.from_name(n).weight) == (VendorOp.from_name(n).kind in
+                                                      ("conv2d", "matmul")) for n in names)
     inputs = random_inputs(mod, seed=3)
     vendor = KernelProgram.build(mod, "llvm", kernels="vendor")
     assert vendor.sources().get("vendor") == len(expected)
@@ -187,7 +215,8 @@ def test_nchw_layout_and_what_is_not_dispatched():
 
 
 def test_vendor_op_names_round_trip():
-    names = [n for _, e in [*CONVS.values(), *MATMULS.values(), *CONCATS.values()]
+    names = [n for _, e in [*CONVS.values(), *MATMULS.values(), *CONCATS.values(),
+                            *OTHERS.values()]
              for n in ([e] if isinstance(e, str) else e)]
     for name in names:
         full = f"paragraph.vendor.{name}"
@@ -197,9 +226,29 @@ def test_vendor_op_names_round_trip():
             assert tagged.weight == "0123abcd" and tagged.cost_name == full
     for bad in ["paragraph.vendor.pool", "paragraph.vendor.conv2d.NHWC.s1.p0x0.d1x1.g1",
                 "paragraph.vendor.matmul.sigmoid", "tvm.contrib.cudnn.conv2d",
-                "paragraph.vendor.concat", "paragraph.vendor.concat.a1.w0123abcd"]:
+                "paragraph.vendor.concat", "paragraph.vendor.concat.a1.w0123abcd",
+                "paragraph.vendor.softmax", "paragraph.vendor.softmax.a1.w0123abcd"]:
         with pytest.raises(ParagraphError):
             VendorOp.from_name(bad)
+
+
+def test_an_erf_gelu_whose_input_is_read_elsewhere_stays():
+    """The chain is only absorbed where the matmul's result is read by the chain alone: a third
+    reader needs the value before the activation."""
+    def body(bb, x):
+        y = bb.emit(relax.op.matmul(x, const(16, 8)))
+        s = bb.emit(relax.op.divide(y, relax.const(np.float32(2 ** 0.5))))
+        one_plus = bb.emit(relax.op.add(bb.emit(relax.op.erf(s)), relax.const(np.float32(1))))
+        g = bb.emit(relax.op.multiply(bb.emit(relax.op.multiply(y, one_plus)),
+                                      relax.const(np.float32(0.5))))
+        return bb.emit(relax.op.add(g, y))
+    mod = module((5, 16), body)
+    assert [cost_name(n) for n in vendor_names(dispatch_to_vendor(mod, local_cpu_target()))] \
+        == ["paragraph.vendor.matmul"]
+    inputs = random_inputs(mod, seed=3)
+    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
 
 
 def test_a_concat_read_elsewhere_too_is_not_flattened():

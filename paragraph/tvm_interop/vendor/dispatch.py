@@ -137,7 +137,7 @@ class _Rewriter:
     def absorb_activation(self, call: relax.Call, m: dict) -> relax.Expr:
         act = ACTIVATIONS[call.op.name]
         op, args = self.vendor(call.args[0])
-        if (op is None or op.act or op.kind == "bmm"
+        if (op is None or op.act or op.kind in ("bmm", "softmax")
                 or op.kind in ("conv2d", "concat") and act != "relu"):  # oneDNN: relu only
             return call
         return _vendor_call(replace(op, act=act), args, call.ty)
@@ -150,7 +150,7 @@ class _Rewriter:
         factors = self._product(call, top=True)
         if len(factors) != 3:
             return call
-        half = [f for f in factors if _scalar(f) is not None and abs(_scalar(f) - 0.5) < 1e-6]
+        half = [f for f in factors if abs((_scalar(f) or 0.0) - 0.5) < 1e-6]
         rest = [f for f in factors if not any(f.same_as(h) for h in half)]
         if len(half) != 1 or len(rest) != 2:
             return call
@@ -236,6 +236,17 @@ class _Rewriter:
                 or _dtype(call) not in self.dtypes:
             return call
         return _vendor_call(VendorOp("concat", axis=axis), parts, call.ty)
+
+    # -- softmax
+    def softmax(self, call: relax.Call, m: dict) -> relax.Expr:
+        """``softmax`` of a static float32 tensor (CPU): PyTorch's vectorised kernel ran an
+        attention's 12x128x128 scores in 0.13 ms, TVM's untuned kernel in 0.7 ms."""
+        shape = _shape(call)
+        if shape is None or _dtype(call) not in self.dtypes or _dtype(call.args[0]) != \
+                _dtype(call):
+            return call
+        axis = int(call.attrs.axis) % len(shape)
+        return _vendor_call(VendorOp("softmax", axis=axis), [call.args[0]], call.ty)
 
     def absorb_bias(self, call: relax.Call, m: dict) -> relax.Expr:
         for inner, const in (call.args, call.args[::-1]):
@@ -325,6 +336,7 @@ def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Functio
     func = apply(is_op("relax.matmul")(x, w), "matmul")
     if "float16" not in dtypes:  # the CPU (TVM's concat is a scheduled kernel on a GPU)
         func = apply(is_op("relax.concat")(x), "concat")
+        func = apply(is_op("relax.nn.softmax")(x), "softmax")
     for _ in range(16):  # batch norm leaves 4 affine ops after a conv
         before, func = func, apply(affine, "absorb_affine")
         if tvm_ffi.structural_equal(before, func):
@@ -433,6 +445,8 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
     op, args = _vendor(call)
     if op.kind == "concat":
         y = relax.op.concat(args, axis=op.axis)
+    elif op.kind == "softmax":
+        y = relax.op.nn.softmax(args[0], axis=op.axis)
     elif op.kind == "conv2d":
         y = relax.op.nn.conv2d(args[0], args[1], strides=op.stride,
                                padding=[*op.padding, *op.padding], dilation=op.dilation,

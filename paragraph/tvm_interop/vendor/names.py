@@ -20,7 +20,7 @@ ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_
 class VendorOp:
     """Everything a vendor call needs besides its tensors; its `name` is the function name."""
 
-    kind: str  # conv2d | matmul | bmm | concat
+    kind: str  # conv2d | matmul | bmm | concat | softmax
     layout: str = ""  # conv2d: NCHW (weights OIHW) or NHWC (weights OHWI)
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, ...] = (0, 0)  # (top, left) if symmetric, else (top, left, bottom, right)
@@ -30,7 +30,7 @@ class VendorOp:
     residual: bool = False
     act: str | None = None
     weight: str = ""  # CPU: digest of the constant weight, whose packed form is cached
-    axis: int = 0  # concat: the axis joined along
+    axis: int = 0  # concat: the axis joined along; softmax: the axis normalised
 
     @property
     def name(self) -> str:
@@ -43,7 +43,7 @@ class VendorOp:
         if self.kind == "conv2d":
             parts += [self.layout, _dims("s", self.stride), _dims("p", self.padding),
                       _dims("d", self.dilation), f"g{self.groups}"]
-        elif self.kind == "concat":
+        elif self.kind in ("concat", "softmax"):
             parts.append(f"a{self.axis}")
         parts += ["bias"] * self.bias + ["res"] * self.residual + [self.act or ""] * bool(self.act)
         return PREFIX + ".".join(parts)
@@ -52,7 +52,7 @@ class VendorOp:
     def from_name(cls, name: str) -> VendorOp:
         """Parse a name made by `name`; raises `ParagraphError` for anything else."""
         parts = name[len(PREFIX):].split(".") if name.startswith(PREFIX) else []
-        if not parts or parts[0] not in ("conv2d", "matmul", "bmm", "concat"):
+        if not parts or parts[0] not in ("conv2d", "matmul", "bmm", "concat", "softmax"):
             raise ParagraphError(f"{name!r} is not a paragraph vendor kernel")
         op = cls(parts[0])
         rest = parts[1:]
@@ -71,10 +71,10 @@ class VendorOp:
             op = replace(op, layout=rest[0], stride=s, padding=p, dilation=d,
                          groups=int(group[1]))
             rest = rest[5:]
-        elif op.kind == "concat":
+        elif op.kind in ("concat", "softmax"):
             axis = re.fullmatch(r"a(\d+)", rest[0]) if rest else None
             if axis is None:
-                raise ParagraphError(f"malformed vendor concat name {name!r}")
+                raise ParagraphError(f"malformed vendor {op.kind} name {name!r}")
             op, rest = replace(op, axis=int(axis[1])), rest[1:]
         for flag in rest:
             if flag == "bias":
@@ -109,7 +109,7 @@ def vendor_flops(name: str, in_shapes: list[tuple[int, ...]],
     """Multiply-adds x 2 of a vendor call (what ``estimate_tir_flops`` gives TVM kernels)."""
     op = VendorOp.from_name(name)
     out = out_shapes[0]
-    if op.kind == "concat":
+    if op.kind in ("concat", "softmax"):  # data movement, a few operations per element
         return 0.0
     if op.kind == "conv2d":
         w = in_shapes[1]  # OIHW or OHWI: the reduction is everything but O

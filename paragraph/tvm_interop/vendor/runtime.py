@@ -262,8 +262,24 @@ def _concat_kernel(op: VendorOp) -> Callable:
     return bind
 
 
+def _softmax_kernel(op: VendorOp) -> Callable:
+    torch = require_torch()
+    softmax = torch.ops.aten._softmax.out
+
+    def bind(*args, threads: int | None = None) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once."""
+        x, out = (torch.from_dlpack(a) for a in args)
+
+        def call() -> None:
+            _use_schedule_threads(torch, threads)
+            softmax(x, op.axis, False, out=out)
+        return call
+
+    return bind
+
+
 _KERNELS = {"conv2d": _conv2d_kernel, "matmul": _matmul_kernel, "bmm": _matmul_kernel,
-            "concat": _concat_kernel}
+            "concat": _concat_kernel, "softmax": _softmax_kernel}
 
 
 def ensure_registered(name: str) -> None:
