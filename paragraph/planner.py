@@ -477,7 +477,10 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     (outputs checked against it, so against the model); a measured improvement (by
     `MIN_GAIN`, beyond the host's noise) becomes the start of the next round, until none
     improves, ``rounds`` are done or the search budget is spent. The input graph is always a
-    candidate, so the result is never slower than it as measured.
+    candidate, so the result is never slower than it as measured. The budget covers the
+    whole loop: the search leaves ``top_k`` candidate builds of it (at the mean build time
+    seen so far) to the loop, and candidates are built while a build still fits (at least
+    one per round), so the loop ends within about one build of the budget.
 
     The cost model prices each kernel of a candidate (`paragraph.passes.cost.kernels_of`) by
     its signature's seconds on one thread with this kernel source, measured once and cached in
@@ -518,9 +521,11 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             f"{' and scaled by kind' if model.measured else ''}")
         t_build = time.perf_counter()
         best = build(graph, ())
-        # what building and timing the top_k candidates will take, kept out of the search's
-        # share of the budget so the whole loop ends near it (at least a quarter searches)
-        reserve = top_k * (time.perf_counter() - t_build) * 1.2
+        # seconds to build and plan one candidate: the input's at first, then the mean of the
+        # candidates' own (planning a candidate also times it end to end, once per schedule
+        # choice, which the input may have found cached)
+        build_s = time.perf_counter() - t_build
+        build_times: list[float] = []
         best_graph: Graph = graph
         best_applied: tuple[Applied, ...] = ()
         # the input is timed beside the candidates (a lone first timing in a fresh process
@@ -534,6 +539,10 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             left = options.seconds - (time.perf_counter() - start)
             if left <= 0:
                 break
+            # what building and timing the top_k candidates will take, kept out of the
+            # search's share of the budget so the whole loop ends near it (at least a quarter
+            # searches)
+            reserve = top_k * build_s * 1.2
             result = substitution_search(best_graph, rules, cost,
                                          replace(options, seconds=max(left - reserve, left / 4)),
                                          progress=say)
@@ -548,10 +557,19 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             if not fresh:
                 say(f"  round {r + 1}: no new candidate")
                 break
-            plans = []
+            plans: list[Plan] = []
             for c in fresh:
+                left = options.seconds - (time.perf_counter() - start)
+                if plans and left < build_s:  # the budget holds: time what is built
+                    say(f"  round {r + 1}: budget spent after {len(plans)} of {len(fresh)} "
+                        "candidates")
+                    fresh = fresh[:len(plans)]
+                    break
                 seen.add(c.graph.structural_hash())
+                t_build = time.perf_counter()
                 plans.append(build(c.graph, [a.rule for a in (*best_applied, *c.applied)]))
+                build_times.append(time.perf_counter() - t_build)
+                build_s = sum(build_times) / len(build_times)
             built += len(plans)
             times = end_to_end([(best.program, best.schedule)]
                                + [(p.program, p.schedule) for p in plans],
