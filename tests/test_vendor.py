@@ -342,6 +342,47 @@ def test_bound_calls_reuse_their_views_and_see_new_data():
     assert bind("paragraph_test.not_a_vendor_kernel", (a, m, out)) is None
 
 
+def test_small_kernels_time_both_forms_and_keep_the_faster():
+    """A bound 1x1 convolution (bias, residual, relu) and a linear layer (bias, gelu) have two
+    forms, oneDNN's in-place kernel and MKL's GEMM in place: the first calls alternate between
+    them, timed, then the faster by median is kept; every call computes the same result."""
+    from paragraph.tvm_interop.vendor.runtime import TRIALS, _Fastest
+
+    conv = VendorOp("conv2d", "NHWC", (1, 1), (0, 0), (1, 1), 1, bias=True, residual=True,
+                    act="relu", weight="c0ffee")
+    x = tvm.runtime.tensor(RNG.random((1, 6, 6, 8), dtype="float32"))
+    w = RNG.standard_normal((12, 1, 1, 8)).astype("float32")
+    b = RNG.standard_normal(12).astype("float32")
+    res = tvm.runtime.tensor(RNG.random((1, 6, 6, 12), dtype="float32"))
+    out = tvm.runtime.empty((1, 6, 6, 12), "float32")
+    lin = VendorOp("matmul", bias=True, act="gelu", weight="facade")
+    a = tvm.runtime.tensor(RNG.random((3, 16), dtype="float32"))
+    m = RNG.standard_normal((16, 8)).astype("float32")
+    mb = RNG.standard_normal(8).astype("float32")
+    out2 = tvm.runtime.empty((3, 8), "float32")
+    cases = [(conv, (x, tvm.runtime.tensor(w), tvm.runtime.tensor(b), res, out), out,
+              lambda: np.maximum(np.einsum("nhwc,oc->nhwo", x.numpy(), w[:, 0, 0]) + b
+                                 + res.numpy(), 0)),
+             (lin, (a, tvm.runtime.tensor(m), tvm.runtime.tensor(mb), out2), out2,
+              lambda: torch.nn.functional.gelu(torch.from_numpy(a.numpy() @ m + mb)).numpy())]
+    for op, args, result, reference in cases:
+        ensure_registered(op.name)
+        call = bind(op.name, args)
+        assert isinstance(call, _Fastest) and len(call.variants) == 2
+        for _ in range(2 * (TRIALS + 1) + 3):
+            args[0].copyfrom(RNG.random(args[0].shape, dtype="float32"))
+            call()
+            np.testing.assert_allclose(result.numpy(), reference(), rtol=1e-4, atol=1e-4,
+                                       err_msg=op.name)
+        n = torch.get_num_threads()
+        assert all(len(t) == TRIALS + 1 for t in call.samples[n]) and n in call.chosen
+    # only where a GEMM form exists: a 3x3 convolution keeps oneDNN's kernel alone
+    three = VendorOp("conv2d", "NHWC", (1, 1), (1, 1), (1, 1), 1, weight="c0ffee3")
+    ensure_registered(three.name)
+    w3 = tvm.runtime.tensor(RNG.random((12, 3, 3, 8), dtype="float32"))
+    assert not isinstance(bind(three.name, (x, w3, out)), _Fastest)
+
+
 def test_each_stream_thread_gets_its_schedule_thread_count():
     """torch.set_num_threads is per calling thread (OpenMP/MKL), so a vendor call sizes torch's
     pool from the thread count the executor gave its stream, without touching other threads."""

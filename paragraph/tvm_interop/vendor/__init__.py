@@ -39,12 +39,23 @@ or holds the residual: torch has no ``out=`` convolution that does not allocate 
 its weight reordered once into oneDNN's blocked format and cached under the weight's digest,
 which the function name carries. A product with a constant matrix runs the same way, as a 1x1
 convolution (oneDNN's GEMM was 2.5x faster than MKL's on this AMD CPU); other products use
-MKL's ``out=`` forms. The executor binds each kernel to its tensors once (`runtime.bind`):
+MKL's ``out=`` forms.
+Where a convolution is a GEMM (1x1, stride 1, unpadded, ungrouped, in NHWC) and for a product
+with a constant matrix, the bound call has a second form, MKL's GEMM written in place (bias,
+residual and activation after it): oneDNN's in-place call costs about 24 us before any work,
+MKL's 3 us, so small ones run faster as GEMMs and large ones on oneDNN; the first calls on
+each thread count time both and keep the faster (`runtime._Fastest`).
+The executor binds each kernel to its tensors once (`runtime.bind`):
 the torch views (DLPack, layout permutes) are made then, not on every call. Each call sets
 torch's thread count for the calling thread to the one the executor gave its stream
-(``torch.set_num_threads`` is per thread for OpenMP and MKL). On a shared machine, run with
-``OMP_WAIT_POLICY=PASSIVE`` (before Python starts): libgomp's spinning barriers made 2-thread
-convolutions 100x slower here whenever another process held a core.
+(``torch.set_num_threads`` is per thread for OpenMP and MKL). paragraph sets
+``OMP_WAIT_POLICY=PASSIVE`` unless the user chose (it must be set before torch loads): every
+2-thread oneDNN call then wakes a sleeping worker (about 45 us), and spinning would avoid that,
+but on this shared 2-core VM a bounded spin (``GOMP_SPINCOUNT=30000``) made NASNet-A's one
+2-thread stream 2x faster on idle cores and 7x slower with one core busy, and libgomp's
+unbounded spinning made 2-thread convolutions 100x slower whenever another process held a
+core. Small kernels avoid the wake-up instead: a schedule's ``kernel_threads`` runs them on one
+thread (`planner.fewer_threads_where_faster`).
 
 CUDA. Calls run on the stream TVM's kernels use at that moment (the executor sets it per
 schedule stream), through ``torch.cuda.ExternalStream``. cuDNN convolutions return a new tensor,
