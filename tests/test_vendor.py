@@ -345,7 +345,8 @@ def test_bound_calls_reuse_their_views_and_see_new_data():
 def test_small_kernels_time_both_forms_and_keep_the_faster():
     """A bound 1x1 convolution (bias, residual, relu) and a linear layer (bias, gelu) have two
     forms, oneDNN's in-place kernel and MKL's GEMM in place: the first calls alternate between
-    them, timed, then the faster by median is kept; every call computes the same result."""
+    them, timed, then the faster by median is kept (and bindings made later start with it);
+    every call computes the same result."""
     from paragraph.tvm_interop.vendor.runtime import TRIALS, _Fastest
 
     conv = VendorOp("conv2d", "NHWC", (1, 1), (0, 0), (1, 1), 1, bias=True, residual=True,
@@ -376,6 +377,9 @@ def test_small_kernels_time_both_forms_and_keep_the_faster():
                                        err_msg=op.name)
         n = torch.get_num_threads()
         assert all(len(t) == TRIALS + 1 for t in call.samples[n]) and n in call.chosen
+        again = bind(op.name, args)  # a later executor's binding starts with the choice
+        again()
+        assert n in again.chosen and not again.samples
     # only where a GEMM form exists: a 3x3 convolution keeps oneDNN's kernel alone
     three = VendorOp("conv2d", "NHWC", (1, 1), (1, 1), (1, 1), 1, weight="c0ffee3")
     ensure_registered(three.name)

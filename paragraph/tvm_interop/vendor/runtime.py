@@ -122,8 +122,9 @@ class _Fastest:
     24 us per call before any work, MKL's GEMM 3 us: a small 1x1 convolution or linear layer
     (NASNet-A's, an RNN step's) runs faster as a GEMM, a large one as oneDNN's."""
 
-    def __init__(self, torch, variants: list[Callable[[], None]], threads: int | None) -> None:
-        self.torch, self.variants, self.threads = torch, variants, threads
+    def __init__(self, torch, variants: list[Callable[[], None]], threads: int | None,
+                 key: tuple) -> None:
+        self.torch, self.variants, self.threads, self.key = torch, variants, threads, key
         self.samples: dict[int, list[list[float]]] = {}
         self.chosen: dict[int, Callable[[], None]] = {}
 
@@ -131,6 +132,8 @@ class _Fastest:
         _use_schedule_threads(self.torch, self.threads)
         n = self.torch.get_num_threads()
         fn = self.chosen.get(n)
+        if fn is None and (self.key, n) in _CHOSEN:  # chosen by an earlier binding
+            fn = self.chosen[n] = self.variants[_CHOSEN[self.key, n]]
         if fn is not None:
             fn()
             return
@@ -142,6 +145,12 @@ class _Fastest:
         if all(len(x) > TRIALS for x in samples):
             best = min(range(len(samples)), key=lambda j: statistics.median(samples[j][1:]))
             self.chosen[n] = self.variants[best]
+            _CHOSEN[self.key, n] = best
+
+
+# (kernel name, argument shapes), threads -> the variant `_Fastest` chose: executors built
+# later in the process (a planner builds several) start with it
+_CHOSEN: dict[tuple[tuple, int], int] = {}
 
 
 def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] | None:
@@ -230,7 +239,8 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
 
         gemm = None if out.is_cuda else _gemm_1x1(
             torch, op, ts[0], ts[1], bias, None if res is None else ts[2 + op.bias], ts[-1])
-        return call if gemm is None else _Fastest(torch, [call, gemm], threads)
+        return call if gemm is None else _Fastest(torch, [call, gemm], threads,
+                                                  (op.name, *(tuple(t.shape) for t in ts)))
 
     return bind
 
@@ -303,7 +313,7 @@ def _matmul_kernel(op: VendorOp) -> Callable:
         def mkl() -> None:  # MKL's GEMM in place: no 24 us oneDNN call cost for small ones
             _use_schedule_threads(torch, threads)
             run(ts[0], ts[1], bias, ts[-1], cpu=False)
-        return _Fastest(torch, [call, mkl], threads)
+        return _Fastest(torch, [call, mkl], threads, (op.name, *(tuple(t.shape) for t in ts)))
 
     return bind
 
