@@ -124,7 +124,7 @@ def _schedule(args: argparse.Namespace, program: KernelProgram) -> Plan:
         except OSError as e:
             raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
         return Plan(program, Schedule.from_json(text, program.graph))
-    return plan_schedule(args.schedule or "sequential", program, options=_ios_options(args),
+    return plan_schedule(args.schedule or "critical-path", program, options=_ios_options(args),
                          tuning_db=args.tuning_db, cores=args.threads, log=_say,
                          split=not args.no_split)
 
@@ -436,10 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="W,R,N", help="stage measurement: W warm-ups, R repeats of N "
                        "runs, median (default 2,6,6 as in IOS)")
 
-    def schedule_options(p: argparse.ArgumentParser, default: str | None = "sequential") -> None:
+    def schedule_options(p: argparse.ArgumentParser,
+                         default: str | None = "critical-path") -> None:
         p.add_argument("--schedule", choices=(*ALGORITHMS, "ios"), default=default,
-                       help="how to spread kernels over streams (default sequential; ios "
-                       "searches stages by measurement, cached in the cost database)")
+                       help="how to spread kernels over streams (default critical-path: the "
+                       "fastest planner, which times every kernel on its first run and keeps "
+                       "the timings in the cost database; sequential runs one stream on every "
+                       "core; ios searches stages by measurement, cached likewise)")
         p.add_argument("--schedule-file", metavar="JSON",
                        help="use a schedule saved with --save-schedule instead")
         p.add_argument("--save-schedule", metavar="JSON", help="write the schedule as JSON")

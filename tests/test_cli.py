@@ -36,13 +36,14 @@ def test_run_checks_outputs_and_times(capsys):
 def test_default_kernels_are_the_fastest_source(capsys, monkeypatch):
     """Without --kernels a user gets vendor kernels where torch is installed (untuned TVM CPU
     kernels are 10-100x slower), auto with a tuning database, TVM's own without torch; `tune`
-    keeps tuning TVM's kernels."""
+    keeps tuning TVM's kernels. Without --schedule, critical-path."""
     from paragraph.tvm_interop.vendor import runtime
 
     assert runtime.default_kernels("cpu") == "vendor"
     assert runtime.default_kernels("cpu", "some/db") == "auto"
     code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "2")
     assert code == 0 and "vendor kernels" in out and "vendor kernels: median" in out
+    assert "critical-path schedule" in out  # the default schedule: the fastest planner
     monkeypatch.setattr(runtime, "torch_available", lambda: False)
     assert runtime.default_kernels("cpu", "some/db") == "tvm"
     assert runtime.default_kernels("cuda") == "tvm"
