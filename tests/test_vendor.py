@@ -387,6 +387,57 @@ def test_small_kernels_time_both_forms_and_keep_the_faster():
     assert not isinstance(bind(three.name, (x, w3, out)), _Fastest)
 
 
+def _cpp_module():
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, const(8, 8, 1, 1)))
+        y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(bb.emit(relax.op.add(
+            y, const(1, 8, 1, 1))), x))))  # 1x1 + bias + residual + relu: two forms
+        z = bb.emit(relax.op.nn.conv2d(y, const(6, 8, 3, 3), strides=2, padding=(0, 1, 1, 2)))
+        r = bb.emit(relax.op.reshape(z, (6, -1)))
+        return bb.emit(relax.op.nn.gelu(bb.emit(relax.op.add(
+            bb.emit(relax.op.matmul(r, const(r.ty.shape[1].value, 5))), const(5)))))
+    return module((1, 8, 9, 9), body)
+
+
+def test_cpu_vendor_kernels_run_in_cpp_without_the_gil(monkeypatch, tmp_path):
+    """On the CPU the executor binds convolutions and constant-matrix products to their C++
+    forms (`vendor.native`: TVM FFI functions the native runner calls without the GIL); their
+    outputs equal the Python kernels' and TVM's over enough runs for both forms of the 1x1
+    convolution and the product to be tried. Switched off, or where the C++ build fails (with
+    a warning), the Python kernels run."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native as native_vendor
+
+    mod = _cpp_module()
+    inputs = random_inputs(mod, seed=2)
+    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    vendor_kernels = [n.id for n in program.kernels if n.attrs.get("source") == "vendor"]
+    assert len(vendor_kernels) == 3
+
+    def check(cpp: bool) -> None:
+        for algorithm in ("sequential", "critical-path"):
+            schedule = make_schedule(algorithm, program.graph, cores=2)
+            with make_executor(program, schedule) as ex:
+                assert all(isinstance(ex.steps[k].fn, tvm_ffi.Function) == cpp
+                           for k in vendor_kernels)
+                for _ in range(12):
+                    for got, ref in zip(ex.run(*inputs), want, strict=True):
+                        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+    check(cpp=True)
+    monkeypatch.setenv("PARAGRAPH_NATIVE_VENDOR", "0")
+    check(cpp=False)
+    monkeypatch.delenv("PARAGRAPH_NATIVE_VENDOR")
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    monkeypatch.setattr(native_vendor, "_state", {})
+    with pytest.warns(RuntimeWarning, match="C\\+\\+ vendor kernels are unavailable"):
+        check(cpp=False)
+    assert "failed" in native_vendor.reason()
+
+
 def test_each_stream_thread_gets_its_schedule_thread_count():
     """torch.set_num_threads is per calling thread (OpenMP/MKL), so a vendor call sizes torch's
     pool from the thread count the executor gave its stream, without touching other threads."""

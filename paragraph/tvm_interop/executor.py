@@ -47,6 +47,7 @@ from paragraph.tvm_interop.threads import (
     release_workers,
     stream_cores,
 )
+from paragraph.tvm_interop.vendor import native as native_vendor
 from paragraph.tvm_interop.vendor import runtime as vendor
 
 if TYPE_CHECKING:  # programs are built above the executor, which only runs them
@@ -118,6 +119,7 @@ class _Base:
         waits = sync_points(schedule)
         signalled = {p for ps in waits.values() for p in ps}
         self.steps: dict[int, Step] = {}
+        stream_of = schedule.stream_of
         for k in schedule.kernels:
             node = self.graph[k]
             fn, args = None, ()
@@ -126,8 +128,12 @@ class _Base:
                 outs = [TensorRef(k, i) for i in range(len(node.outputs))]
                 args = tuple(self.tensors[r] for r in (*node.inputs, *outs))
                 if node.attrs["source"] == "vendor":  # torch views made once, not per call
-                    bound = vendor.bind(node.attrs["func"], args,
-                                        schedule.kernel_threads.get(k))
+                    cap = schedule.kernel_threads.get(k)
+                    threads = min(schedule.threads[stream_of[k]], cap or 1 << 16)
+                    # in C++ where it can (no GIL on the stream's thread), else in Python
+                    bound = native_vendor.bind(node.attrs["func"], args, threads)
+                    if bound is None:
+                        bound = vendor.bind(node.attrs["func"], args, cap)
                     fn, args = (fn, args) if bound is None else (bound, ())
             self.steps[k] = Step(k, node.attrs.get("func") or node.name or node.kind, fn, args,
                                  waits.get(k, ()), k in signalled)

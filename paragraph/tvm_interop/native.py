@@ -35,18 +35,20 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
 
 
-def _build(out: Path) -> None:
-    """Compile the runner to ``out`` (atomically: a temporary file renamed over)."""
+def build_library(source: Path, out: Path, *, includes: tuple[str, ...] = (),
+                  libs: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> None:
+    """Compile ``source`` against TVM FFI (and ``includes``/``libs``) to the shared library
+    ``out``, atomically: a temporary file renamed over, so an interrupted build leaves none."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX)")
-    includes = [f"-I{p}" for p in tvm_ffi.libinfo.include_paths()]
+    paths = [f"-I{p}" for p in (*tvm_ffi.libinfo.include_paths(), *includes)]
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        cmd = [cxx, "-std=c++20", "-O2", "-fPIC", "-shared", *includes, str(SOURCE), "-o", tmp,
-               tvm_ffi.libinfo.find_libtvm_ffi()]
+        cmd = [cxx, "-std=c++20", "-O2", "-fPIC", "-shared", *flags, *paths, str(source), "-o",
+               tmp, tvm_ffi.libinfo.find_libtvm_ffi(), *libs]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -72,7 +74,7 @@ def runner():
             try:
                 path = library_path()
                 if not path.exists():
-                    _build(path)
+                    build_library(SOURCE, path)
                 _state["module"] = tvm_ffi.load_module(str(path))
             except Exception as exc:  # no compiler, headers or loader: the Python runner works
                 _state["reason"] = f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,98 @@
+"""The CPU vendor kernels in C++ (``native_kernels.cc``): convolutions and products with a
+constant matrix bound once to TVM's buffers as TVM FFI functions, which the native stream runner
+calls without the GIL. Built on first use with the system C++ compiler against PyTorch's and
+TVM FFI's headers (about 30 s), cached under `paragraph.files.cache_dir`. Without a compiler or
+PyTorch's headers, or with ``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``, `bind`
+returns None and the executor binds the Python kernels of `runtime` (same results)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import tvm_ffi
+
+from paragraph.files import cache_dir
+from paragraph.tvm_interop.native import build_library
+from paragraph.tvm_interop.vendor.names import VendorOp, is_vendor_name
+
+SOURCE = Path(__file__).with_name("native_kernels.cc")
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _library_path(torch: Any) -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + tvm_ffi.__version__.encode()
+                         + torch.__version__.encode()).hexdigest()[:16]
+    return cache_dir() / "native" / f"vendor_kernels-{key}.so"
+
+
+def _build(torch: Any, out: Path) -> None:
+    from torch.utils import cpp_extension
+
+    lib = Path(torch.__file__).parent / "lib"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    build_library(SOURCE, out, includes=tuple(cpp_extension.include_paths()),
+                  libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"),
+                  flags=(f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w"))
+
+
+def module() -> Any:
+    """The loaded kernels module, built on first use; None when unavailable (`reason`)."""
+    if "0" in (os.environ.get("PARAGRAPH_NATIVE", "1"),
+               os.environ.get("PARAGRAPH_NATIVE_VENDOR", "1")):
+        return None
+    with _lock:
+        if "module" not in _state:
+            _state["module"], _state["reason"] = None, None
+            try:
+                import torch  # the kernels link against this PyTorch
+
+                path = _library_path(torch)
+                if not path.exists():
+                    _build(torch, path)
+                _state["module"] = tvm_ffi.load_module(str(path))
+            except Exception as exc:  # the Python kernels work: warn once, go on
+                _state["reason"] = f"{type(exc).__name__}: {exc}"
+                warnings.warn("paragraph's C++ vendor kernels are unavailable, so vendor calls "
+                              f"run through Python (same results): {_state['reason']}",
+                              RuntimeWarning, stacklevel=2)
+        return _state["module"]
+
+
+def reason() -> str | None:
+    """Why `module` returned None (None when it is available or not tried yet)."""
+    return _state.get("reason")
+
+
+def bind(name: str, args: tuple, threads: int) -> Any:
+    """The C++ kernel for vendor function ``name`` on TVM tensors ``args`` (inputs then the
+    output, as the vendor call takes them) with ``threads`` threads, as a TVM FFI function of
+    no arguments; None where there is no C++ form (concatenation, softmax, batched products,
+    NCHW or GPU tensors) or the module is unavailable."""
+    if not is_vendor_name(name):  # a packed function registered elsewhere
+        return None
+    op = VendorOp.from_name(name)
+    if op.kind not in ("conv2d", "matmul") or not op.weight:
+        return None
+    if any(a.device.dlpack_device_type() != 1 for a in args):  # kDLCPU
+        return None
+    m = module()
+    if m is None:
+        return None
+    if op.kind == "conv2d":
+        if op.layout != "NHWC":
+            return None
+        bias = args[2] if op.bias else None
+        res = args[2 + op.bias] if op.residual else None
+        params = [*op.stride, *op.padding, *op.dilation, op.groups]
+        return m["paragraph_vendor_conv2d"](args[-1], args[0], args[1], bias, res, params,
+                                            op.layout, op.act or "", threads)
+    if len(args[1].shape) != 2:
+        return None
+    return m["paragraph_vendor_linear"](args[-1], args[0], args[1],
+                                        args[2] if op.bias else None, op.act or "", threads)
