@@ -1,7 +1,8 @@
 """Vendor kernels: convolutions and matrix products through the libraries PyTorch ships.
 
 By job: `names` (a call's `VendorOp` and function name), `runtime` (the PyTorch kernels behind
-the names), `dispatch` (the Relax pass that makes the calls, and back), `select`
+the names), `native` (the CPU convolutions and products in C++, which the native stream runner
+calls without the GIL), `dispatch` (the Relax pass that makes the calls, and back), `select`
 (``--kernels auto``: the faster source per call, measured).
 
 The TVM wheel has neither cuDNN nor cuBLAS, so paragraph reaches vendor libraries the way TVM's
@@ -45,6 +46,11 @@ with a constant matrix, the bound call has a second form, MKL's GEMM written in 
 residual and activation after it): oneDNN's in-place call costs about 24 us before any work,
 MKL's 3 us, so small ones run faster as GEMMs and large ones on oneDNN; the first calls on
 each thread count time both and keep the faster (`runtime._Fastest`).
+On the CPU the executor binds convolutions and products with a constant matrix to their C++
+forms (`native.bind`, the same PyTorch calls from ``native_kernels.cc``): a Python vendor call
+takes the GIL twice, and on two concurrent streams small kernels queued for it (RandWire's
+streams were busy 40% longer than their kernels alone; in C++ they are not). Concatenations,
+softmax and batched products, and the TVM VM's calls, stay in Python.
 The executor binds each kernel to its tensors once (`runtime.bind`):
 the torch views (DLPack, layout permutes) are made then, not on every call. Each call sets
 torch's thread count for the calling thread to the one the executor gave its stream
