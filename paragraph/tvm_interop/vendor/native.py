@@ -32,7 +32,7 @@ def _library_path(torch: Any) -> Path:
 
 
 def _build(torch: Any, out: Path) -> None:
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # optional (the torch extra), slow to import
 
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
