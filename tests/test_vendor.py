@@ -562,6 +562,16 @@ def test_auto_measures_each_kernel_once_and_records_its_source(tmp_path):
     np.testing.assert_allclose(vm_outputs(program, inputs)[0], want[0], rtol=1e-4, atol=1e-4)
 
 
+def test_auto_takes_back_an_asymmetrically_padded_convolution():
+    """`--kernels auto` compiles each vendor call's TVM form too: a TF-style padded
+    convolution (NASNet's) keeps its four paddings on the way back to Relax."""
+    mod, _ = CONVS["conv_asymmetric_padding"]
+    inputs = random_inputs(mod, seed=4)
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    program = KernelProgram.build(mod, "llvm", kernels="auto")
+    np.testing.assert_allclose(vm_outputs(program, inputs)[0], want[0], rtol=1e-4, atol=1e-4)
+
+
 def test_compile_then_run_in_a_fresh_process(tmp_path, capsys):
     out = tmp_path / "squeezenet"
     assert main(["compile", "squeezenet1_1", "--reduced", "--kernels", "vendor",

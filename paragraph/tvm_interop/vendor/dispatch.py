@@ -439,6 +439,12 @@ class VendorDispatch:
 
 
 # ---------------------------------------------------------------------------- undispatch
+def _relax_padding(padding: tuple[int, ...]) -> list[int]:
+    """A `VendorOp`'s padding, (top, left) or TF-style (top, left, bottom, right), as Relax's
+    conv2d takes it: (top, left, bottom, right)."""
+    return list(padding) if len(padding) == 4 else [*padding, *padding]
+
+
 def to_relax_ops(call: relax.Call) -> relax.Expr:
     """The TVM-kernel form of a vendor call: the same maths as plain Relax operators (weights
     already folded), which TVM's legalization and fusion turn into one fused kernel."""
@@ -449,7 +455,7 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
         y = relax.op.nn.softmax(args[0], axis=op.axis)
     elif op.kind == "conv2d":
         y = relax.op.nn.conv2d(args[0], args[1], strides=op.stride,
-                               padding=[*op.padding, *op.padding], dilation=op.dilation,
+                               padding=_relax_padding(op.padding), dilation=op.dilation,
                                groups=op.groups, data_layout=op.layout,
                                kernel_layout="OIHW" if op.layout == "NCHW" else "OHWI")
         if op.bias:
