@@ -46,7 +46,13 @@ from kernels import to_onnx  # noqa: E402  (benchmarks/ is on the path when run 
 from paragraph import models  # noqa: E402
 from paragraph.bench import executor_config, vm_config  # noqa: E402
 from paragraph.files import atomic_write_json  # noqa: E402
-from paragraph.machine import cpu_contention, cpu_count, describe_machine  # noqa: E402
+from paragraph.machine import (  # noqa: E402
+    cpu_contention,
+    cpu_count,
+    describe_machine,
+    is_contended,
+    wait_for_quiet_cores,
+)
 from paragraph.planner import max_difference, plan_schedule  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
@@ -61,7 +67,6 @@ MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "resnet50", "bert", "sr
           "encoder")
 BRANCHY = ("inception_v3", "nasnet_a_mobile", "randwire")
 SCHEDULES = ("sequential", "critical-path", "opara", "wavefront")
-CONTENDED = 0.3  # cores used by other processes (or stolen) that make a timing suspect
 TOLERANCE = 1e-3  # another runtime, another rounding (relative to 1 + |expected|)
 
 
@@ -334,16 +339,6 @@ def kernel_bound(program: KernelProgram, inputs: list[np.ndarray], runs: int = 1
             "bound_ms": max(total / cpu_count(), critical)}
 
 
-def quiet(log, wait_s: float = 120.0) -> dict:
-    """The contention once other processes leave the cores free (waiting up to ``wait_s``)."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        c = cpu_contention(2.0)
-        if all(v <= CONTENDED for v in c.values()) or time.monotonic() > deadline:
-            return c
-        log(f"  waiting for the cores to be free: {c}")
-
-
 def bench_model(name: str, args, db: CostDB, log) -> dict:
     """All peers and paragraph's schedules on one model, checked, then timed side by side."""
     workdir = Path(tempfile.mkdtemp(prefix="paragraph-peers-"))
@@ -381,7 +376,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
             raise RuntimeError(f"{name}: {c.name} differs from ONNX Runtime by "
                                f"{diffs[c.name]:.3g}")
     bound = kernel_bound(program, inputs)
-    before = quiet(log)
+    before = wait_for_quiet_cores(log)
     log(f"{name}: timing {len(configs)} configurations, {args.blocks} blocks of {args.block}")
     try:
         time_in_blocks(configs, args.blocks, args.block)
@@ -401,7 +396,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         log(f"  {c.name:26} {row['median_ms']:9.3f} ms  ({row['speed_vs_onnxruntime']:.2f}x ORT)")
     ours = [r for r in rows if r["config"].startswith("paragraph:")]
     best = min(ours, key=lambda r: r["median_ms"])
-    contended = any(v > CONTENDED for c in (before, after) for v in c.values())
+    contended = is_contended(before, after)
     if contended:
         log(f"  FLAGGED: other work held a core around the timing ({before}, {after})")
     target_x = 1.15 if name in BRANCHY else 1.0

@@ -29,7 +29,12 @@ from pathlib import Path
 from paragraph import models
 from paragraph.bench import check_and_time, executor_config, vm_config
 from paragraph.files import atomic_write_json
-from paragraph.machine import cpu_contention, describe_machine
+from paragraph.machine import (
+    cpu_contention,
+    describe_machine,
+    is_contended,
+    wait_for_quiet_cores,
+)
 from paragraph.passes.search import SearchOptions
 from paragraph.planner import plan_schedule, search_plan
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
@@ -39,7 +44,6 @@ from paragraph.tvm_interop.measure import CostDB
 
 MODELS = ("nasnet_a_mobile", "resnext50_32x4d", "inception_v3", "resnet50", "nasnet_a_large",
           "sru_rnntc", "bert")
-CONTENDED = 0.3  # cores used by other processes (or stolen) that make a timing suspect
 # (config name, search method, cost, beta, schedule)
 SEARCHES = (("greedy+best", "greedy", "sum", 1.1, "critical-path"),
             ("taso+sequential", "taso", "sum", 1.05, "sequential"),
@@ -81,7 +85,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
                            "kernels_measured": report["kernels_priced_by_measurement"]}
         configs.append(dataclasses.replace(executor_config(plan.program, plan.schedule, inputs),
                                            name=label))
-    before = quiet(log)
+    before = wait_for_quiet_cores(log)
     check_and_time(configs, expected, 1e-4, args.repeat)
     after = cpu_contention(2.0)
     base = statistics.median(vm.samples) * 1e3
@@ -91,7 +95,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         log(f"  {r['config']:18} {r['median_ms']:9.3f} ms")
     ms = {r["config"]: r["median_ms"] for r in rows}
     fastest = min(ms, key=ms.__getitem__)
-    contended = any(c.get(k, 0.0) > CONTENDED for c in (before, after) for k in c)
+    contended = is_contended(before, after)
     if contended:
         log(f"  FLAGGED: other work held a core around the timing ({before}, {after})")
     return {"model": name, "configs": rows, "fastest": fastest,
@@ -99,17 +103,6 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
             "parallel_search_fastest": fastest in ("autograph+best", "simulated+best"),
             "autograph_vs_taso_best": ms["taso+best"] / ms["autograph+best"],
             "slowest_search_s": max(s["search_s"] for s in searches.values())}
-
-
-def quiet(log, wait_s: float = 120.0) -> dict:
-    """The CPU contention (`cpu_contention`) once other processes leave the cores free, waiting
-    up to ``wait_s``; the last sample either way."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        c = cpu_contention(2.0)
-        if all(v <= CONTENDED for v in c.values()) or time.monotonic() > deadline:
-            return c
-        log(f"  waiting for the cores to be free: {c}")
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ import datetime
 import os
 import platform
 import time
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -103,3 +104,23 @@ def cpu_contention(seconds: float = 1.0) -> dict[str, float]:
         return {}
     wall = (t1 - t0) * ticks
     return {"other_processes": round((p1 - p0) / wall, 3), "steal": round((s1 - s0) / wall, 3)}
+
+
+# cores used by other processes (or stolen by the hypervisor) that make a timing suspect
+CONTENDED = 0.3
+
+
+def wait_for_quiet_cores(log: Callable[[str], None], wait_s: float = 120.0) -> dict[str, float]:
+    """The contention (`cpu_contention` over 2 s) once other processes leave the cores free,
+    waiting up to ``wait_s`` and saying so through ``log``; the last sample either way."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        c = cpu_contention(2.0)
+        if not is_contended(c) or time.monotonic() > deadline:
+            return c
+        log(f"  waiting for the cores to be free: {c}")
+
+
+def is_contended(*samples: dict[str, float]) -> bool:
+    """Whether any `cpu_contention` sample shows another process (or steal) on a core."""
+    return any(v > CONTENDED for c in samples for v in c.values())

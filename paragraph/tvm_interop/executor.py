@@ -129,7 +129,8 @@ class _Base:
                 args = tuple(self.tensors[r] for r in (*node.inputs, *outs))
                 if node.attrs["source"] == "vendor":  # torch views made once, not per call
                     cap = schedule.kernel_threads.get(k)
-                    threads = min(schedule.threads[stream_of[k]], cap or 1 << 16)
+                    threads = schedule.threads[stream_of[k]]
+                    threads = min(threads, cap) if cap else threads
                     # in C++ where it can (no GIL on the stream's thread), else in Python
                     bound = native_vendor.bind(node.attrs["func"], args, threads)
                     if bound is None:

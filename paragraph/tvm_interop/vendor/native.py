@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import tvm
 import tvm_ffi
 
 from paragraph.files import cache_dir
@@ -79,7 +80,7 @@ def bind(name: str, args: tuple, threads: int) -> Any:
     op = VendorOp.from_name(name)
     if op.kind not in ("conv2d", "matmul") or not op.weight:
         return None
-    if any(a.device.dlpack_device_type() != 1 for a in args):  # kDLCPU
+    if any(a.device.dlpack_device_type() != tvm.cpu().dlpack_device_type() for a in args):
         return None
     m = module()
     if m is None:
