@@ -1,5 +1,6 @@
 """paragraph: graph substitution and inter-operator parallelism for Apache TVM (Relax)."""
 
+import importlib
 import os
 
 from paragraph.machine import cpu_count
@@ -20,5 +21,19 @@ from paragraph.errors import GraphError, ModelLoadError, ParagraphError, Unsuppo
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType
 from paragraph.version import __version__
 
+# The TVM-facing API loads TVM on first use, so `import paragraph` (the graph IR, rules and
+# algorithms) stays fast and works without TVM.
+_LAZY = {"build": "paragraph.deploy", "load": "paragraph.deploy",
+         "ParallelExecutable": "paragraph.deploy", "pipeline": "paragraph.transform",
+         "register_pipelines": "paragraph.transform", "GraphSubstitution": "paragraph.transform",
+         "KernelLowering": "paragraph.transform", "InterOperatorSchedule": "paragraph.transform"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'paragraph' has no attribute {name!r}")
+
+
 __all__ = ["Graph", "GraphBuilder", "Node", "TensorRef", "TensorType", "ParagraphError",
-           "UnsupportedModelError", "ModelLoadError", "GraphError", "__version__"]
+           "UnsupportedModelError", "ModelLoadError", "GraphError", "__version__", *_LAZY]

@@ -16,6 +16,8 @@ import tvm_ffi
 
 from paragraph import __version__, models
 from paragraph.bench import benchmark, format_table
+from paragraph.deploy import ParallelExecutable
+from paragraph.deploy import load as load_artifact
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.graph import Graph
@@ -36,8 +38,9 @@ from paragraph.schedule import Schedule
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
+from paragraph.tvm_interop.artifact import is_artifact
 from paragraph.tvm_interop.executor import CPUExecutor, gpu_available, make_executor
-from paragraph.tvm_interop.kernels import PROGRAM_FILE, KernelProgram, load_program, save_program
+from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
 from paragraph.tvm_interop.tune import format_summary, tune
 from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
@@ -194,12 +197,8 @@ def _kernel_summary(program) -> str:
     return " + ".join(f"{n} {s}" for s, n in sorted(counts.items())) + " kernels"
 
 
-def _is_compiled(path: str) -> bool:
-    return (Path(path) / PROGRAM_FILE).is_file()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    if _is_compiled(args.model):
+    if is_artifact(args.model):
         return _run_compiled(args)
     with _Step(f"importing {args.model}"):
         mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
@@ -262,22 +261,28 @@ def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, labe
 
 
 def _run_compiled(args: argparse.Namespace) -> int:
-    """``paragraph run DIR``: a program written by ``paragraph compile``, under its saved
+    """``paragraph run FILE``: an artifact written by ``paragraph compile``, under its saved
     schedule (or --schedule/--schedule-file), checked against the TVM VM and timed."""
-    with _Step(f"loading the compiled program {args.model}"):
-        program, meta = load_program(args.model)
-    _say(f"  {meta.get('model', '?')}, {_kernel_summary(program)}")
-    saved = Path(args.model) / "schedule.json"
-    inputs = random_inputs(program.lowered, seed=args.seed)
+    with _Step(f"loading {args.model}"):
+        exe = load_artifact(args.model)
+    program, manifest = exe.program, exe.manifest
+    info = manifest.get("info", {})
+    _say(f"  {info.get('model', '?')}, {_kernel_summary(program)}, compiled "
+         f"{manifest.get('machine', {}).get('date', '?')} with paragraph "
+         f"{manifest.get('paragraph')}, TVM {manifest.get('tvm')}")
+    if manifest.get("rules"):
+        _say(f"  {len(manifest['rules'])} library rewrites: "
+             + ", ".join(r["id"] for r in manifest["rules"][:8]))
+    inputs = exe.sample_inputs(args.seed)
     with _Step("running the program on the TVM VM"):
         expected = run_vm(program.vm(), inputs, device=program.device)
-    if args.schedule is not None or args.schedule_file or not saved.exists():
+    if args.schedule is not None or args.schedule_file:
         plan = _schedule(args, program)
     else:
-        plan = Plan(program, Schedule.from_json(saved.read_text(), program.graph))
+        plan = Plan(program, exe.schedule)
     _say(f"  schedule {plan.schedule.describe()}")
     return _check_and_time(args, plan, inputs, expected,
-                           f"{args.model}: {meta.get('kernels', '?')} kernels")
+                           f"{args.model}: {program.kernel_source} kernels")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -292,13 +297,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     _say(f"  {_kernel_summary(program)}")
     plan = searched if searched is not None else _schedule(args, program)
     _say(f"  schedule {plan.schedule.describe()}")
+    exe = ParallelExecutable(plan.program, plan.schedule, report=_json_safe(plan.report))
     with _Step(f"writing {args.output}"):
-        out = save_program(plan.program, args.output,
-                           info={"model": label, "kernels": args.kernels,
-                                 "rewrites": list(plan.program.rewrites),
-                                 "plan": _json_safe(plan.report)})
-        atomic_write_bytes(out / "schedule.json", plan.schedule.dumps().encode())
-    _say(f"wrote {out}: run it with `paragraph run {out}`")
+        out = exe.export_library(args.output, info={"model": label})
+    _say(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): run it with "
+         f"`paragraph run {out}`")
     return 0
 
 
@@ -395,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
 
     def model_options(p: argparse.ArgumentParser, tuning_db: bool = True) -> None:
-        p.add_argument("model", help="zoo model name (see `paragraph models`) or a .onnx file")
+        p.add_argument("model", help="zoo model name (see `paragraph models`), a .onnx file, "
+                       "or (run) a file written by `paragraph compile`")
         p.add_argument("--reduced", action="store_true",
                        help="zoo model at reduced size (same topology, small channels)")
         p.add_argument("--batch", type=_positive, default=1, help="batch size (zoo models)")
@@ -476,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="import a model, round-trip it through paragraph's graph, "
                        "compile it, check outputs and time it on the parallel executor (or "
-                       "run a directory written by `paragraph compile`)")
+                       "run a file written by `paragraph compile`)")
     model_options(p)
     schedule_options(p, default=None)
     search_options(p)
@@ -518,12 +522,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tune only the N kernels with the most FLOPs in the model")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("compile", help="compile a model (kernels, kernel graph, weights, "
-                       "schedule) into a directory that `paragraph run DIR` runs")
+    p = sub.add_parser("compile", help="compile a model (kernels, weights, schedule, memory "
+                       "plan, manifest) into one file that `paragraph run FILE` runs and "
+                       "paragraph.load loads")
     model_options(p)
     schedule_options(p)
     search_options(p)
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="the artifact to write (e.g. model.paragraph)")
     p.set_defaults(func=cmd_compile)
 
     register_rules(sub)

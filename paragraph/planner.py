@@ -58,6 +58,7 @@ from paragraph.passes.search import Applied, SearchOptions
 from paragraph.passes.search import search as substitution_search
 from paragraph.passes.split import split_lone_convs
 from paragraph.rules.library import default_library
+from paragraph.rules.match import AnyRule
 from paragraph.rules.parametric import MergeConvs, Unit
 from paragraph.schedule import Schedule, kernel_ids
 from paragraph.timing import Config, Timing, time_in_blocks
@@ -89,6 +90,7 @@ class Plan:
     program: KernelProgram
     schedule: Schedule
     report: Mapping[str, Any] = field(default_factory=dict)
+    graph: Graph | None = None  # a substitution search's operator graph (the rewritten model)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "report", MappingProxyType(dict(self.report)))
@@ -469,7 +471,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
                 schedule: str = "critical-path", kernels: str = "tvm",
                 tuning_db: str | None = None, top_k: int = 20, rounds: int = 4,
                 cores: int | None = None, db: CostDB | None = None, measure: bool = True,
-                log: Log | None = None) -> Plan:
+                rules: Sequence[AnyRule] | None = None, log: Log | None = None) -> Plan:
     """The substitution search with AutoGraph's on-board loop (alg. 1): search ``graph`` with
     the verified library under the search's cost (`paragraph.passes.search.search`), price the
     best candidates with their kernels measured, build the ``top_k`` cheapest, plan
@@ -487,14 +489,17 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     the cost database (`SignatureMeter`): the input's kernels before the search, the new
     kernels of the ``2 * top_k`` cheapest candidates after each round. Kernels not measured
     (``measure`` False, or the budget spent) get the roofline estimate on this machine's
-    measured peaks, scaled by the median measured/estimate ratio of their kind."""
+    measured peaks, scaled by the median measured/estimate ratio of their kind.
+
+    ``rules`` are the rules to search with (default: the shipped library's, both ways); the
+    returned plan's ``graph`` is the chosen operator graph."""
     say = log or (lambda _m: None)
     start = time.perf_counter()
     deadline = time.monotonic() + options.seconds
     own_db = db is None
     db = CostDB() if db is None else db
     try:
-        rules = default_library().for_search()
+        rules = default_library().for_search() if rules is None else list(rules)
         peaks = measure_cpu_peaks(db, str(target))
         threads = cores or cpu_count()
         model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))
@@ -593,12 +598,13 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         report = {**best.report, "search": {
             "method": options.method, "cost": options.cost, "beta": options.beta,
             "applied": [str(a) for a in best_applied],
+            "rules": [a.rule for a in best_applied],
             "cost_before_ms": cost_before * 1e3, "cost_after_ms": cost(best_graph) * 1e3,
             "measured_before_ms": first_s * 1e3, "measured_after_ms": best_s * 1e3,
             "speedup": first_s / best_s if best_s > 0 else 1.0,
             "candidates_built": built, "kernels_priced_by_measurement": len(model.measured),
             "kernels_measured_now": meter.measured, "seconds": time.perf_counter() - start}}
-        return Plan(best.program, best.schedule, report)
+        return Plan(best.program, best.schedule, report, graph=best_graph)
     finally:
         if own_db:
             db.close()

@@ -123,11 +123,11 @@ def test_ios_in_run_bench_and_inspect(capsys, tmp_path, monkeypatch):
     code, out, _ = run_cli(capsys, "inspect", "squeezenet1_1", "--reduced", "--schedule",
                            "ios", "--out", str(png), *QUICK_IOS)
     assert code == 0 and png.exists() and "ios-both" in out
-    out_dir = tmp_path / "compiled"
+    artifact = tmp_path / "squeezenet.paragraph"
     code, _, _ = run_cli(capsys, "compile", "squeezenet1_1", "--reduced", "--schedule", "ios",
-                         "-o", str(out_dir), *QUICK_IOS)
-    assert code == 0
-    code, out, _ = run_cli(capsys, "run", str(out_dir), "--repeat", "1")
+                         "-o", str(artifact), *QUICK_IOS)
+    assert code == 0 and artifact.is_file()
+    code, out, _ = run_cli(capsys, "run", str(artifact), "--repeat", "1")
     assert code == 0 and "ios-both schedule" in out
 
 

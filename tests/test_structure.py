@@ -13,6 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "paragraph"
 # the TVM-facing modules (and the face above them); everything else is the pure core
 TVM_FACING = ("paragraph.tvm_interop", "paragraph.models", "paragraph.planner",
+              "paragraph.deploy", "paragraph.transform",
               "paragraph.bench", "paragraph.cli", "paragraph.timeline", "paragraph.__main__")
 # what a function may import for itself: optional extras, and slow imports few callers need
 DEFERRED = ("torch", "onnx", "onnxruntime", "matplotlib", "scipy", "cuda")

@@ -16,13 +16,14 @@ from tvm import relax
 
 from paragraph import models
 from paragraph.cli import main
+from paragraph.deploy import load
 from paragraph.errors import ParagraphError
 from paragraph.interpret import run_graph
 from paragraph.passes.schedule import ALGORITHMS, make_schedule
 from paragraph.tvm_interop import from_relax, random_inputs
 from paragraph.tvm_interop.executor import gpu_available, make_executor
 from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.kernels import KernelProgram, load_program
+from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import CostDB
 from paragraph.tvm_interop.threads import config_threads
 from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, vendor_names
@@ -573,19 +574,17 @@ def test_auto_takes_back_an_asymmetrically_padded_convolution():
 
 
 def test_compile_then_run_in_a_fresh_process(tmp_path, capsys):
-    out = tmp_path / "squeezenet"
+    out = tmp_path / "squeezenet.paragraph"
     assert main(["compile", "squeezenet1_1", "--reduced", "--kernels", "vendor",
                  "--schedule", "opara", "-o", str(out)]) == 0
-    assert {"kernels.so", "lowered.json", "schedule.json", "paragraph-program.json"} <= {
-        p.name for p in out.iterdir()}
-    program, meta = load_program(out)
-    assert meta["kernels"] == "vendor" and program.sources()["vendor"] > 0
+    exe = load(out)
+    assert exe.manifest["kernels"] == "vendor" and exe.program.sources()["vendor"] > 0
     run = subprocess.run([sys.executable, "-m", "paragraph", "run", str(out), "--repeat", "2"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "equal" in run.stdout and "opara" in run.stdout
-    with pytest.raises(ParagraphError, match="not a compiled paragraph program"):
-        load_program(tmp_path)
+    with pytest.raises(ParagraphError, match="is a directory, not a paragraph artifact"):
+        load(tmp_path)
 
 
 def test_without_pytorch_the_pass_says_so_and_tvm_kernels_run(tmp_path):

@@ -53,6 +53,7 @@ class Library:
     rules: list[Rule] = field(default_factory=list)
     parametric: list[ParametricRule] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)  # rule id -> its entry's content hash
 
     def all(self) -> list[Rule | ParametricRule]:
         """Every rule, pattern rules first."""
@@ -148,6 +149,7 @@ def load_library(path: str | Path | None = None) -> Library:
         if rid in seen:
             raise RuleLibraryError(f"{where}: duplicate id")
         seen.add(rid)
+        lib.hashes[rid] = str(entry.get("hash"))
         if entry.get("hash") != _entry_hash(entry):
             raise RuleLibraryError(f"{where}: content hash mismatch (the entry was edited or "
                                    "corrupted; regenerate with `paragraph rules generate`)")

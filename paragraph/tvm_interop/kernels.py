@@ -1,6 +1,7 @@
 """A `KernelProgram`: a model lowered (`paragraph.tvm_interop.lowering`) with its kernel source
 chosen, and every kernel compiled once into one runtime module for one device, which also serves
-the TVM VM baseline built from the same lowered module; and compiled programs on disk."""
+the TVM VM baseline built from the same lowered module; and a lowered module that carries what
+rebuilding its program needs (`with_program_info`, `KernelProgram.from_lowered`)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,14 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import tvm
 from tvm import relax
 
 from paragraph.errors import ParagraphError
-from paragraph.files import atomic_write_bytes
 from paragraph.graph import Graph, Node
 from paragraph.inputs import IndexRange, index_ranges
+from paragraph.schedule import Schedule
 from paragraph.tvm_interop.lowering import (
     Dispatch,
     is_gpu,
@@ -68,23 +68,29 @@ class KernelProgram:
         target = resolve_target(target)
         if device is None:
             device = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
-        opgraph, lowered, groups = lower_tracked(mod, target, tuning_db,
-                                             _dispatch(kernels, target, device, tuning_db))
-        graph = kernel_graph(lowered)
+        opgraph, lowered, graph, kernel_operators = _lower(mod, target, device, tuning_db,
+                                                           kernels)
         executable = tvm.compile(lowered, target=target)
-        kernel_operators = None
-        if groups is not None:
-            kernel_operators = {n.id: groups[n.name] for n in graph.nodes
-                                if not n.is_source and n.name in groups}
-            if len(kernel_operators) != sum(not n.is_source for n in graph.nodes):
-                kernel_operators = None
-            elif not is_gpu(target):  # offset views are made through host memory (DLPack)
-                graph = slices_as_views(graph, opgraph, kernel_operators)
         program = cls(lowered, graph, target, device, executable, operator_graph=opgraph,
                       kernel_operators=kernel_operators, kernel_source=kernels, source=mod,
                       rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph))
         program._link()
         return program
+
+    @classmethod
+    def from_lowered(cls, lowered: tvm.IRModule,
+                     target: tvm.target.Target | str | None = None, *,
+                     device: tvm.runtime.Device | None = None,
+                     executable: relax.VMExecutable | None = None) -> KernelProgram:
+        """The program of a module that `with_program_info` wrote (a lowered module with its
+        metadata on ``main``), compiled (or linked to ``executable``, e.g. one loaded from an
+        artifact) without lowering it again. Raises `ParagraphError` for any other module."""
+        info = lowered_info(lowered)
+        if info is None:
+            raise ParagraphError(f"the module is not a lowered paragraph program (main has no "
+                                 f"{PROGRAM_ATTR!r} attribute): lower it with "
+                                 "KernelProgram.build or the InterOperatorSchedule pass")
+        return _from_lowered(lowered, target, device, info, executable)
 
     def _link(self) -> None:
         lib = self.executable.mod
@@ -124,60 +130,146 @@ class KernelProgram:
         return counts
 
 
-# ---------------------------------------------------------------------------- compiled programs
-PROGRAM_FILE = "paragraph-program.json"
+def _lower(mod: tvm.IRModule | Graph, target: tvm.target.Target, device: tvm.runtime.Device,
+           tuning_db: str | os.PathLike | None, kernels: str,
+           ) -> tuple[Graph, tvm.IRModule, Graph, dict[int, tuple[int, ...]] | None]:
+    """The operator graph, lowered module, kernel graph and kernel -> operators of ``mod``."""
+    opgraph, lowered, groups = lower_tracked(mod, target, tuning_db,
+                                             kernel_dispatch(kernels, target, device, tuning_db))
+    graph = kernel_graph(lowered)
+    kernel_operators = None
+    if groups is not None:
+        kernel_operators = {n.id: groups[n.name] for n in graph.nodes
+                            if not n.is_source and n.name in groups}
+        if len(kernel_operators) != sum(not n.is_source for n in graph.nodes):
+            kernel_operators = None
+        elif not is_gpu(target):  # offset views are made through host memory (DLPack)
+            graph = slices_as_views(graph, opgraph, kernel_operators)
+    return opgraph, lowered, graph, kernel_operators
 
 
-def save_program(program: KernelProgram, directory: str | os.PathLike,
-                 info: dict | None = None) -> Path:
-    """Write a compiled program to ``directory`` (what ``paragraph compile`` does).
+# ---------------------------------------------------------------------------- lowered programs
+PROGRAM_ATTR = "paragraph.program"  # ``main``'s attribute: how to rebuild the kernel graph
+SCHEDULE_ATTR = "paragraph.schedule"  # ``main``'s attribute: a `Schedule` of that graph (JSON)
 
-    Files: ``kernels.so`` (every kernel and the VM code, ``export_library``), ``lowered.json``
-    (the lowered module, weights included, from which the kernel graph is rebuilt) and
-    ``paragraph-program.json`` (target, vendor functions, ``info``). `load_program` reads it.
-    """
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    program.executable.export_library(str(out / "kernels.so"))
-    atomic_write_bytes(out / "lowered.json", tvm.ir.save_json(program.lowered).encode())
-    vendor = sorted({n.attrs["func"] for n in program.graph.nodes
-                     if n.kind == "kernel" and n.attrs["source"] == "vendor"})
-    meta = {"format": 1, "target": json.loads(str(program.target)),
-            "vendor_functions": vendor, "sources": program.sources(),
-            "input_ranges": {str(k): r.as_json() for k, r in program.input_ranges.items()},
-            **(info or {})}
-    atomic_write_bytes(out / PROGRAM_FILE, (json.dumps(meta, indent=2) + "\n").encode())
+
+def program_info(program: KernelProgram) -> dict:
+    """What a lowered module alone does not say about its program, as JSON values: the kernel
+    source, the kernels that run as byte-offset views (`slices_as_views`), the index ranges of
+    integer inputs and the library rules applied. `KernelProgram.from_lowered` reads it back."""
+    return _info(program.kernel_source, program.lowered, program.graph, program.input_ranges,
+                 program.rewrites)
+
+
+def _info(kernels: str, lowered: tvm.IRModule, graph: Graph, ranges: dict[int, IndexRange],
+          rewrites: Sequence[str]) -> dict:
+    plain = kernel_graph(lowered)
+    views = {str(n.id): n.attrs["offset"] for n in graph.nodes
+             if n.kind == "view" and "offset" in n.attrs and plain[n.id].kind == "kernel"}
+    return {"kernels": kernels, "views": views,
+            "input_ranges": {str(k): r.as_json() for k, r in ranges.items()},
+            "rewrites": list(rewrites)}
+
+
+def lower_with_info(mod: tvm.IRModule, target: tvm.target.Target | str | None = None, *,
+                    kernels: str = "tvm", tuning_db: str | os.PathLike | None = None,
+                    rewrites: Sequence[str] = ()) -> tvm.IRModule:
+    """``mod`` lowered as `KernelProgram.build` lowers it (prepared, ``kernels`` dispatched,
+    legalized and fused), not compiled, with its `program_info` attached to ``main``."""
+    if kernels not in KERNEL_SOURCES:
+        raise ParagraphError(f"unknown kernel source {kernels!r}; choose from {KERNEL_SOURCES}")
+    target = resolve_target(target)
+    device = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
+    opgraph, lowered, graph, _ = _lower(mod, target, device, tuning_db, kernels)
+    info = _info(kernels, lowered, graph, index_ranges(opgraph), rewrites)
+    out = tvm.IRModule(dict(lowered.functions_items()), attrs=lowered.attrs)
+    out["main"] = lowered["main"].with_attr(PROGRAM_ATTR, json.dumps(info))
+    for n in graph.nodes:  # the TVM VM calls vendor kernels by their global names
+        if n.kind == "kernel" and n.attrs["source"] == "vendor" and is_vendor_name(
+                n.attrs["func"]):
+            ensure_registered(n.attrs["func"])
     return out
 
 
-def load_program(directory: str | os.PathLike,
-                 device: tvm.runtime.Device | None = None) -> tuple[KernelProgram, dict]:
-    """A program written by `save_program`, linked and ready to run, and its metadata."""
-    path = Path(directory)
+def with_program_info(program: KernelProgram, schedule: Schedule | None = None) -> tvm.IRModule:
+    """The program's lowered module with `program_info` attached to ``main`` (JSON), so the
+    module alone rebuilds the same kernel graph (`KernelProgram.from_lowered`), and with
+    ``schedule`` (checked against that graph) attached too when given."""
+    main = program.lowered["main"].with_attr(PROGRAM_ATTR, json.dumps(program_info(program)))
+    if schedule is not None:
+        schedule.validate(program.graph)
+        main = main.with_attr(SCHEDULE_ATTR, schedule.dumps())
+    mod = tvm.IRModule(dict(program.lowered.functions_items()), attrs=program.lowered.attrs)
+    mod["main"] = main
+    return mod
+
+
+def _main_attr(mod: tvm.IRModule, key: str) -> str | None:
+    for gv, func in mod.functions_items():
+        if gv.name_hint == "main" and func.attrs is not None and key in func.attrs:
+            return str(func.attrs[key])
+    return None
+
+
+def lowered_info(mod: tvm.IRModule) -> dict | None:
+    """`program_info` attached to a module's ``main`` by `with_program_info`, or None."""
+    text = _main_attr(mod, PROGRAM_ATTR)
+    if text is None:
+        return None
     try:
-        meta = json.loads((path / PROGRAM_FILE).read_text())
-        lowered = tvm.ir.load_json((path / "lowered.json").read_text())
-        library = tvm.runtime.load_module(str(path / "kernels.so"))
-    except (OSError, ValueError) as e:
-        raise ParagraphError(f"{path} is not a compiled paragraph program: {e}") from None
-    if meta.get("format") != 1:
-        raise ParagraphError(f"{path}: unknown compiled program format {meta.get('format')!r}")
-    target = tvm.target.Target(meta["target"])
+        info = json.loads(text)
+    except ValueError as e:
+        raise ParagraphError(f"corrupt {PROGRAM_ATTR} attribute on main: {e}") from None
+    if not isinstance(info, dict):
+        raise ParagraphError(f"corrupt {PROGRAM_ATTR} attribute on main")
+    return info
+
+
+def attached_schedule(mod: tvm.IRModule, program: KernelProgram) -> Schedule | None:
+    """The schedule `with_program_info` attached to ``mod``'s ``main``, checked against
+    ``program`` (its kernel graph); None when there is none."""
+    text = _main_attr(mod, SCHEDULE_ATTR)
+    return None if text is None else Schedule.from_json(text, program.graph)
+
+
+def _from_lowered(lowered: tvm.IRModule, target: tvm.target.Target | str | None,
+                  device: tvm.runtime.Device | None, info: dict,
+                  executable: relax.VMExecutable | None) -> KernelProgram:
+    target = resolve_target(target)
     if device is None:
         device = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
-    program = KernelProgram(lowered, kernel_graph(lowered), target, device,
-                            relax.VMExecutable(library),
-                            kernel_source=str(meta.get("kernels", "tvm")),
-                            rewrites=tuple(meta.get("rewrites", ())),
-                            input_ranges={int(k): IndexRange.from_json(v) for k, v in
-                                          meta.get("input_ranges", {}).items()})
+    kernels = str(info.get("kernels", "tvm"))
+    if kernels not in KERNEL_SOURCES:
+        raise ParagraphError(f"unknown kernel source {kernels!r} in the program's metadata")
+    graph = kernel_graph(lowered)
+    try:
+        views = {int(k): int(v) for k, v in info.get("views", {}).items()}
+        ranges = {int(k): IndexRange.from_json(v)
+                  for k, v in info.get("input_ranges", {}).items()}
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ParagraphError(f"corrupt program metadata: {type(e).__name__}: {e}") from None
+    bad = [k for k in views if k not in graph or graph[k].kind != "kernel"]
+    if bad:
+        raise ParagraphError(f"program metadata names views %{bad} that are not kernels of "
+                             "this module")
+    if views:
+        graph = Graph([n.replace(kind="view", attrs={"offset": views[n.id],
+                                                     "func": n.attrs["func"]})
+                       if n.id in views else n for n in graph.nodes], graph.outputs,
+                      graph.meta)
+    if executable is None:
+        executable = tvm.compile(lowered, target=target)
+    program = KernelProgram(lowered, graph, target, device, executable, kernel_source=kernels,
+                            rewrites=tuple(str(r) for r in info.get("rewrites", ())),
+                            input_ranges=ranges)
     program._link()
-    return program, meta
+    return program
 
 
-def _dispatch(kernels: str, target: tvm.target.Target, device: tvm.runtime.Device,
-              tuning_db: str | os.PathLike | None) -> Dispatch | None:
-    """What turns a prepared module's patterns into calls of the chosen kernel source."""
+def kernel_dispatch(kernels: str, target: tvm.target.Target, device: tvm.runtime.Device,
+                    tuning_db: str | os.PathLike | None) -> Dispatch | None:
+    """What turns a prepared module's patterns into calls of the kernel source ``kernels``
+    (None for TVM's own kernels)."""
     if kernels == "tvm":
         return None
     if kernels == "vendor":

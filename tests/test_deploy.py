@@ -1,0 +1,230 @@
+"""`paragraph.build` -> `ParallelExecutable` -> one-file artifact -> `paragraph.load`: every
+program kind (plain, IOS-merged, split, searched) reloads in a fresh process with equal outputs
+and the same schedule; foreign, truncated, altered and stale files are refused by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+
+import paragraph
+from paragraph import models
+from paragraph.errors import InputError
+from paragraph.passes.ios import apply_merges, merge_rule
+from paragraph.planner import plan_schedule, split_program
+from paragraph.tvm_interop.artifact import ArtifactError, is_artifact, read_manifest
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.relax_graph import random_inputs
+from paragraph.tvm_interop.vm import run_vm
+
+
+@pytest.fixture(scope="module")
+def squeezenet():
+    return models.get("squeezenet1_1", reduced=True)
+
+
+@pytest.fixture(scope="module")
+def plain(squeezenet, tmp_path_factory):
+    """A plain program (TVM kernels, opara schedule) and its artifact."""
+    exe = paragraph.build(squeezenet, kernels="tvm", schedule="opara")
+    path = exe.export_library(tmp_path_factory.mktemp("art") / "plain.paragraph")
+    return exe, path
+
+
+def _merged(mod) -> KernelProgram:
+    """The program with every IOS merge the library rule finds applied (disjoint matches)."""
+    opgraph = KernelProgram.build(mod, "llvm").operator_graph
+    rule = merge_rule()
+    groups, used = [], set()
+    for m in rule.find(opgraph):
+        units = list(m.extra["units"])
+        convs = {c for c, _ in units}
+        if not used & convs:
+            groups.append(units)
+            used |= convs
+    merged, added = apply_merges(rule, opgraph, groups)
+    assert groups and all(added), (len(groups), added)
+    return KernelProgram.build(merged, "llvm", rewrites=[rule.id] * len(groups))
+
+
+def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_path):
+    x = random_inputs(squeezenet)
+    expected = run_vm(KernelProgram.build(squeezenet, "llvm").vm(), x)
+    # ResNeXt's merged convolution is read through a byte-offset view (`slices_as_views`)
+    resnext = models.get("resnext50_32x4d", reduced=True)
+    merged = _merged(resnext)
+    assert any(n.kind == "view" and "offset" in n.attrs for n in merged.graph.nodes)
+    split = split_program(KernelProgram.build(squeezenet, "llvm", kernels="vendor"), 2)
+    assert split is not None and any(r.startswith("split-conv") for r in split.rewrites)
+    searched = paragraph.build(squeezenet, kernels="vendor", search="greedy", search_budget=20,
+                               top_k=2)
+    assert searched.report["search"]["method"] == "greedy"
+    xr = random_inputs(resnext)
+    cases = {  # name: (executable, input, expected output)
+        "plain": (plain[0], x[0], expected[0]),
+        "merged": (paragraph.ParallelExecutable(merged, _schedule("wavefront", merged)), xr[0],
+                   run_vm(KernelProgram.build(resnext, "llvm").vm(), xr)[0]),
+        "split": (paragraph.ParallelExecutable(split, _schedule("critical-path", split)), x[0],
+                  expected[0]),
+        "searched": (searched, x[0], expected[0]),
+    }
+    for name, (exe, xi, want) in cases.items():
+        np.testing.assert_allclose(exe.run(xi)[0], want, rtol=1e-4, atol=1e-4, err_msg=name)
+        path = exe.export_library(tmp_path / f"{name}.paragraph", info={"kind": name})
+        assert is_artifact(path) and read_manifest(path)["info"]["kind"] == name
+        np.save(tmp_path / f"{name}-in.npy", xi, allow_pickle=False)
+        exe.close()
+    script = textwrap.dedent(f"""
+        import json
+        import numpy as np
+        import paragraph
+        d = {str(tmp_path)!r}
+        for name in {list(cases)!r}:
+            exe = paragraph.load(f"{{d}}/{{name}}.paragraph")
+            x = np.load(f"{{d}}/{{name}}-in.npy", allow_pickle=False)
+            np.save(f"{{d}}/{{name}}-out.npy", exe.run(x)[0], allow_pickle=False)
+            print(name, json.dumps(exe.schedule.to_json()))
+            exe.close()
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    schedules = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    for name, (exe, _, want) in cases.items():
+        got = np.load(tmp_path / f"{name}-out.npy", allow_pickle=False)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+        assert json.loads(schedules[name]) == exe.schedule.to_json(), name
+    manifest = read_manifest(tmp_path / "merged.paragraph")
+    assert manifest["rules"] and all(len(r["hash"]) == 64 for r in manifest["rules"])
+    assert manifest["tvm"] == tvm.__version__ and manifest["kernels"] == "tvm"
+    assert manifest["program"]["views"], "the merged program's views travel with it"
+    assert manifest["inputs"][0]["shape"] == list(xr[0].shape)
+
+
+def _schedule(name, program):
+    return plan_schedule(name, program, split=False).schedule
+
+
+def test_the_executable_checks_its_inputs_and_times(plain):
+    exe, _ = plain
+    with pytest.raises(InputError, match="takes 1 input"):
+        exe.run()
+    with pytest.raises(InputError, match="must be float32"):
+        exe.run(np.zeros((1, 3, 8, 8), "float32"))
+    timing = exe.time(repeat=3)
+    assert len(timing.samples) == 3 and timing.median_ms > 0
+    assert "opara" in repr(exe)
+
+
+def _rewrite(src: Path, dst: Path, change) -> Path:
+    """Copy the artifact ``src`` to ``dst`` with ``change(name, data) -> data`` applied to each
+    member (the manifest is a member too)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            zout.writestr(item.filename, change(item.filename, zin.read(item.filename)))
+    return dst
+
+
+def _manifest_change(**fields):
+    def change(name, data):
+        if name != "manifest.json":
+            return data
+        manifest = json.loads(data)
+        for key, value in fields.items():
+            if isinstance(value, dict):
+                manifest[key] = {**manifest[key], **value}
+            else:
+                manifest[key] = value
+        return json.dumps(manifest).encode()
+    return change
+
+
+def test_foreign_truncated_altered_and_stale_files_are_refused(plain, tmp_path):
+    _, path = plain
+    data = path.read_bytes()
+    text = tmp_path / "model.onnx"
+    text.write_text("not an artifact")
+    with pytest.raises(ArtifactError, match="not a paragraph artifact"):
+        paragraph.load(text)
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("hello.txt", "hi")
+    with pytest.raises(ArtifactError, match=r"not a paragraph artifact \(no manifest.json\)"):
+        paragraph.load(other)
+    with pytest.raises(ArtifactError, match="no such file"):
+        paragraph.load(tmp_path / "missing.paragraph")
+    cut = tmp_path / "cut.paragraph"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match="truncated or damaged"):
+        paragraph.load(cut)
+    assert not is_artifact(cut)
+    flipped = bytearray(data)  # a byte of the stored library: the zip's CRC catches it
+    at = data.index(b"ELF")
+    flipped[at + 100] ^= 0xFF
+    bad = tmp_path / "flipped.paragraph"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(ArtifactError, match="truncated or damaged|cannot be read"):
+        paragraph.load(bad)
+
+    def alter(name, member):
+        return member.replace(b'"opara"', b'"nimble"') if name == "schedule.json" else member
+
+    with pytest.raises(ArtifactError, match="schedule.json does not match its checksum"):
+        paragraph.load(_rewrite(path, tmp_path / "altered.paragraph", alter))
+    with pytest.raises(ArtifactError, match="version 0 artifact"):
+        paragraph.load(_rewrite(path, tmp_path / "v0.paragraph", _manifest_change(version=0)))
+    with pytest.raises(ArtifactError, match="compiled with TVM 0.9.0"):
+        paragraph.load(_rewrite(path, tmp_path / "tvm.paragraph",
+                                _manifest_change(tvm="0.9.0")))
+    with pytest.raises(ArtifactError, match="not a paragraph artifact"):
+        paragraph.load(_rewrite(path, tmp_path / "fmt.paragraph",
+                                _manifest_change(format="something-else")))
+    target = read_manifest(path)["target"]
+    with pytest.raises(ArtifactError, match="compiled for the CPU 'cortex-a72'"):
+        paragraph.load(_rewrite(path, tmp_path / "arm.paragraph", _manifest_change(
+            target={**target, "mcpu": "cortex-a72"})))
+
+
+def test_a_schedule_that_does_not_fit_the_program_is_refused(plain, squeezenet, tmp_path):
+    """A schedule of another program, with a matching checksum, fails the graph check."""
+    exe, path = plain
+    other = paragraph.build(models.get("randwire", reduced=True), kernels="tvm",
+                            schedule="sequential")
+    foreign = other.schedule.dumps().encode()
+
+    def swap(name, member):
+        if name == "schedule.json":
+            return foreign
+        if name == "manifest.json":
+            m = json.loads(member)
+            m["members"]["schedule.json"]["sha256"] = hashlib.sha256(foreign).hexdigest()
+            return json.dumps(m).encode()
+        return member
+
+    with pytest.raises(ArtifactError, match="schedule or memory plan does not fit"):
+        paragraph.load(_rewrite(path, tmp_path / "swapped.paragraph", swap))
+    other.close()
+
+
+def test_export_is_atomic(plain, tmp_path, monkeypatch):
+    """An export that fails midway leaves the old file as it was."""
+    exe, path = plain
+    target = tmp_path / "keep.paragraph"
+    target.write_bytes(b"old")
+
+    def boom(*_a, **_k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(zipfile.ZipFile, "writestr", boom)
+    with pytest.raises(OSError, match="disk full"):
+        exe.export_library(target)
+    assert target.read_bytes() == b"old"
