@@ -76,6 +76,7 @@ from paragraph.tvm_interop.measure import (
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.signatures import SignatureMeter
 from paragraph.tvm_interop.stages import StageMeter
+from paragraph.tvm_interop.tuning_db import tuning_id
 
 SCHEDULES = (*ALGORITHMS, "ios", *IOS_SCHEDULES)
 Log = Callable[[str], None]
@@ -139,7 +140,7 @@ def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
     it runs faster end to end."""
     on_cpu = program.target.kind.name == "llvm"
     streams = (cores or cpu_count()) if on_cpu else None
-    tuning = "" if tuning_db is None else str(tuning_db)
+    tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
     plain = _measured_critical_path(program, db, tuning, streams, cores, log)
     if on_cpu and streams is not None and streams >= 2:
         plain = _one_stream_if_faster(plain, db, tuning, streams, log)
@@ -274,7 +275,7 @@ def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
     strategy, seconds) and the end-to-end ``confirmed`` times."""
     start = time.monotonic()
     original = program
-    tuning = "" if tuning_db is None else str(tuning_db)
+    tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
     on_cpu = program.target.kind.name == "llvm"
     cores = (options.cores or cpu_count()) if on_cpu else 1
     # Vendor kernels run with torch's thread count, which is one per process (libgomp): a
@@ -293,7 +294,7 @@ def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
         log(f"  IOS search ({options.mode}, r={options.r}, s={options.s}, {len(parts)} parts, "
             f"protocol {options.warmup} warm-ups, {options.repeat}x{options.number} runs"
             + (f", budget {options.budget_s:g} s" if options.budget_s else "") + ") ...")
-    meter = StageMeter(program, options, db, tuning, seq_threads=seq_threads)
+    meter = StageMeter(program, options, db, tuning_db, seq_threads=seq_threads)
     stats = SearchStats()
     last_log = [start]
 
@@ -578,7 +579,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             built += len(plans)
             times = end_to_end([(best.program, best.schedule)]
                                + [(p.program, p.schedule) for p in plans],
-                               db, tuning_db or "", check=True)
+                               db, tuning_id(tuning_db), check=True)
             i = min(range(len(plans)), key=lambda j: times[j + 1])
             say(f"  round {r + 1}: {len(plans)} candidates built, best {times[i + 1] * 1e3:.3f} "
                 f"ms against {times[0] * 1e3:.3f} ms")
@@ -591,7 +592,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             best_graph, best_applied = fresh[i].graph, (*best_applied, *fresh[i].applied)
         if first_s is None or best_s is None:
             first_s = best_s = end_to_end([(best.program, best.schedule)], db,
-                                          tuning_db or "")[0]
+                                          tuning_id(tuning_db))[0]
         if meter.failed:
             say(f"  cost model: {len(meter.failed)} kernels could not be measured alone and "
                 f"were estimated (first: {next(iter(meter.failed.values()))})")

@@ -14,7 +14,8 @@ import tvm_ffi
 from paragraph import models
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.tune import RECORDS, STATE_FILE, tuning_id
+from paragraph.tvm_interop.tune import MIN_GAIN
+from paragraph.tvm_interop.tuning_db import APPLIED, RECORDS, STATE_FILE, tuning_id, write_applied
 from paragraph.tvm_interop.vm import run_vm
 
 TUNE = [sys.executable, "-m", "paragraph", "tune", "squeezenet1_1", "--reduced",
@@ -57,6 +58,10 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     state = json.loads((work / STATE_FILE).read_text())
     assert len(state) == 2 and all(e["trials"] >= 2 and e["untuned_ms"] > 0
                                    for e in state.values())
+    assert all(e["applied"] == (e["tuned_ms"] is not None
+                                and e["tuned_ms"] < e["untuned_ms"] * (1 - MIN_GAIN))
+               for e in state.values())
+    assert "applied" in out and "tuned forms applied" in out
     for line in (work / RECORDS).read_text().splitlines():
         json.loads(line)  # every record line is whole again
 
@@ -65,20 +70,28 @@ def test_tuning_resumes_after_a_kill(tmp_path):
                            timeout=600)
     assert again.returncode == 0 and again.stdout.count("skipping") == 2, again.stdout
 
-    # --tuning-db applies the records: the tuned kernels change, the outputs do not
+    # --tuning-db applies the records of the kernels whose tuned form measured faster, and
+    # only those: the tuned kernels change, the others and the outputs do not
     mod = models.get("squeezenet1_1", reduced=True)
     inputs = random_inputs(mod, seed=5)
     plain = KernelProgram.build(mod, "llvm")
+    names = {e["name"] for e in state.values()}
+
+    def changed(tuned):
+        return {n for n in names
+                if not tvm_ffi.structural_equal(tuned.lowered[n], plain.lowered[n])}
+
     tuned = KernelProgram.build(mod, "llvm", tuning_db=work)
-    valid = {e["name"] for e in state.values() if e["best_ms"] is not None}
-    changed = {n for n in valid
-               if not tvm_ffi.structural_equal(tuned.lowered[n], plain.lowered[n])}
-    assert changed == valid  # a kernel with a measured record now has its tuned schedule
+    assert changed(tuned) == {e["name"] for e in state.values() if e["applied"]}
     for got, want in zip(run_vm(tuned.vm(), inputs), run_vm(plain.vm(), inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-    assert tuning_id(None) == "" and tuning_id(work).startswith("ms:")
-    before = tuning_id(work)
-    with open(work / RECORDS, "a") as f:
-        f.write((work / RECORDS).read_text().splitlines()[0] + "\n")
-    assert tuning_id(work) != before  # new records, new cost-cache identity
+    # every kernel applied, then none: the verdicts decide what lowering applies
+    write_applied(work, {k: True for k in state})
+    assert changed(KernelProgram.build(mod, "llvm", tuning_db=work)) == names
+    all_applied = tuning_id(work)
+    write_applied(work, {k: False for k in state})
+    assert changed(KernelProgram.build(mod, "llvm", tuning_db=work)) == set()
+    assert (work / APPLIED / RECORDS).read_text() == ""
+    # cost-cache identity: the records applied, not the path
+    assert tuning_id(None) == "" and all_applied.startswith("ms:")
+    assert tuning_id(work) != all_applied

@@ -27,6 +27,7 @@ from paragraph.errors import ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, Node, TensorRef
 from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.tuning_db import applied_dir
 from paragraph.tvm_interop.vendor.names import cost_name, is_vendor_name, vendor_flops
 from paragraph.tvm_interop.vm import local_cpu_target
 
@@ -97,7 +98,8 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
             raise ParagraphError(f"no MetaSchedule database in {tuning_db} "
                                  "(database_tuning_record.json is missing)")
         with target:  # the pass reads the target when it is made
-            rest.append(relax.transform.MetaScheduleApplyDatabase(str(tuning_db)))
+            # only the records that measured faster than the untuned kernels
+            rest.append(relax.transform.MetaScheduleApplyDatabase(str(applied_dir(tuning_db))))
     if is_gpu(target):
         rest.append(dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(),
                                             dl.gpu.Reduction(), dl.gpu.GeneralReduction(),

@@ -30,6 +30,7 @@ from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs
 from paragraph.tvm_interop.relax_graph import to_relax
+from paragraph.tvm_interop.tuning_db import tuning_id
 
 SIGNATURE_PROTOCOL = "signature/v1"  # bump when what a signature's seconds mean changes
 _EDGE_KERNELS = ("transpose", "layout_transform")  # what the vendor path adds at the edges
@@ -45,13 +46,14 @@ class SignatureMeter:
         self.kernels = kernels
         self.db = db
         self.tuning_db = tuning_db
+        self.tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
         self.threads = threads  # the wide timing's threads (1: one-thread timings only)
         self.measured = 0  # kernels this meter built and timed
         self.failed: dict[str, str] = {}  # signature -> why it could not be measured
         self.wide: dict[str, float] = {}  # signature -> seconds on ``threads`` threads
 
     def key(self, signature: str, threads: int = 1) -> CostKey:
-        return CostKey(str(self.target), f"sig:{signature}", self.tuning_db or "",
+        return CostKey(str(self.target), f"sig:{signature}", self.tuning,
                        self.kernels, f"threads={threads}/{SIGNATURE_PROTOCOL}")
 
     def cached(self, kernel: Kernel) -> float | None:
@@ -84,10 +86,10 @@ class SignatureMeter:
             # every buffer filled by a real run before timing (indices within their tables)
             ex.run(*sample_inputs([piece[i].type for i in piece.inputs], program.input_ranges))
             seconds = own_seconds(kernel_costs(ex, db=self.db, threads=1,
-                                               tuning=self.tuning_db or ""))
+                                               tuning=self.tuning))
             if self.threads > 1:
                 wide = own_seconds(kernel_costs(ex, db=self.db, threads=self.threads,
-                                                tuning=self.tuning_db or ""))
+                                                tuning=self.tuning))
                 self.wide[kernel.signature] = wide
         self.measured += 1
         if self.db is not None:

@@ -28,6 +28,7 @@ from paragraph.tvm_interop.executor import CUDAExecutor, cuda_check, cudart, mak
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import CostDB, CostKey, time_steps
 from paragraph.tvm_interop.memory import no_reuse_plan
+from paragraph.tvm_interop.tuning_db import tuning_id
 
 Groups = tuple[tuple[int, ...], ...]
 
@@ -41,8 +42,10 @@ class StageMeter:
     the cost database under a key made of its kernels' hashes and the strategy."""
 
     def __init__(self, program: KernelProgram, options: IOSOptions, db: CostDB | None = None,
-                 tuning: str = "", seq_threads: int | None = None) -> None:
-        self.program, self.options, self.db, self.tuning = program, options, db, tuning
+                 tuning_db: str | None = None, seq_threads: int | None = None) -> None:
+        self.program, self.options, self.db = program, options, db
+        self.tuning_db = tuning_db
+        self.tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
         self.on_cpu = program.target.kind.name == "llvm"
         self.cores = (options.cores or cpu_count()) if self.on_cpu else 1
         self.seq_threads = seq_threads or self.cores  # threads of a sequential stage
@@ -209,7 +212,7 @@ class StageMeter:
         merged, _ = apply_merges(self.rule, mini, [[(ids[c], tuple(ids[i] for i in chain))
                                                     for c, chain in units]])
         program = KernelProgram.build(merged, self.program.target, device=self.program.device,
-                                      tuning_db=self.tuning or None,
+                                      tuning_db=self.tuning_db,
                                       kernels=self.program.kernel_source)
         with make_executor(program, sequential(program.graph, cores=self.seq_threads),
                            use_cuda_graph=False) as ex:

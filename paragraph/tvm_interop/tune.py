@@ -11,13 +11,16 @@ takes as ``--tuning-db``.
 Resuming: MetaSchedule appends each measured candidate to the database as it goes, so a stopped
 run loses at most the batch in flight. On restart, a task that already has its trial budget in
 the database is skipped, a partly tuned one gets only the rest, and a record line torn by a kill
-is dropped. ``paragraph-tune.json`` in the work dir keeps each task's untuned latency (measured
-once) and the trials spent, for the summary table.
+is dropped. ``paragraph-tune.json`` in the work dir keeps each task's trials spent and its
+untuned and tuned latencies, measured side by side with one timer after tuning.
+
+A tuned kernel is applied only where it measured faster than the untuned one
+(`paragraph.tvm_interop.tuning_db`: lowering reads ``applied/``, which holds only those
+records), so a tuning database never makes a model slower.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -41,22 +44,13 @@ from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.lowering import is_gpu, lower, resolve_target
+from paragraph.tvm_interop.tuning_db import (
+    RECORDS,
+    STATE_FILE,
+    WORKLOADS,
+    write_applied,
+)
 from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, tvm_alternatives
-
-STATE_FILE = "paragraph-tune.json"
-RECORDS = "database_tuning_record.json"
-WORKLOADS = "database_workload.json"
-
-
-def tuning_id(work_dir: str | os.PathLike | None) -> str:
-    """A short identity of a tuning database's contents ("" for none), for cost cache keys:
-    costs measured with one set of tuned kernels do not stand for another."""
-    if work_dir is None:
-        return ""
-    path = Path(work_dir) / RECORDS
-    if not path.exists():
-        return ""
-    return "ms:" + hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
 
 
 @dataclass
@@ -67,12 +61,14 @@ class TaskResult:
     weight: int
     trials: int
     untuned_ms: float
-    best_ms: float | None
+    best_ms: float | None  # MetaSchedule's own measurement of its best candidate
     skipped: bool = False
+    tuned_ms: float | None = None  # the best candidate timed beside the untuned kernel
+    applied: bool = False  # the tuned kernel measured faster: lowering applies it
 
     @property
     def speedup(self) -> float | None:
-        return self.untuned_ms / self.best_ms if self.best_ms else None
+        return self.untuned_ms / self.tuned_ms if self.tuned_ms else None
 
 
 def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: str | os.PathLike,
@@ -116,26 +112,32 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
         entry = state.get(key, {})
         done = max(entry.get("trials", 0), _records(database, func_mod))
         label = f"[{i + 1}/{len(tasks)}] {task.task_name} (x{task.weight})"
-        untuned = entry.get("untuned_ms")
-        if untuned is None:
-            untuned = _time_untuned(func_mod, tvm_target)
         skipped = done >= trials
         start = time.perf_counter()
         if skipped:
             log(f"{label}: already has {done} trials, skipping")
         else:
-            log(f"{label}: untuned {untuned:.3f} ms; tuning {trials - done} trials ...")
+            log(f"{label}: tuning {trials - done} trials ...")
             tools = tools or _workers(ms, cores, tvm_target)
             _tune_one(ms, task, func_mod, tvm_target, work, database, trials - done, cores,
                       seed + i, tools)
             done = max(trials, _records(database, func_mod))
         best = _best_ms(database, func_mod)
-        results.append(TaskResult(task.task_name, int(task.weight), done, untuned, best, skipped))
+        untuned, tuned = entry.get("untuned_ms"), entry.get("tuned_ms")
+        if not skipped or untuned is None or (best is not None and tuned is None):
+            untuned, tuned = _compare(func_mod, database, tvm_target)
+        applied = tuned is not None and tuned < untuned * (1.0 - MIN_GAIN)
+        results.append(TaskResult(task.task_name, int(task.weight), done, untuned, best, skipped,
+                                  tuned, applied))
         state[key] = {"name": task.task_name, "weight": int(task.weight), "trials": done,
-                      "untuned_ms": untuned, "best_ms": best}
+                      "untuned_ms": untuned, "best_ms": best, "tuned_ms": tuned,
+                      "applied": applied}
         atomic_write_json(work / STATE_FILE, state)  # before "done": a kill after it loses nothing
+        write_applied(work, {k: bool(e.get("applied")) for k, e in state.items()})
         if not skipped:
-            found = f"best {best:.3f} ms" if best is not None else "no valid candidate yet"
+            found = (f"untuned {untuned:.3f} ms, tuned {tuned:.3f} ms: "
+                     f"{'applied' if applied else 'not applied (not faster)'}"
+                     if tuned is not None else "no valid candidate yet")
             log(f"{label}: done in {time.perf_counter() - start:.0f} s, {found}")
     return results
 
@@ -212,10 +214,31 @@ def _best_ms(database, func_mod: tvm.IRModule) -> float | None:
     return float(np.mean([float(s) for s in top[0].run_secs])) * 1e3
 
 
-def _time_untuned(func_mod: tvm.IRModule, target: tvm.target.Target) -> float:
-    """Milliseconds of the kernel compiled without a schedule (what untuned programs run)."""
+# a tuned kernel must beat the untuned one by this much to be applied (timer noise)
+MIN_GAIN = 0.03
+
+
+def _compare(func_mod: tvm.IRModule, database, target: tvm.target.Target,
+             rounds: int = 5) -> tuple[float, float | None]:
+    """Milliseconds of the kernel untuned (what untuned programs run) and with the database's
+    best schedule (None without one), timed alternately with one timer, medians."""
+    untuned = _timer(func_mod, target, default_schedule=True)
+    best = database.query_ir_module(func_mod, target, "main") \
+        if database.has_workload(func_mod) else None
+    tuned = _timer(best, target) if best is not None else None
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(untuned())
+        if tuned is not None:
+            b.append(tuned())
+    return float(np.median(a)), float(np.median(b)) if b else None
+
+
+def _timer(func_mod: tvm.IRModule, target: tvm.target.Target, default_schedule: bool = False):
+    """A function that times one compiled kernel: seconds per call, as milliseconds, over
+    enough calls to take a few milliseconds (small kernels are microseconds)."""
     dev = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
-    if is_gpu(target):
+    if default_schedule and is_gpu(target):
         with target:
             func_mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(func_mod)
     lib = tvm.compile(func_mod, target=target).mod
@@ -224,8 +247,8 @@ def _time_untuned(func_mod: tvm.IRModule, target: tvm.target.Target) -> float:
                                if np.dtype(str(info.dtype)).kind == "f"
                                else np.zeros(info.shape, info.dtype), dev)
             for info in ArgInfo.from_prim_func(func_mod["main"])]
-    timer = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=0)
-    return float(np.median(timer(*args).results)) * 1e3
+    timer = lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=5)
+    return lambda: float(np.median(timer(*args).results)) * 1e3
 
 
 def _read_state(work: Path) -> dict:
@@ -258,20 +281,22 @@ def _repair_records(work: Path, log: Callable[[str], None]) -> None:
 
 def format_summary(results: list[TaskResult]) -> str:
     """The tuned kernels as a table, with the model's estimated kernel time (weight x latency)
-    before and after."""
+    before and after: a kernel counts as tuned only where the tuned form is applied."""
     lines = [f"{'kernel':44} {'x':>3} {'trials':>6} {'untuned ms':>11} {'tuned ms':>9} "
-             f"{'speedup':>8}"]
+             f"{'speedup':>8}  applied"]
     for r in results:
-        best = f"{r.best_ms:9.3f}" if r.best_ms is not None else f"{'-':>9}"
-        speed = f"{r.speedup:7.1f}x" if r.speedup else f"{'-':>8}"
+        best = f"{r.tuned_ms:9.3f}" if r.tuned_ms is not None else f"{'-':>9}"
+        speed = f"{r.speedup:7.2f}x" if r.speedup else f"{'-':>8}"
         lines.append(f"{r.name[:44]:44} {r.weight:3d} {r.trials:6d} {r.untuned_ms:11.3f} "
-                     f"{best} {speed}")
+                     f"{best} {speed}  {'yes' if r.applied else 'no'}")
     before = sum(r.weight * r.untuned_ms for r in results)
-    after = sum(r.weight * (r.best_ms if r.best_ms is not None else r.untuned_ms)
-                for r in results)
+    after = sum(r.weight * (r.tuned_ms if r.applied and r.tuned_ms is not None
+                            else r.untuned_ms) for r in results)
+    applied = sum(r.applied for r in results)
     lines.append(f"tuned kernels in the model: {before:.2f} ms untuned -> {after:.2f} ms "
-                 f"({before / after if after else float('nan'):.1f}x)")
+                 f"({before / after if after else float('nan'):.2f}x); {applied} of "
+                 f"{len(results)} tuned forms applied (the others measured no faster)")
     return "\n".join(lines)
 
 
-__all__ = ["tune", "TaskResult", "format_summary", "tuning_id"]
+__all__ = ["tune", "TaskResult", "format_summary"]

@@ -16,7 +16,7 @@ from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.lowering import kernel_graph, lower
 from paragraph.tvm_interop.measure import CostDB, kernel_key, time_kernel
 from paragraph.tvm_interop.memory import no_reuse_plan
-from paragraph.tvm_interop.tune import tuning_id
+from paragraph.tvm_interop.tuning_db import tuning_id
 from paragraph.tvm_interop.vendor.dispatch import (
     probe_module,
     signature,

@@ -1,0 +1,83 @@
+"""A MetaSchedule tuning database on disk, and the part of it paragraph applies.
+
+``paragraph tune`` writes MetaSchedule's JSON database (``database_workload.json``,
+``database_tuning_record.json``) and, beside it, ``applied/``: the same workloads with the
+records of only those kernels whose tuned form measured faster than the untuned one
+(`write_applied`). Lowering applies ``applied/`` where it exists (`applied_dir`), so a tuning
+database never makes a kernel slower: MetaSchedule's best record of a small kernel (a reshape,
+a pool, a concatenation) is often slower than TVM's default code, and applying it anyway made
+a tuned model 2x slower than the untuned one. A database that paragraph did not write (no
+``applied/``) is applied whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from paragraph.files import atomic_write_bytes
+
+STATE_FILE = "paragraph-tune.json"
+RECORDS = "database_tuning_record.json"
+WORKLOADS = "database_workload.json"
+APPLIED = "applied"
+
+
+def workload_key(shash: str | int) -> str:
+    """A workload's key as `paragraph.tvm_interop.tune` writes it (16 hex digits of the
+    structural hash) from the decimal hash in MetaSchedule's workload file."""
+    return f"{int(shash) & (2**64 - 1):016x}"
+
+
+def applied_dir(work_dir: str | os.PathLike[str]) -> Path:
+    """The directory whose records lowering applies: ``applied/`` where ``paragraph tune``
+    wrote one, else the database itself."""
+    work = Path(work_dir)
+    applied = work / APPLIED
+    return applied if (applied / RECORDS).exists() and (applied / WORKLOADS).exists() else work
+
+
+def tuning_id(work_dir: str | os.PathLike[str] | None) -> str:
+    """A short identity of the records a tuning database applies ("" for none), for cost cache
+    keys: costs measured with one set of tuned kernels do not stand for another."""
+    if work_dir is None:
+        return ""
+    path = applied_dir(work_dir) / RECORDS
+    if not path.exists():
+        return ""
+    return "ms:" + hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
+
+
+def write_applied(work_dir: str | os.PathLike[str], apply: Mapping[str, bool]) -> tuple[int, int]:
+    """Write ``applied/``: every workload, and the records of the workloads whose key
+    ``apply`` maps to True (a workload it does not name is left out: not yet compared).
+    Returns (kernels applied, kernels left untuned). Each file is written atomically, the
+    records last, so an interrupted write applies no more than before."""
+    work = Path(work_dir)
+    workloads = (work / WORKLOADS).read_bytes().splitlines(keepends=True) \
+        if (work / WORKLOADS).exists() else []
+    keep_index = set()
+    for i, line in enumerate(workloads):
+        try:
+            key = workload_key(json.loads(line)[0])
+        except (ValueError, IndexError, TypeError):
+            continue  # a torn line: its records are not applied
+        if apply.get(key, False):
+            keep_index.add(i)
+    records = []
+    if (work / RECORDS).exists():
+        for line in (work / RECORDS).read_bytes().splitlines(keepends=True):
+            try:
+                index = json.loads(line)[0]
+            except (ValueError, IndexError, TypeError):
+                continue
+            if index in keep_index:
+                records.append(line if line.endswith(b"\n") else line + b"\n")
+    out = work / APPLIED
+    atomic_write_bytes(out / WORKLOADS, b"".join(workloads))
+    atomic_write_bytes(out / RECORDS, b"".join(records))
+    applied = sum(1 for v in apply.values() if v)
+    return applied, len(apply) - applied
