@@ -43,6 +43,7 @@ from paragraph.tvm_interop.executor import CPUExecutor, gpu_available, make_exec
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
 from paragraph.tvm_interop.tune import format_summary, tune
+from paragraph.tvm_interop.tuning_db import RECORDS
 from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
 from paragraph.tvm_interop.vendor.runtime import default_kernels
 from paragraph.tvm_interop.vm import build_vm, local_cpu_target, run_vm
@@ -308,11 +309,22 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    _say(f"tuning {label} ({args.kernels} kernels)")
-    results = tune(mod, _target(args), args.work_dir, args.trials, kernels=args.kernels,
-                   max_tasks=args.max_tasks, log=_say)
-    if results:
-        _say(format_summary(results))
+    target = _target(args)
+    modules = [(label, mod)]
+    if args.search != "none":
+        # the graph the search chooses (its candidates measured with the kernels tuned so far)
+        # and the original, so tuned baselines stay fair
+        args.tuning_db = args.work_dir if (Path(args.work_dir) / RECORDS).exists() else None
+        searched = _searched(args, from_relax(mod), target)
+        assert searched is not None and searched.graph is not None
+        modules.insert(0, (f"{label} as the {args.search} search rewrote it",
+                           to_relax(searched.graph)))
+    for what, m in modules:
+        _say(f"tuning {what} ({args.kernels} kernels)")
+        results = tune(m, target, args.work_dir, args.trials, kernels=args.kernels,
+                       max_tasks=args.max_tasks, log=_say)
+        if results:
+            _say(format_summary(results))
     _say(f"tuning database: {args.work_dir} (use it with --tuning-db {args.work_dir})")
     return 0
 
@@ -520,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tuning database (give it to other verbs as --tuning-db)")
     p.add_argument("--max-tasks", type=_positive, default=None,
                    help="tune only the N kernels with the most FLOPs in the model")
+    search_options(p)
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("compile", help="compile a model (kernels, weights, schedule, memory "

@@ -60,6 +60,7 @@ from paragraph.passes.split import split_lone_convs
 from paragraph.rules.library import default_library
 from paragraph.rules.match import AnyRule
 from paragraph.rules.parametric import MergeConvs, Unit
+from paragraph.rules.rule import Rule, random_check
 from paragraph.schedule import Schedule, kernel_ids
 from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop.executor import make_executor
@@ -464,6 +465,29 @@ def max_difference(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) ->
 
 
 # ---------------------------------------------------------------------------- substitution search
+def _checked(rules: Sequence[AnyRule]) -> list[AnyRule]:
+    """``rules``, each a verified one: a pattern rule outside the shipped library must carry a
+    z3 proof (``proof["status"] == "verified"``, from `paragraph.rules.prove_rule`) and pass
+    the numeric check on shapes drawn to break equalities (`random_check`), since a rule
+    wrong for some shapes would be a wrong answer."""
+    shipped = set(default_library().for_search())
+    out = []
+    for r in rules:
+        if isinstance(r, Rule) and r not in shipped:
+            status = (r.proof or {}).get("status")
+            if status != "verified":
+                raise ParagraphError(f"rule {r.id!r} is not verified (proof status {status!r}): "
+                                     "prove it with paragraph.rules.prove_rule and attach the "
+                                     "proof (dataclasses.replace(rule, proof=proof.to_json()))")
+            try:
+                random_check(r)
+            except AssertionError as e:
+                raise ParagraphError(f"rule {r.id!r} is refuted numerically: {e}") from None
+        out.append(r)
+    return out
+
+
+
 # a candidate must beat the best graph so far by this much as measured: on the shared 2-core
 # host, a TASO candidate 1.3% faster in the loop ran 1.46x slower in the benchmark's timing
 MIN_GAIN = 0.02
@@ -500,7 +524,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     own_db = db is None
     db = CostDB() if db is None else db
     try:
-        rules = default_library().for_search() if rules is None else list(rules)
+        rules = default_library().for_search() if rules is None else _checked(rules)
         peaks = measure_cpu_peaks(db, str(target))
         threads = cores or cpu_count()
         model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))

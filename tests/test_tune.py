@@ -54,7 +54,7 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     assert "dropping a torn line" in out
     assert "[1/2]" in out and "already has" in out and "skipping" in out
     assert "[2/2]" in out and "tuning 2 trials" in out
-    assert "untuned ms" in out and "tuned kernels in the model" in out  # the summary table
+    assert "untuned us" in out and "tuned kernels in the model" in out  # the summary table
     state = json.loads((work / STATE_FILE).read_text())
     assert len(state) == 2 and all(e["trials"] >= 2 and e["untuned_ms"] > 0
                                    for e in state.values())
@@ -95,3 +95,16 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     # cost-cache identity: the records applied, not the path
     assert tuning_id(None) == "" and all_applied.startswith("ms:")
     assert tuning_id(work) != all_applied
+
+
+def test_tune_with_a_search_tunes_the_searched_graph_and_the_original(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "paragraph", "tune", "squeezenet1_1",
+                          "--reduced", "--trials", "1", "--max-tasks", "1", "--search", "greedy",
+                          "--search-budget", "10", "--top-k", "1", "--work-dir",
+                          str(tmp_path / "w")], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "greedy substitution search" in out
+    assert "as the greedy search rewrote it (tvm kernels)" in out
+    assert out.count("tuned kernels in the model") == 2
+    assert (tmp_path / "w" / APPLIED / RECORDS).exists()

@@ -3,6 +3,8 @@
 import runpy
 from pathlib import Path
 
+import pytest
+
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 
 
@@ -14,3 +16,41 @@ def test_quickstart(capsys, tmp_path, monkeypatch):
     for name in ("sequential", "wavefront", "opara", "nimble", "critical-path", "TVM VM",
                  "ios-both"):
         assert name in out
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One fresh cache for these tutorials (the native runner and kernels build once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+def _run(name: str, capsys, cache, monkeypatch, **kwargs) -> str:
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(cache))
+    runpy.run_path(str(TUTORIALS / f"{name}.py"))["main"](**kwargs)
+    return capsys.readouterr().out
+
+
+def test_custom_rule(capsys, cache, monkeypatch):
+    out = _run("custom_rule", capsys, cache, monkeypatch, budget=10.0)
+    assert "z3: verified" in out and "random instances agree" in out
+    assert "squeezenet: 8 matches" in out and "same outputs" in out
+    assert "the search applied" in out and "unverified: rule 'relu-after-concat'" in out
+
+
+def test_tvm_compile_onnx(capsys, cache, monkeypatch):
+    out = _run("tvm_compile_onnx", capsys, cache, monkeypatch)
+    for line in ("TVM default build, VM:", "paragraph.pipeline(), VM:",
+                 "paragraph.build, critical-path"):
+        assert line in out
+
+
+def test_deploy(capsys, cache, monkeypatch):
+    out = _run("deploy", capsys, cache, monkeypatch)
+    assert "wrote inception.paragraph" in out and "fresh process: same outputs" in out
+
+
+def test_tune_then_search(capsys, cache, monkeypatch):
+    out = _run("tune_then_search", capsys, cache, monkeypatch, trials=2, max_tasks=2,
+               budget=10.0)
+    assert "tuned forms applied" in out and "untuned" in out
+    assert "autograph search with tuned kernels" in out

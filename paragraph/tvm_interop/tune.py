@@ -135,7 +135,7 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
         atomic_write_json(work / STATE_FILE, state)  # before "done": a kill after it loses nothing
         write_applied(work, {k: bool(e.get("applied")) for k, e in state.items()})
         if not skipped:
-            found = (f"untuned {untuned:.3f} ms, tuned {tuned:.3f} ms: "
+            found = (f"untuned {untuned * 1e3:.1f} us, tuned {tuned * 1e3:.1f} us: "
                      f"{'applied' if applied else 'not applied (not faster)'}"
                      if tuned is not None else "no valid candidate yet")
             log(f"{label}: done in {time.perf_counter() - start:.0f} s, {found}")
@@ -280,20 +280,21 @@ def _repair_records(work: Path, log: Callable[[str], None]) -> None:
 
 
 def format_summary(results: list[TaskResult]) -> str:
-    """The tuned kernels as a table, with the model's estimated kernel time (weight x latency)
-    before and after: a kernel counts as tuned only where the tuned form is applied."""
-    lines = [f"{'kernel':44} {'x':>3} {'trials':>6} {'untuned ms':>11} {'tuned ms':>9} "
+    """The tuned kernels as a table (microseconds: reduced models' kernels are that small),
+    with the model's estimated kernel time (weight x latency) before and after: a kernel counts
+    as tuned only where the tuned form is applied."""
+    lines = [f"{'kernel':44} {'x':>3} {'trials':>6} {'untuned us':>11} {'tuned us':>9} "
              f"{'speedup':>8}  applied"]
     for r in results:
-        best = f"{r.tuned_ms:9.3f}" if r.tuned_ms is not None else f"{'-':>9}"
+        best = f"{r.tuned_ms * 1e3:9.1f}" if r.tuned_ms is not None else f"{'-':>9}"
         speed = f"{r.speedup:7.2f}x" if r.speedup else f"{'-':>8}"
-        lines.append(f"{r.name[:44]:44} {r.weight:3d} {r.trials:6d} {r.untuned_ms:11.3f} "
+        lines.append(f"{r.name[:44]:44} {r.weight:3d} {r.trials:6d} {r.untuned_ms * 1e3:11.1f} "
                      f"{best} {speed}  {'yes' if r.applied else 'no'}")
     before = sum(r.weight * r.untuned_ms for r in results)
     after = sum(r.weight * (r.tuned_ms if r.applied and r.tuned_ms is not None
                             else r.untuned_ms) for r in results)
     applied = sum(r.applied for r in results)
-    lines.append(f"tuned kernels in the model: {before:.2f} ms untuned -> {after:.2f} ms "
+    lines.append(f"tuned kernels in the model: {before:.3f} ms untuned -> {after:.3f} ms "
                  f"({before / after if after else float('nan'):.2f}x); {applied} of "
                  f"{len(results)} tuned forms applied (the others measured no faster)")
     return "\n".join(lines)
