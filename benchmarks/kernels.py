@@ -35,8 +35,8 @@ from paragraph import models
 from paragraph.bench import check_outputs, executor_config, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import cpu_count, describe_machine
+from paragraph.outputs import max_difference
 from paragraph.passes.schedule import make_schedule
-from paragraph.planner import max_difference
 from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.kernels import KernelProgram

@@ -53,7 +53,8 @@ from paragraph.machine import (  # noqa: E402
     is_contended,
     wait_for_quiet_cores,
 )
-from paragraph.planner import max_difference, plan_schedule  # noqa: E402
+from paragraph.outputs import max_difference  # noqa: E402
+from paragraph.planner import plan_schedule  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.executor import make_executor  # noqa: E402

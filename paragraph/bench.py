@@ -18,8 +18,9 @@ import tvm
 
 from paragraph.errors import ParagraphError
 from paragraph.machine import describe_machine
+from paragraph.outputs import max_difference
 from paragraph.passes.ios import IOSOptions
-from paragraph.planner import Plan, max_difference, plan_schedule, tolerance
+from paragraph.planner import Plan, plan_schedule, tolerance
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop.executor import make_executor

@@ -21,6 +21,7 @@ from paragraph.deploy import load as load_artifact
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.graph import Graph
+from paragraph.outputs import max_difference
 from paragraph.passes.cost import COSTS
 from paragraph.passes.ios import IOS_SCHEDULES, MODES, IOSOptions
 from paragraph.passes.schedule import ALGORITHMS
@@ -28,7 +29,6 @@ from paragraph.passes.search import METHODS, SearchOptions
 from paragraph.planner import (
     SCHEDULES,
     Plan,
-    max_difference,
     plan_schedule,
     search_plan,
     tolerance,
@@ -42,6 +42,7 @@ from paragraph.tvm_interop.artifact import is_artifact
 from paragraph.tvm_interop.executor import CPUExecutor, gpu_available, make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
+from paragraph.tvm_interop.remote import Remote
 from paragraph.tvm_interop.tune import format_summary, tune
 from paragraph.tvm_interop.tuning_db import RECORDS
 from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
@@ -110,7 +111,19 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect(args: argparse.Namespace) -> None:
+    """``args.remote``: the device behind --rpc (its cores become --threads' default)."""
+    args.remote = None
+    if getattr(args, "rpc", None):
+        with _Step(f"connecting to {args.rpc}"):
+            args.remote = Remote(args.rpc)
+        _say(f"  {args.remote.describe()}; kernels and runs are timed there")
+        args.threads = args.threads or args.remote.cores
+
+
 def _target(args: argparse.Namespace):
+    if getattr(args, "remote", None) is not None:
+        return args.remote.target
     if args.target == "cuda" and not gpu_available():
         raise ParagraphError("--target cuda: no CUDA GPU is visible to TVM on this machine")
     if args.target == "cpu":
@@ -130,7 +143,7 @@ def _schedule(args: argparse.Namespace, program: KernelProgram) -> Plan:
         return Plan(program, Schedule.from_json(text, program.graph))
     return plan_schedule(args.schedule or "critical-path", program, options=_ios_options(args),
                          tuning_db=args.tuning_db, cores=args.threads, log=_say,
-                         split=not args.no_split)
+                         split=not args.no_split, remote=getattr(args, "remote", None))
 
 
 def _searched(args: argparse.Namespace, graph: Graph, target: Any) -> Plan | None:
@@ -143,7 +156,7 @@ def _searched(args: argparse.Namespace, graph: Graph, target: Any) -> Plan | Non
     plan = search_plan(graph, target, options=options,
                        schedule=getattr(args, "schedule", None) or "critical-path",
                        kernels=args.kernels, tuning_db=args.tuning_db, top_k=args.top_k,
-                       cores=args.threads, log=_say)
+                       cores=args.threads, remote=getattr(args, "remote", None), log=_say)
     _say_search(plan.report["search"])
     return plan
 
@@ -201,6 +214,9 @@ def _kernel_summary(program) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     if is_artifact(args.model):
         return _run_compiled(args)
+    _connect(args)
+    if args.remote is not None:
+        return _run_remote(args)
     with _Step(f"importing {args.model}"):
         mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                                 input_shapes=parse_shapes(args.input_shape))
@@ -234,6 +250,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(f"  wrote {args.save_schedule}")
     return _check_and_time(args, plan, inputs, expected,
                            f"{label}: paragraph executor, {args.kernels} kernels")
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    """``paragraph run MODEL --rpc HOST:PORT:KEY``: compiled here for the remote device,
+    scheduled and searched with its measurements, then checked against the TVM VM and timed
+    there."""
+    remote = args.remote
+    mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
+                            input_shapes=parse_shapes(args.input_shape))
+    target = _target(args)
+    searched = _searched(args, from_relax(mod), target)
+    with _Step(f"compiling for {remote.key}, {args.kernels} kernels"):
+        program = (searched.program if searched is not None else
+                   KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+                                       kernels=args.kernels))
+    plan = searched if searched is not None else _schedule(args, program)
+    _say(f"  schedule {plan.schedule.describe()}")
+    with _Step(f"checking and timing on {remote.key}"):
+        (seconds,), _ = remote.time([(plan.program, plan.schedule)],
+                                    blocks=max(1, args.repeat // 5), block=5)
+    ok = remote.vm_difference <= tolerance(plan.program)
+    _say(f"  outputs against the TVM VM there: max difference {remote.vm_difference:.3g}: "
+         f"{'equal' if ok else 'DIFFERENT'}")
+    if not ok:
+        return 1
+    _say(f"{label} on {remote.describe()}: median {seconds * 1e3:.2f} ms, "
+         f"{plan.schedule.name} schedule, {args.kernels} kernels")
+    return 0
 
 
 def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, label: str) -> int:
@@ -287,6 +331,7 @@ def _run_compiled(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    _connect(args)
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
     target = _target(args)
@@ -470,6 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="critical-path: do not split lone convolutions across the streams "
                        "(by default it does where the split program measures faster)")
 
+    def rpc_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--rpc", metavar="HOST:PORT:KEY",
+                       help="compile for the device registered under KEY with the TVM RPC "
+                       "tracker at HOST:PORT (a server started with `python -m "
+                       "paragraph.tvm_interop.remote`) and time kernels and whole runs there "
+                       "(critical-path and the search's on-board loop; IOS measures here)")
+
     def search_options(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group("substitution search (AutoGraph; TASO/MetaFlow baselines)")
         g.add_argument("--search", choices=METHODS, default="none",
@@ -497,6 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_options(p, default=None)
     search_options(p)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
+    rpc_option(p)
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="CUDA: issue the streams directly instead of replaying a CUDA Graph")
     p.set_defaults(func=cmd_run)
@@ -541,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(p)
     schedule_options(p)
     search_options(p)
+    rpc_option(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="the artifact to write (e.g. model.paragraph)")
     p.set_defaults(func=cmd_compile)
@@ -570,6 +624,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nparagraph: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if getattr(args, "remote", None) is not None:  # give the device back
+            args.remote.close()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.inputs import sample_inputs
 from paragraph.machine import cpu_count
+from paragraph.outputs import max_difference
 from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
 from paragraph.passes.ios import (
     CONCURRENT,
@@ -79,6 +80,9 @@ from paragraph.tvm_interop.signatures import SignatureMeter
 from paragraph.tvm_interop.stages import StageMeter
 from paragraph.tvm_interop.tuning_db import tuning_id
 
+if TYPE_CHECKING:  # a session on another device, made by the caller
+    from paragraph.tvm_interop.remote import Remote
+
 SCHEDULES = (*ALGORITHMS, "ios", *IOS_SCHEDULES)
 Log = Callable[[str], None]
 
@@ -100,12 +104,15 @@ class Plan:
 
 def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | None = None,
                   db: CostDB | None = None, tuning_db: str | None = None,
-                  cores: int | None = None, log: Log | None = None, split: bool = True) -> Plan:
+                  cores: int | None = None, log: Log | None = None, split: bool = True,
+                  remote: Remote | None = None) -> Plan:
     """The `Plan` for the schedule ``name``: one of `paragraph.passes.schedule.ALGORITHMS`
     (the program unchanged), ``ios`` (mode from ``options``) or ``ios-<mode>``. Measurements
     are cached in ``db`` (a `CostDB`; the default cache when None). IOS may return a program
     rebuilt with merged convolutions; ``critical-path`` one with split convolutions
-    (``split``)."""
+    (``split``). With ``remote`` (`paragraph.tvm_interop.remote.Remote`) critical-path's
+    kernels and whole runs are timed on that device, not here (not cached: the cost database
+    is this machine's); IOS measures stages here and refuses it."""
     if name not in SCHEDULES:
         if name.startswith("ios-"):
             raise ParagraphError(f"unknown IOS mode {name[4:]!r} in {name!r}; choose from "
@@ -117,7 +124,11 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
     db = CostDB() if db is None else db
     try:
         if name == "critical-path":
-            return _critical_path(program, db, tuning_db, cores, log, split)
+            return _critical_path(program, db, tuning_db, cores, log, split, remote)
+        if remote is not None:
+            raise ParagraphError(f"the {name} schedule measures its stages on this machine; "
+                                 "with --rpc use critical-path or a schedule that measures "
+                                 "nothing (sequential, wavefront, opara, nimble)")
         options = options or IOSOptions()
         if name != "ios":
             options = replace(options, mode=name[len("ios-"):])
@@ -133,7 +144,8 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
 
 # ---------------------------------------------------------------------------- critical path
 def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
-                   cores: int | None, log: Log | None, split: bool) -> Plan:
+                   cores: int | None, log: Log | None, split: bool,
+                   remote: Remote | None = None) -> Plan:
     """`critical_path` over measured 1-thread kernel times (`_measured_critical_path`); on a
     CPU its streams are timed against one stream of every core and the faster kept
     (`_one_stream_if_faster`); with ``split`` (CPU, two streams or more), lone convolutions
@@ -142,9 +154,9 @@ def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
     on_cpu = program.target.kind.name == "llvm"
     streams = (cores or cpu_count()) if on_cpu else None
     tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
-    plain = _measured_critical_path(program, db, tuning, streams, cores, log)
+    plain = _measured_critical_path(program, db, tuning, streams, cores, log, remote)
     if on_cpu and streams is not None and streams >= 2:
-        plain = _one_stream_if_faster(plain, db, tuning, streams, log)
+        plain = _one_stream_if_faster(plain, db, tuning, streams, log, remote)
     if not (split and on_cpu and streams is not None and streams >= 2):
         return plain
     try:
@@ -156,11 +168,11 @@ def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
         rebuilt = None
     if rebuilt is None:
         return plain
-    other = _measured_critical_path(rebuilt, db, tuning, streams, cores, log)
+    other = _measured_critical_path(rebuilt, db, tuning, streams, cores, log, remote)
     if log is not None:
         log("  critical-path: checking the split program's outputs, timing both ...")
     unsplit_s, split_s = end_to_end([(program, plain.schedule), (rebuilt, other.schedule)], db,
-                                    tuning, check=True)
+                                    tuning, check=True, remote=remote)
     keep = split_s < unsplit_s
     if log is not None:
         log(f"  critical-path end to end: {unsplit_s * 1e3:.2f} ms, split "
@@ -172,7 +184,7 @@ def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
 
 
 def _one_stream_if_faster(plan: Plan, db: CostDB, tuning: str, cores: int,
-                          log: Log | None) -> Plan:
+                          log: Log | None, remote: Remote | None = None) -> Plan:
     """A CPU schedule of several one-thread streams against one stream whose kernels use all
     ``cores``, timed end to end, the faster kept: a chain of large kernels gains more from
     threads inside each kernel than from the little that runs beside it (ResNeXt-50 with
@@ -183,8 +195,9 @@ def _one_stream_if_faster(plan: Plan, db: CostDB, tuning: str, cores: int,
     program = plan.program
     one = Schedule.build(program.graph, [kernel_ids(program.graph)], threads=cores,
                          name="critical-path", info=plan.schedule.info)
-    one = fewer_threads_where_faster(program, one, db, tuning, log)
-    streams_s, one_s = end_to_end([(program, plan.schedule), (program, one)], db, tuning)
+    one = fewer_threads_where_faster(program, one, db, tuning, log, remote)
+    streams_s, one_s = end_to_end([(program, plan.schedule), (program, one)], db, tuning,
+                                  remote=remote)
     keep = one_s < streams_s
     if log is not None:
         log(f"  critical-path: {len(plan.schedule.streams)} streams of 1 thread "
@@ -196,7 +209,8 @@ def _one_stream_if_faster(plan: Plan, db: CostDB, tuning: str, cores: int,
 
 
 def fewer_threads_where_faster(program: KernelProgram, schedule: Schedule, db: CostDB,
-                               tuning: str = "", log: Log | None = None) -> Schedule:
+                               tuning: str = "", log: Log | None = None,
+                               remote: Remote | None = None) -> Schedule:
     """``schedule`` with each vendor kernel of a multi-thread stream that runs faster on one
     thread than on its stream's threads set to one (`Schedule.kernel_threads`), both times
     measured in model order and cached. On two cores a small convolution's second thread
@@ -207,12 +221,10 @@ def fewer_threads_where_faster(program: KernelProgram, schedule: Schedule, db: C
     if not wide or program.target.kind.name != "llvm":
         return schedule
     graph = program.graph
-    with make_executor(program, sequential(graph, cores=1), use_cuda_graph=False) as ex:
-        one = kernel_costs(ex, db=db, threads=1, tuning=tuning, progress=log is not None)
+    one = _kernel_times(program, 1, db, tuning, log, remote)
     caps: dict[int, int] = {}
     for t in wide:
-        with make_executor(program, sequential(graph, cores=t), use_cuda_graph=False) as ex:
-            many = kernel_costs(ex, db=db, threads=t, tuning=tuning, progress=log is not None)
+        many = _kernel_times(program, t, db, tuning, log, remote)
         caps.update({k: 1 for s, ks in enumerate(schedule.streams) if schedule.threads[s] == t
                      for k in ks if graph[k].kind == "kernel"
                      and graph[k].attrs.get("source") == "vendor" and one[k] < many[k]})
@@ -221,8 +233,20 @@ def fewer_threads_where_faster(program: KernelProgram, schedule: Schedule, db: C
     return replace(schedule, kernel_threads=caps)
 
 
+def _kernel_times(program: KernelProgram, threads: int, db: CostDB, tuning: str,
+                  log: Log | None, remote: Remote | None) -> dict[int, float]:
+    """Seconds per kernel of ``program`` on ``threads`` threads, in model order: measured
+    here (and cached) or on the ``remote`` device."""
+    schedule = sequential(program.graph, cores=threads)
+    if remote is not None:
+        return remote.kernel_times(program, schedule, threads)
+    with make_executor(program, schedule, use_cuda_graph=False) as ex:
+        return kernel_costs(ex, db=db, threads=threads, tuning=tuning, progress=log is not None)
+
+
 def _measured_critical_path(program: KernelProgram, db: CostDB, tuning: str,
-                            streams: int | None, cores: int | None, log: Log | None) -> Plan:
+                            streams: int | None, cores: int | None, log: Log | None,
+                            remote: Remote | None = None) -> Plan:
     """`critical_path` of ``program`` over each kernel's 1-thread time in model order,
     measured (or from the cost database): on a CPU every stream has one thread, so that is the
     time each kernel will take; a blocking cross-stream wait is charged the measured worker
@@ -232,9 +256,11 @@ def _measured_critical_path(program: KernelProgram, db: CostDB, tuning: str,
     on_cpu = program.target.kind.name == "llvm"
     if log is not None:
         log("  critical-path: kernel times (1 thread, in model order), measured or cached")
-    with make_executor(program, sequential(program.graph, cores=1), use_cuda_graph=False) as ex:
-        costs = kernel_costs(ex, db=db, threads=1, tuning=tuning, progress=log is not None)
-    handoff = measure_handoff(db, str(program.target)) if on_cpu else 0.0
+    costs = _kernel_times(program, 1, db, tuning, log, remote)
+    handoff = 0.0
+    if on_cpu:
+        handoff = remote.handoff() if remote is not None else measure_handoff(
+            db, str(program.target))
     schedule = critical_path(program.graph, cost=costs, streams=streams, cores=cores,
                              handoff=handoff)
     # the optimum is a bound only without hand-offs: with one, plan again without for it
@@ -391,14 +417,25 @@ def plan_digest(schedule: Schedule) -> str:
 
 def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB | None,
                tuning: str, repeat: int = 6, warmup: int = 2, check: bool = False,
-               block: int = 5) -> list[float]:
+               block: int = 5, remote: Remote | None = None) -> list[float]:
     """Median seconds of whole runs of each ``(program, schedule)`` on the executor: after a
     warm-up block each, ``repeat`` rounds (in forward, then reverse order) running every
     candidate once untimed and then ``block`` times timed (a candidate's steady state, which
     strict alternation disturbs: `paragraph.timing.time_in_blocks`), cached in ``db`` (a
     `CostDB` or None) so that choices made from them are deterministic. With ``check``, the
     candidates' outputs on one random input must agree (`tolerance`), else `ParagraphError`:
-    a rewrite that changed the model is a bug, not a slower choice."""
+    a rewrite that changed the model is a bug, not a slower choice. With ``remote`` the runs
+    (and the check) happen on that device, uncached."""
+    if remote is not None:
+        remote_s, diffs = remote.time(candidates, blocks=max(3, repeat), block=max(1, block))
+        tol = max(tolerance(p) for p, _ in candidates)
+        for (p, _), worst in zip(candidates[1:], diffs[1:], strict=True):
+            if check and not worst <= tol:
+                what = f" ({', '.join(p.rewrites)})" if p.rewrites else ""
+                raise ParagraphError(f"the rewritten program{what} does not compute the "
+                                     f"model's outputs on {remote.describe()}: max "
+                                     f"difference {worst:.3g}")
+        return remote_s
     keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{plan_digest(s)}",
                     tuning, ",".join(sorted(p.sources())), f"blocks={repeat}x{block}")
             for p, s in candidates]
@@ -448,22 +485,6 @@ def tolerance(program: KernelProgram) -> float:
     return 1e-5 if program.kernel_source == "tvm" and not program.rewrites else 1e-4
 
 
-def max_difference(expected: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> float:
-    """The largest difference between two lists of outputs, relative to ``1 + |expected|``
-    (``np.allclose`` with ``rtol = atol``); infinite if their number or shapes differ or a
-    value is NaN."""
-    if len(expected) != len(got):
-        return float("inf")
-    worst = 0.0
-    for e, g in zip(expected, got, strict=True):
-        if e.shape != g.shape:
-            return float("inf")
-        if e.size:
-            d = float(np.max(np.abs(g - e) / (1.0 + np.abs(e))))
-            worst = max(worst, d if d == d else float("inf"))  # NaN: never equal
-    return worst
-
-
 # ---------------------------------------------------------------------------- substitution search
 def _checked(rules: Sequence[AnyRule]) -> list[AnyRule]:
     """``rules``, each a verified one: a pattern rule outside the shipped library must carry a
@@ -496,7 +517,8 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
                 schedule: str = "critical-path", kernels: str = "tvm",
                 tuning_db: str | None = None, top_k: int = 20, rounds: int = 4,
                 cores: int | None = None, db: CostDB | None = None, measure: bool = True,
-                rules: Sequence[AnyRule] | None = None, log: Log | None = None) -> Plan:
+                rules: Sequence[AnyRule] | None = None, remote: Remote | None = None,
+                log: Log | None = None) -> Plan:
     """The substitution search with AutoGraph's on-board loop (alg. 1): search ``graph`` with
     the verified library under the search's cost (`paragraph.passes.search.search`), price the
     best candidates with their kernels measured, build the ``top_k`` cheapest, plan
@@ -517,7 +539,10 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     measured peaks, scaled by the median measured/estimate ratio of their kind.
 
     ``rules`` are the rules to search with (default: the shipped library's, both ways); the
-    returned plan's ``graph`` is the chosen operator graph."""
+    returned plan's ``graph`` is the chosen operator graph. With ``remote`` the candidates are
+    scheduled and timed on that device (`plan_schedule`, `end_to_end`), and their kernels are
+    priced by the roofline estimate of this machine's peaks: code compiled for the remote
+    device does not run here."""
     say = log or (lambda _m: None)
     start = time.perf_counter()
     deadline = time.monotonic() + options.seconds
@@ -525,7 +550,8 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     db = CostDB() if db is None else db
     try:
         rules = default_library().for_search() if rules is None else _checked(rules)
-        peaks = measure_cpu_peaks(db, str(target))
+        peaks = measure_cpu_peaks(db, str(target) if remote is None else "cpu")
+        measure = measure and remote is None
         threads = cores or cpu_count()
         model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))
         cost = cost_function(model, options.cost)
@@ -542,7 +568,8 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         def build(g: Graph, applied: Sequence[str]) -> Plan:
             program = KernelProgram.build(to_relax(g), target, tuning_db=tuning_db,
                                           kernels=kernels, rewrites=tuple(applied))
-            return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores)
+            return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores,
+                                 remote=remote)
 
         learn(graph)
         say(f"  cost model: {len(model.measured)} kernel signatures measured (1"
@@ -603,7 +630,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             built += len(plans)
             times = end_to_end([(best.program, best.schedule)]
                                + [(p.program, p.schedule) for p in plans],
-                               db, tuning_id(tuning_db), check=True)
+                               db, tuning_id(tuning_db), check=True, remote=remote)
             i = min(range(len(plans)), key=lambda j: times[j + 1])
             say(f"  round {r + 1}: {len(plans)} candidates built, best {times[i + 1] * 1e3:.3f} "
                 f"ms against {times[0] * 1e3:.3f} ms")
@@ -616,7 +643,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             best_graph, best_applied = fresh[i].graph, (*best_applied, *fresh[i].applied)
         if first_s is None or best_s is None:
             first_s = best_s = end_to_end([(best.program, best.schedule)], db,
-                                          tuning_id(tuning_db))[0]
+                                          tuning_id(tuning_db), remote=remote)[0]
         if meter.failed:
             say(f"  cost model: {len(meter.failed)} kernels could not be measured alone and "
                 f"were estimated (first: {next(iter(meter.failed.values()))})")

@@ -1,0 +1,256 @@
+"""Measuring on a device behind TVM's RPC tracker (``tvm.rpc``).
+
+A paragraph RPC server is TVM's own (``tvm.rpc.Server``) with paragraph's measuring functions
+registered in it (`register`, its ``server_init_callback``):
+
+    python -m paragraph.tvm_interop.remote --tracker HOST:PORT --key KEY
+
+`Remote` (``--rpc HOST:PORT:KEY``) asks the tracker for a session on such a server, learns the
+device's target and cores (`Remote.target`), and times whole programs there: each program
+under its schedule becomes a one-file artifact (`paragraph.tvm_interop.artifact`), uploaded
+into the session's work directory, loaded by the server and run side by side with the others
+in blocks (`paragraph.timing.time_in_blocks`) on the parallel executor, outputs compared with
+the first program's on the same inputs; `Remote.kernel_times` times a program's kernels there.
+TVM's RPC gives whoever reaches the server full remote code execution: run it only on a
+trusted network (TVM's own warning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import rpc
+
+from paragraph.errors import ParagraphError
+from paragraph.inputs import sample_inputs
+from paragraph.machine import cpu_count, describe_machine
+from paragraph.outputs import max_difference
+from paragraph.schedule import Schedule
+from paragraph.timing import Config, time_in_blocks
+from paragraph.tvm_interop.artifact import read_artifact, write_artifact
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import kernel_costs, measure_handoff
+from paragraph.tvm_interop.memory import plan_memory
+from paragraph.tvm_interop.vm import local_cpu_target, run_vm
+
+PREFIX = "paragraph.rpc."
+
+
+# ---------------------------------------------------------------------------- server side
+def _workpath(name: str) -> str:
+    """Where the RPC session keeps an uploaded file (its own temporary directory)."""
+    return str(tvm.get_global_func("tvm.rpc.server.workpath")(name))
+
+
+def _device() -> str:
+    """This machine as the client needs it: its target (as paragraph compiles for it), cores
+    and description, JSON."""
+    return json.dumps({"target": json.loads(str(local_cpu_target())), "cores": cpu_count(),
+                       "machine": describe_machine()})
+
+
+def _time(names: str, blocks: int, block: int) -> str:
+    """Load the uploaded artifacts ``names`` (a JSON list), run each once on the same sample
+    inputs (their outputs' differences from the first's), then time them side by side:
+    ``blocks`` rounds of ``block`` runs each. JSON: median seconds and differences (and the
+    first's from the TVM VM running the same kernels)."""
+    artifacts = [read_artifact(_workpath(n)) for n in json.loads(names)]
+    executors = [make_executor(a.program, a.schedule, plan=a.memory) for a in artifacts]
+    try:
+        graph = artifacts[0].program.graph
+        inputs = sample_inputs([graph[i].type for i in graph.inputs],
+                               artifacts[0].program.input_ranges)
+        outs = [[np.asarray(o) for o in ex.run(*inputs)] for ex in executors]
+        diffs = [max_difference(outs[0], o) for o in outs]
+        program = artifacts[0].program  # the first against the TVM VM over its own kernels
+        vm_diff = max_difference(run_vm(program.vm(), inputs, device=program.device), outs[0])
+        configs = [Config(str(i), partial(ex.run, *inputs, copy_outputs=False))
+                   for i, ex in enumerate(executors)]
+        for c in configs:  # a first block each, untimed: a process's first runs are slow
+            for _ in range(block):
+                c.run()
+        medians = time_in_blocks(configs, blocks, block)
+    finally:
+        for ex in executors:
+            ex.close()
+    def finite(d: float) -> float | None:
+        return d if d != float("inf") else None
+
+    return json.dumps({"seconds": [statistics.median(m) for m in medians],
+                       "max_difference": [finite(d) for d in diffs],
+                       "vm_difference": finite(vm_diff)})
+
+
+def _kernels(name: str, threads: int) -> str:
+    """Seconds per kernel of an uploaded artifact's program on ``threads`` threads, in model
+    order (`kernel_costs`), JSON ``{node id: seconds}``."""
+    art = read_artifact(_workpath(name))
+    with make_executor(art.program, art.schedule, plan=art.memory) as ex:
+        costs = kernel_costs(ex, threads=threads)
+    return json.dumps({str(k): v for k, v in costs.items()})
+
+
+def _handoff() -> float:
+    """Seconds for one worker thread to hand a result to another here (`measure_handoff`)."""
+    return float(measure_handoff(None, str(local_cpu_target())))
+
+
+def register() -> None:
+    """Register paragraph's measuring functions in this process's TVM (an RPC server's
+    ``server_init_callback``)."""
+    tvm_ffi.register_global_func(PREFIX + "device", _device, override=True)
+    tvm_ffi.register_global_func(PREFIX + "time", _time, override=True)
+    tvm_ffi.register_global_func(PREFIX + "kernels", _kernels, override=True)
+    tvm_ffi.register_global_func(PREFIX + "handoff", _handoff, override=True)
+
+
+def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9091,
+          port_end: int = 9199) -> rpc.Server:
+    """Start a paragraph RPC server (a subprocess) registered with the tracker at
+    ``tracker`` ("HOST:PORT") under ``key``; returns it (``terminate()`` stops it)."""
+    t_host, t_port = _host_port(tracker)
+    return rpc.Server(host=host, port=port, port_end=port_end, tracker_addr=(t_host, t_port),
+                      key=key, server_init_callback=register, silent=True)
+
+
+# ---------------------------------------------------------------------------- client side
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    try:
+        return host, int(port)
+    except ValueError:
+        raise ParagraphError(f"expected HOST:PORT, got {text!r}") from None
+
+
+def parse_address(text: str) -> tuple[str, int, str]:
+    """``HOST:PORT:KEY`` -> (host, port, key), or a `ParagraphError` naming the problem."""
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0] or not parts[2]:
+        raise ParagraphError(f"--rpc expects HOST:PORT:KEY (the tracker and the device key), "
+                             f"got {text!r}")
+    try:
+        port = int(parts[1])
+    except ValueError:
+        raise ParagraphError(f"--rpc {text!r}: the port {parts[1]!r} is not a number") from None
+    return parts[0], port, parts[2]
+
+
+class Remote:
+    """A session on a paragraph RPC server, requested from a tracker (see the module
+    docstring). A server serves one session at a time: ``timeout`` (seconds) bounds the wait
+    for a free one. ``close`` (or the end of a ``with`` block) gives the device back."""
+
+    def __init__(self, address: str, timeout: float = 60.0) -> None:
+        host, port, key = parse_address(address)
+        self.address, self.key = address, key
+        try:  # TVM's own connect retries for a minute: say at once when nothing listens
+            socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
+        except OSError as e:
+            raise ParagraphError(f"--rpc {address}: no tracker at {host}:{port} "
+                                 f"({e.strerror or e})") from None
+        try:
+            tracker = rpc.connect_tracker(host, port)
+            # the tracker answers a request only when a device is free: bound the wait
+            tracker._sock.settimeout(timeout)  # noqa: SLF001 - TVM offers no other way
+            self.session: Any = tracker.request(key, priority=1, session_timeout=0,
+                                                max_retry=1)
+        except (RuntimeError, OSError) as e:
+            raise ParagraphError(f"--rpc {address}: no free device with key {key!r} within "
+                                 f"{timeout:.0f} s (none registered, or all busy with other "
+                                 f"sessions): {e}") from None
+        try:
+            info = json.loads(str(self._call("device")))
+        except Exception as e:  # noqa: BLE001 - any failure means the server is not ours
+            raise ParagraphError(f"--rpc {address}: the server does not run paragraph's "
+                                 "measuring functions (start it with `python -m "
+                                 f"paragraph.tvm_interop.remote`): {e}") from None
+        self.target = tvm.target.Target(info["target"])
+        self.cores = int(info["cores"])
+        self.machine: dict[str, Any] = info["machine"]
+        self.vm_difference = float("nan")  # of the last `time`
+
+    def _call(self, name: str, *args: Any) -> Any:
+        return self.session.get_function(PREFIX + name)(*args)
+
+    def _upload(self, program: KernelProgram, schedule: Schedule, name: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="paragraph-rpc-") as tmp:
+            path = Path(tmp) / name
+            write_artifact(path, program, schedule, plan_memory(program.graph, schedule))
+            self.session.upload(str(path), target=name)
+
+    def time(self, candidates: Sequence[tuple[KernelProgram, Schedule]], *, blocks: int = 5,
+             block: int = 10) -> tuple[list[float], list[float]]:
+        """Median seconds of each ``(program, schedule)`` run on the remote device side by
+        side, and the max difference of each one's outputs from the first's there
+        (``self.vm_difference``: the first's from the TVM VM there)."""
+        names = [f"candidate{i}-{os.getpid()}.paragraph" for i in range(len(candidates))]
+        for (program, schedule), name in zip(candidates, names, strict=True):
+            self._upload(program, schedule, name)
+        out = json.loads(str(self._call("time", json.dumps(names), blocks, block)))
+        diffs = [float("inf") if d is None else float(d) for d in out["max_difference"]]
+        vm = out["vm_difference"]
+        self.vm_difference = float("inf") if vm is None else float(vm)
+        return [float(s) for s in out["seconds"]], diffs
+
+    def kernel_times(self, program: KernelProgram, schedule: Schedule,
+                     threads: int = 1) -> dict[int, float]:
+        """Seconds per kernel of ``program`` on the remote device on ``threads`` threads."""
+        name = f"kernels-{os.getpid()}.paragraph"
+        self._upload(program, schedule, name)
+        return {int(k): float(v) for k, v in
+                json.loads(str(self._call("kernels", name, threads))).items()}
+
+    def close(self) -> None:
+        """End the session (the server takes the next client)."""
+        self.session = None
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def handoff(self) -> float:
+        """Seconds for one worker thread to hand a result to another on the device."""
+        return float(self._call("handoff"))
+
+    def describe(self) -> str:
+        """One line: the device behind the tracker."""
+        return (f"{self.key} at {self.address.rsplit(':', 1)[0]}: {self.machine.get('cpu', '?')}"
+                f", {self.cores} cores")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m paragraph.tvm_interop.remote --tracker HOST:PORT --key KEY``."""
+    parser = argparse.ArgumentParser(description="serve this device to paragraph clients "
+                                     "through a TVM RPC tracker")
+    parser.add_argument("--tracker", required=True, help="the tracker, HOST:PORT")
+    parser.add_argument("--key", required=True, help="the device key clients ask for")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=int, default=9091, help="first port to try")
+    args = parser.parse_args(argv)
+    server = serve(args.tracker, args.key, args.host, args.port)
+    print(f"paragraph RPC server on port {server.port}, key {args.key!r}, tracker "
+          f"{args.tracker}", flush=True)
+    try:
+        server.proc.join()
+    except KeyboardInterrupt:
+        server.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
