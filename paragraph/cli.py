@@ -21,6 +21,7 @@ from paragraph.deploy import load as load_artifact
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.graph import Graph
+from paragraph.machine import describe_machine
 from paragraph.outputs import max_difference
 from paragraph.passes.cost import COSTS
 from paragraph.passes.ios import IOS_SCHEDULES, MODES, IOSOptions
@@ -274,9 +275,14 @@ def _run_remote(args: argparse.Namespace) -> int:
     _say(f"  outputs against the TVM VM there: max difference {remote.vm_difference:.3g}: "
          f"{'equal' if ok else 'DIFFERENT'}")
     if not ok:
+        _write_json(args, {"equal": False, "max_difference": remote.vm_difference})
         return 1
     _say(f"{label} on {remote.describe()}: median {seconds * 1e3:.2f} ms, "
          f"{plan.schedule.name} schedule, {args.kernels} kernels")
+    _write_json(args, {"equal": True, "max_difference": remote.vm_difference, "label": label,
+                       "median_ms": seconds * 1e3, "remote": remote.describe(),
+                       "remote_machine": remote.machine, "kernels": plan.program.sources(),
+                       "schedule": plan.schedule.to_json(), "report": _json_safe(plan.report)})
     return 0
 
 
@@ -291,18 +297,33 @@ def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, labe
         worst = max((float(np.max(np.abs(a - b))) if a.size and a.shape == b.shape
                      else 0.0 for a, b in zip(expected, got, strict=False)),  # shown only
                     default=0.0)
-        ok = max_difference(expected, got) <= tolerance(program)
+        difference = max_difference(expected, got)
+        ok = difference <= tolerance(program)
         _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
              f"{'equal' if ok else 'DIFFERENT'}")
         _say(f"  memory: {executor.plan.summary()}")
         if not ok:
+            _write_json(args, {"equal": False, "max_difference": difference})
             return 1
         with _Step(f"timing {args.repeat} runs"):
             timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), args.repeat)
     _say(f"{label}: median {timing.median_ms:.2f} ms (p10 {timing.percentile_ms(10):.2f}, "
          f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, {schedule.name} "
          "schedule")
+    _write_json(args, {"equal": True, "max_difference": difference, "label": label,
+                       "median_ms": timing.median_ms, "p10_ms": timing.percentile_ms(10),
+                       "p90_ms": timing.percentile_ms(90), "repeat": args.repeat,
+                       "kernels": program.sources(), "rewrites": list(program.rewrites),
+                       "schedule": schedule.to_json(), "report": _json_safe(plan.report)})
     return 0
+
+
+def _write_json(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
+    """--json FILE: the command's result for scripts, with the machine it ran on."""
+    if getattr(args, "json", None):
+        atomic_write_json(args.json, {"command": args.command, "model": args.model,
+                                      **_json_safe(data), "machine": describe_machine()})
+        _say(f"wrote {args.json}")
 
 
 def _run_compiled(args: argparse.Namespace) -> int:
@@ -398,24 +419,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
-                            input_shapes=parse_shapes(args.input_shape))
-    target = _target(args)
-    if target.kind.name != "llvm":
-        raise ParagraphError("paragraph inspect records kernel timelines on the CPU executor; "
-                             "use --target cpu")
-    searched = _searched(args, from_relax(mod), target)
-    with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
-        program = (searched.program if searched is not None else
-                   KernelProgram.build(mod, target, tuning_db=args.tuning_db,
-                                       kernels=args.kernels))
-    plan = searched if searched is not None else _schedule(args, program)
-    program, schedule = plan.program, plan.schedule
+    manifest: dict[str, Any] = {}
+    searched = None
+    if is_artifact(args.model):  # a compiled program: its manifest, then its timeline
+        with _Step(f"loading {args.model}"):
+            exe = load_artifact(args.model)
+        manifest = exe.manifest
+        label = str(manifest.get("info", {}).get("model", args.model))
+        _say(f"  {label}: paragraph {manifest.get('paragraph')}, TVM {manifest.get('tvm')}, "
+             f"compiled {manifest.get('machine', {}).get('date', '?')} on "
+             f"{manifest.get('machine', {}).get('cpu', '?')}")
+        _say(f"  {_kernel_summary(exe.program)}; memory plan {manifest['memory']['blocks']} "
+             f"blocks, {manifest['memory']['bytes'] / 2**20:.2f} MiB; "
+             f"{len(manifest.get('rules', []))} library rewrites")
+        for entry in manifest.get("inputs", []):
+            _say(f"  input {entry['name']}: {entry['dtype']}{entry['shape']}")
+        program, schedule = exe.program, exe.schedule
+        inputs = exe.sample_inputs(args.seed)
+    else:
+        mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
+                                input_shapes=parse_shapes(args.input_shape))
+        target = _target(args)
+        if target.kind.name != "llvm":
+            raise ParagraphError("paragraph inspect records kernel timelines on the CPU "
+                                 "executor; use --target cpu")
+        searched = _searched(args, from_relax(mod), target)
+        with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
+            program = (searched.program if searched is not None else
+                       KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+                                           kernels=args.kernels))
+        plan = searched if searched is not None else _schedule(args, program)
+        program, schedule = plan.program, plan.schedule
+        inputs = random_inputs(mod, seed=args.seed)
     _say(f"  schedule {schedule.describe()}")
     if args.dot:
         atomic_write_bytes(args.dot, program.graph.to_dot().encode())
         _say(f"  wrote the kernel graph to {args.dot}")
-    if searched is not None and args.graphs:
+    if searched is not None and args.graphs and not manifest:
         before, after = (f"{args.graphs}-before.dot", f"{args.graphs}-after.dot")
         atomic_write_bytes(before, from_relax(mod).to_dot().encode())
         if program.operator_graph is not None:
@@ -424,7 +464,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.save_schedule:
         atomic_write_bytes(args.save_schedule, schedule.dumps().encode())
         _say(f"  wrote {args.save_schedule}")
-    inputs = random_inputs(mod, seed=args.seed)
     with CPUExecutor(program, schedule) as executor:
         runs = []
         for _ in range(max(3, args.repeat)):
@@ -440,6 +479,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     plot_timeline(timeline, program.graph, out,
                   f"{label}: {schedule.describe()}; {span / 1e6:.2f} ms")
     _say(f"wrote {out}")
+    _write_json(args, {"label": label, "schedule": schedule.to_json(),
+                       "median_run_ms": span / 1e6, "kernels_busy_ms": busy / 1e6,
+                       "concurrency": busy / max(span, 1), "timeline": str(out),
+                       "manifest": manifest})
     return 0
 
 
@@ -549,6 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_options(p, default=None)
     search_options(p)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
+    p.add_argument("--json", metavar="FILE", help="write the result (latency, outputs check, "
+                   "schedule, planner report, machine) as JSON")
     rpc_option(p)
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="CUDA: issue the streams directly instead of replaying a CUDA Graph")
@@ -575,6 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
     search_options(p)
     p.add_argument("--graphs", metavar="PREFIX", help="with --search: write the operator graph "
                    "before and after it as PREFIX-before.dot and PREFIX-after.dot")
+    p.add_argument("--json", metavar="FILE", help="write the schedule, the median run and (for "
+                   "a file from `paragraph compile`) its manifest as JSON")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("tune", help="tune the model's fused kernels with MetaSchedule "

@@ -127,8 +127,18 @@ def test_ios_in_run_bench_and_inspect(capsys, tmp_path, monkeypatch):
     code, _, _ = run_cli(capsys, "compile", "squeezenet1_1", "--reduced", "--schedule", "ios",
                          "-o", str(artifact), *QUICK_IOS)
     assert code == 0 and artifact.is_file()
-    code, out, _ = run_cli(capsys, "run", str(artifact), "--repeat", "1")
+    code, out, _ = run_cli(capsys, "run", str(artifact), "--repeat", "1", "--json",
+                           str(tmp_path / "run.json"))
     assert code == 0 and "ios-both schedule" in out
+    result = json.loads((tmp_path / "run.json").read_text())
+    assert result["equal"] and result["median_ms"] > 0 and result["schedule"]["name"] == \
+        "ios-both" and result["machine"]["cores"] >= 1
+    code, out, _ = run_cli(capsys, "inspect", str(artifact), "--out", str(tmp_path / "a.png"),
+                           "--json", str(tmp_path / "inspect.json"))
+    assert code == 0 and "input x: float32[1, 3, 32, 32]" in out and (tmp_path / "a.png").exists()
+    inspected = json.loads((tmp_path / "inspect.json").read_text())
+    assert inspected["manifest"]["format"] == "paragraph-artifact"
+    assert inspected["median_run_ms"] > 0
 
 
 def test_ios_protocol_is_checked():

@@ -65,7 +65,7 @@ def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_pa
     assert any(n.kind == "view" and "offset" in n.attrs for n in merged.graph.nodes)
     split = split_program(KernelProgram.build(squeezenet, "llvm", kernels="vendor"), 2)
     assert split is not None and any(r.startswith("split-conv") for r in split.rewrites)
-    searched = paragraph.build(squeezenet, kernels="vendor", search="greedy", search_budget=20,
+    searched = paragraph.build(squeezenet, kernels="vendor", search="greedy", search_budget=10,
                                top_k=2)
     assert searched.report["search"]["method"] == "greedy"
     xr = random_inputs(resnext)

@@ -100,7 +100,7 @@ def test_tuning_resumes_after_a_kill(tmp_path):
 def test_tune_with_a_search_tunes_the_searched_graph_and_the_original(tmp_path):
     run = subprocess.run([sys.executable, "-m", "paragraph", "tune", "squeezenet1_1",
                           "--reduced", "--trials", "1", "--max-tasks", "1", "--search", "greedy",
-                          "--search-budget", "10", "--top-k", "1", "--work-dir",
+                          "--search-budget", "5", "--top-k", "1", "--work-dir",
                           str(tmp_path / "w")], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout

@@ -88,7 +88,10 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
     else:  # batch norm decomposed, constants folded in numpy (FoldConstant is slow)
         prepared = prepare(mod)
         opgraph = from_relax(prepared if dispatch is None else dispatch(prepared))
-    opgraph = Graph([n.replace(name=f"n{n.id}") for n in opgraph.nodes], opgraph.outputs,
+    # operators named by id (their bindings are traced through fusion); inputs keep the
+    # model's names, which users pass inputs by
+    opgraph = Graph([n if n.kind == "input" else n.replace(name=f"n{n.id}")
+                     for n in opgraph.nodes], opgraph.outputs,
                     opgraph.meta)
     legalize = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                 relax.transform.FoldConstant()]
