@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -385,13 +386,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         assert searched is not None and searched.graph is not None
         modules.insert(0, (f"{label} as the {args.search} search rewrote it",
                            to_relax(searched.graph)))
+    tuned = {}
     for what, m in modules:
         _say(f"tuning {what} ({args.kernels} kernels)")
         results = tune(m, target, args.work_dir, args.trials, kernels=args.kernels,
                        max_tasks=args.max_tasks, log=_say)
         if results:
             _say(format_summary(results))
+        tuned[what] = [asdict(r) for r in results]
     _say(f"tuning database: {args.work_dir} (use it with --tuning-db {args.work_dir})")
+    _write_json(args, {"work_dir": str(args.work_dir), "trials": args.trials, "tuned": tuned})
     return 0
 
 
@@ -633,6 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tasks", type=_positive, default=None,
                    help="tune only the N kernels with the most FLOPs in the model")
     search_options(p)
+    p.add_argument("--json", metavar="FILE", help="write each tuned kernel's trials and "
+                   "untuned/tuned latency (and whether it is applied) as JSON")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("compile", help="compile a model (kernels, weights, schedule, memory "

@@ -101,10 +101,13 @@ def test_tune_with_a_search_tunes_the_searched_graph_and_the_original(tmp_path):
     run = subprocess.run([sys.executable, "-m", "paragraph", "tune", "squeezenet1_1",
                           "--reduced", "--trials", "1", "--max-tasks", "1", "--search", "greedy",
                           "--search-budget", "5", "--top-k", "1", "--work-dir",
-                          str(tmp_path / "w")], capture_output=True, text=True, timeout=900)
+                          str(tmp_path / "w"), "--json", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
     assert "greedy substitution search" in out
     assert "as the greedy search rewrote it (tvm kernels)" in out
     assert out.count("tuned kernels in the model") == 2
     assert (tmp_path / "w" / APPLIED / RECORDS).exists()
+    tuned = json.loads((tmp_path / "t.json").read_text())["tuned"]
+    assert len(tuned) == 2 and all(len(rs) == 1 and "applied" in rs[0] for rs in tuned.values())
