@@ -58,6 +58,7 @@ from paragraph.passes.schedule import ALGORITHMS, critical_path, make_schedule, 
 from paragraph.passes.search import Applied, SearchOptions
 from paragraph.passes.search import search as substitution_search
 from paragraph.passes.split import split_lone_convs
+from paragraph.progress import Progress
 from paragraph.rules.library import default_library
 from paragraph.rules.match import AnyRule
 from paragraph.rules.parametric import MergeConvs, Unit
@@ -323,17 +324,11 @@ def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
             + (f", budget {options.budget_s:g} s" if options.budget_s else "") + ") ...")
     meter = StageMeter(program, options, db, tuning_db, seq_threads=seq_threads)
     stats = SearchStats()
-    last_log = [start]
+    bar = Progress(log if options.progress else None, "IOS parts", len(parts))
 
     def progress(i: int, parts: list[list[int]], stats: SearchStats) -> None:
-        quarter = 4 * (i + 1) // len(parts) > 4 * i // len(parts)
-        if log is not None and (i + 1 == len(parts) or options.progress and (
-                quarter or time.monotonic() - last_log[0] > 10)):
-            last_log[0] = time.monotonic()
-            bar = "#" * (20 * (i + 1) // len(parts))
-            log(f"  IOS [{bar:20}] part {i + 1}/{len(parts)}: {len(parts[i])} kernels, "
-                f"{stats.states} states, {meter.measured} stages measured, "
-                f"{time.monotonic() - start:.0f} s")
+        bar.update(i + 1, f"{len(parts[i])} kernels, {stats.states} states, "
+                          f"{meter.measured} stages measured")
 
     try:
         stages = search(program.graph, options, meter.cost, bound=meter.bound,

@@ -108,7 +108,7 @@ def test_ios_in_run_bench_and_inspect(capsys, tmp_path, monkeypatch):
                            "--schedule", "ios", "--ios-mode", "parallel", "--ios-r", "2",
                            "--ios-s", "4", *QUICK_IOS)
     assert code == 0 and "ios-parallel schedule" in out and "equal" in out
-    assert "IOS [####################] part" in out and "stages measured" in out
+    assert "IOS parts [####################]" in out and "stages measured" in out
     assert (tmp_path / "cache" / "costs.sqlite").exists()
     path = tmp_path / "bench.json"
     code, out, _ = run_cli(capsys, "bench", "squeezenet1_1", "--reduced", "--repeat", "2",

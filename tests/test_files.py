@@ -5,6 +5,7 @@ import os
 import pytest
 
 from paragraph.files import atomic_write_bytes, atomic_write_json
+from paragraph.progress import Progress, bar
 
 
 def test_atomic_write_replaces_and_keeps_permissions(tmp_path):
@@ -25,3 +26,16 @@ def test_failed_write_leaves_the_old_file(tmp_path):
         atomic_write_json(path, {"not serialisable": object()})
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temporary left behind
+
+
+def test_progress_lines_are_throttled_with_a_bar():
+    assert bar(5, 20, width=4) == "[#   ]" and bar(0, 0, width=2) == "[##]"
+    lines: list[str] = []
+    p = Progress(lines.append, "pieces", 100, every=3600)
+    for i in range(1, 101):
+        p.update(i, f"{i} done")
+    assert len(lines) == 4  # the quarters, the last at the end
+    assert lines[-1].startswith("  pieces [####################] 100/100: 100 done, ")
+    quiet: list[str] = []
+    Progress(quiet.append, "few", 3, least=8).update(3)
+    assert quiet == []

@@ -32,6 +32,7 @@ import networkx as nx
 from paragraph.errors import GraphError
 from paragraph.graph import Graph, Node, TensorRef
 from paragraph.passes.cost import CostFn
+from paragraph.progress import Progress as Bar
 from paragraph.rules.match import AnyRule, apply_match, find_matches, kind_index
 
 SIZE_L, SIZE_U = 40, 120  # AutoGraph's partition thresholds
@@ -441,6 +442,7 @@ def search(graph: Graph, rules: Sequence[AnyRule], cost: CostFn,
         f"{len(part.runs)} candidate pieces of <= {options.size_u}")
     runs = ([(i, i) for i in range(len(part.pieces))] if options.method == "taso"
             else list(part.runs))
+    bar = Bar(progress, f"{options.method} search: pieces", len(runs))
     found: dict[tuple[int, int], list[Candidate]] = {}
     for k, run in enumerate(runs):
         ops = part.ops(run)
@@ -452,10 +454,8 @@ def search(graph: Graph, rules: Sequence[AnyRule], cost: CostFn,
         found[run] = backtrack(sub, rules, cost, beta=options.beta, budget=share,
                                keep=options.keep)
         budget.used += share.used
-        top = found[run][0]
-        done = f" after {len(top.applied)} rewrites" if top.applied else ""
-        say(f"  piece {k + 1}/{len(runs)} ({len(ops)} operators): {top.cost * 1e3:.3f} ms"
-            f"{done}{' (its budget spent)' if share.spent() else ''}")
+        rewritten = sum(bool(found[r][0].applied) for r in found)
+        bar.update(k + 1, f"{rewritten} pieces rewritten, {budget.used} expansions")
     if options.method == "taso":
         chosen = runs
     else:

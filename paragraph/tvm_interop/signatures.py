@@ -25,6 +25,7 @@ from paragraph.inputs import sample_inputs
 from paragraph.passes.cost import Kernel
 from paragraph.passes.schedule import sequential
 from paragraph.passes.search import extract
+from paragraph.progress import Progress
 from paragraph.timing import Timing
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
@@ -119,12 +120,14 @@ class SignatureMeter:
         if todo and progress is not None:
             progress(f"  cost model: measuring {len(todo)} new kernel signatures (1"
                      f"{f' and {self.threads}' if self.threads > 1 else ''} thread) ...")
-        for k in todo:
+        bar = Progress(progress, "cost model: measured", len(todo), least=8)
+        for i, k in enumerate(todo):
             if deadline is not None and time.monotonic() > deadline:
                 break
             try:
                 out[k.signature] = (k, self.measure_one(graph, k))
             except Exception as exc:  # an estimate still prices it; say why once
                 self.failed[k.signature] = f"{type(exc).__name__}: {exc}"
+            bar.update(i + 1)
         return out
 
