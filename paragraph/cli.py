@@ -213,8 +213,23 @@ def _kernel_summary(program) -> str:
     return " + ".join(f"{n} {s}" for s, n in sorted(counts.items())) + " kernels"
 
 
+def _is_artifact(path: str) -> bool:
+    """Whether ``path`` is (or claims to be: a .paragraph file, a zip) a compiled program; a
+    damaged one then fails in `paragraph.load` with the reason, not as an unknown model."""
+    p = Path(path)
+    if is_artifact(p):
+        return True
+    if not p.is_file():
+        return False
+    try:
+        with p.open("rb") as f:
+            return p.suffix == ".paragraph" or f.read(2) == b"PK"
+    except OSError:
+        return False
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    if is_artifact(args.model):
+    if _is_artifact(args.model):
         return _run_compiled(args)
     _connect(args)
     if args.remote is not None:
@@ -425,7 +440,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     manifest: dict[str, Any] = {}
     searched = None
-    if is_artifact(args.model):  # a compiled program: its manifest, then its timeline
+    if _is_artifact(args.model):  # a compiled program: its manifest, then its timeline
         with _Step(f"loading {args.model}"):
             exe = load_artifact(args.model)
         manifest = exe.manifest

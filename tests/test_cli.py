@@ -216,3 +216,11 @@ def test_search_rewrites_checks_and_is_never_slower(capsys, tmp_path, monkeypatc
     code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--search", "taso",
                            "--beta", "0.9")
     assert code != 0 and "beta 0.9" in err
+
+
+def test_a_damaged_artifact_is_named_as_one(capsys, tmp_path):
+    path = tmp_path / "model.paragraph"
+    path.write_bytes(b"PK\x03\x04 not really")
+    for verb in ("run", "inspect"):
+        code, _, err = run_cli(capsys, verb, str(path))
+        assert code == 2 and "is not a paragraph artifact, or it is truncated or damaged" in err
