@@ -163,14 +163,22 @@ def _searched(args: argparse.Namespace, graph: Graph, target: Any) -> Plan | Non
     return plan
 
 
+def _plan(args: argparse.Namespace, mod: Any, step: str) -> Plan:
+    """The plan of --search (its candidates built and scheduled), else the model compiled
+    with --kernels (the progress line ``step``) and scheduled with --schedule."""
+    target = _target(args)
+    searched = _searched(args, from_relax(mod), target)
+    if searched is not None:
+        return searched
+    with _Step(step):
+        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+                                      kernels=args.kernels)
+    _say(f"  {_kernel_summary(program)}")
+    return _schedule(args, program)
+
+
 def _search_options(args: argparse.Namespace) -> SearchOptions:
-    taso = args.search == "taso"
-    try:
-        return SearchOptions(method=args.search, cost=args.cost or ("sum" if taso else "mixed"),
-                             beta=args.beta or (1.05 if taso else 1.1),
-                             seconds=args.search_budget)
-    except ValueError as e:
-        raise ParagraphError(str(e)) from None
+    return SearchOptions.of(args.search, args.cost, args.beta, args.search_budget)
 
 
 def _say_search(report: dict) -> None:
@@ -276,13 +284,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     remote = args.remote
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    target = _target(args)
-    searched = _searched(args, from_relax(mod), target)
-    with _Step(f"compiling for {remote.key}, {args.kernels} kernels"):
-        program = (searched.program if searched is not None else
-                   KernelProgram.build(mod, target, tuning_db=args.tuning_db,
-                                       kernels=args.kernels))
-    plan = searched if searched is not None else _schedule(args, program)
+    plan = _plan(args, mod, f"compiling for {remote.key}, {args.kernels} kernels")
     _say(f"  schedule {plan.schedule.describe()}")
     with _Step(f"checking and timing on {remote.key}"):
         (seconds,), _ = remote.time([(plan.program, plan.schedule)],
@@ -371,16 +373,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     _connect(args)
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    target = _target(args)
-    searched = _searched(args, from_relax(mod), target)
-    with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
-        program = (searched.program if searched is not None else
-                   KernelProgram.build(mod, target, tuning_db=args.tuning_db,
-                                       kernels=args.kernels))
-    _say(f"  {_kernel_summary(program)}")
-    plan = searched if searched is not None else _schedule(args, program)
+    plan = _plan(args, mod, f"lowering and compiling {label}, {args.kernels} kernels")
     _say(f"  schedule {plan.schedule.describe()}")
-    exe = ParallelExecutable(plan.program, plan.schedule, report=_json_safe(plan.report))
+    exe = ParallelExecutable(plan.program, plan.schedule, report=plan.report)
     with _Step(f"writing {args.output}"):
         out = exe.export_library(args.output, info={"model": label})
     _say(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): run it with "
@@ -458,16 +453,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     else:
         mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                                 input_shapes=parse_shapes(args.input_shape))
-        target = _target(args)
-        if target.kind.name != "llvm":
+        if _target(args).kind.name != "llvm":
             raise ParagraphError("paragraph inspect records kernel timelines on the CPU "
                                  "executor; use --target cpu")
-        searched = _searched(args, from_relax(mod), target)
-        with _Step(f"lowering and compiling {label}, {args.kernels} kernels"):
-            program = (searched.program if searched is not None else
-                       KernelProgram.build(mod, target, tuning_db=args.tuning_db,
-                                           kernels=args.kernels))
-        plan = searched if searched is not None else _schedule(args, program)
+        plan = _plan(args, mod, f"lowering and compiling {label}, {args.kernels} kernels")
+        searched = plan if plan.graph is not None else None
         program, schedule = plan.program, plan.schedule
         inputs = random_inputs(mod, seed=args.seed)
     _say(f"  schedule {schedule.describe()}")

@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from paragraph.errors import InputError, ParagraphError
+from paragraph.errors import InputError
 from paragraph.inputs import sample_inputs
 from paragraph.passes.search import SearchOptions
 from paragraph.planner import Plan, plan_schedule, search_plan
@@ -169,12 +169,7 @@ def build(mod: Any, target: tvm.target.Target | str | None = None, *,
                                          log=log, split=split))
     kernels = kernels or default_kernels(tgt.kind.name, tuning)
     if search != "none":
-        taso = search == "taso"
-        try:
-            options = SearchOptions(method=search, cost=cost or ("sum" if taso else "mixed"),
-                                    beta=beta or (1.05 if taso else 1.1), seconds=search_budget)
-        except ValueError as e:
-            raise ParagraphError(str(e)) from None
+        options = SearchOptions.of(search, cost, beta, search_budget)
         return _executable(search_plan(from_relax(mod), tgt, options=options,
                                        schedule=schedule, kernels=kernels, tuning_db=tuning,
                                        top_k=top_k, cores=cores, rules=rules, log=log))

@@ -114,11 +114,7 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
     (``split``). With ``remote`` (`paragraph.tvm_interop.remote.Remote`) critical-path's
     kernels and whole runs are timed on that device, not here (not cached: the cost database
     is this machine's); IOS measures stages here and refuses it."""
-    if name not in SCHEDULES:
-        if name.startswith("ios-"):
-            raise ParagraphError(f"unknown IOS mode {name[4:]!r} in {name!r}; choose from "
-                                 f"{', '.join(IOS_SCHEDULES)}")
-        raise ParagraphError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+    check_schedule(name)
     if name not in ("critical-path", "ios", *IOS_SCHEDULES):
         return Plan(program, make_schedule(name, program.graph, cores=cores))
     own_db = db is None
@@ -141,6 +137,15 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
     if log is not None:
         log(f"  IOS: {plan.report['search']}")
     return plan
+
+
+def check_schedule(name: str) -> None:
+    """Raise `ParagraphError` unless ``name`` is one of `SCHEDULES`."""
+    if name not in SCHEDULES:
+        if name.startswith("ios-"):
+            raise ParagraphError(f"unknown IOS mode {name[4:]!r} in {name!r}; choose from "
+                                 f"{', '.join(IOS_SCHEDULES)}")
+        raise ParagraphError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
 
 
 # ---------------------------------------------------------------------------- critical path
@@ -423,13 +428,8 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
     (and the check) happen on that device, uncached."""
     if remote is not None:
         remote_s, diffs = remote.time(candidates, blocks=max(3, repeat), block=max(1, block))
-        tol = max(tolerance(p) for p, _ in candidates)
-        for (p, _), worst in zip(candidates[1:], diffs[1:], strict=True):
-            if check and not worst <= tol:
-                what = f" ({', '.join(p.rewrites)})" if p.rewrites else ""
-                raise ParagraphError(f"the rewritten program{what} does not compute the "
-                                     f"model's outputs on {remote.describe()}: max "
-                                     f"difference {worst:.3g}")
+        if check:
+            _require_equal(candidates, diffs, f" on {remote.describe()}")
         return remote_s
     keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{plan_digest(s)}",
                     tuning, ",".join(sorted(p.sources())), f"blocks={repeat}x{block}")
@@ -445,13 +445,7 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
             inputs = sample_inputs([graph[i].type for i in graph.inputs],
                                    candidates[0][0].input_ranges)
             outs = [[np.asarray(o) for o in ex.run(*inputs)] for ex in executors]
-            tol = max(tolerance(p) for p, _ in candidates)
-            for (p, _), got in zip(candidates[1:], outs[1:], strict=True):
-                worst = max_difference(outs[0], got)
-                if not worst <= tol:
-                    what = f" ({', '.join(p.rewrites)})" if p.rewrites else ""
-                    raise ParagraphError(f"the rewritten program{what} does not compute the "
-                                         f"model's outputs: max difference {worst:.3g}")
+            _require_equal(candidates, [max_difference(outs[0], got) for got in outs])
             if None not in seconds:
                 return [s for s in seconds if s is not None]
         inputs = [np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs]
@@ -469,6 +463,18 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
         for key, x in zip(keys, samples, strict=True):
             db.put(key, Timing(tuple(x)))
     return [float(np.median(x)) for x in samples]
+
+
+def _require_equal(candidates: Sequence[tuple[KernelProgram, Schedule]],
+                   diffs: Sequence[float], where: str = "") -> None:
+    """`ParagraphError` unless each candidate's outputs are within `tolerance` of the first's
+    (``diffs``: each one's `max_difference` from the first's)."""
+    tol = max(tolerance(p) for p, _ in candidates)
+    for (p, _), worst in zip(candidates[1:], diffs[1:], strict=True):
+        if not worst <= tol:
+            what = f" ({', '.join(p.rewrites)})" if p.rewrites else ""
+            raise ParagraphError(f"the rewritten program{what} does not compute the model's "
+                                 f"outputs{where}: max difference {worst:.3g}")
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -501,7 +507,6 @@ def _checked(rules: Sequence[AnyRule]) -> list[AnyRule]:
                 raise ParagraphError(f"rule {r.id!r} is refuted numerically: {e}") from None
         out.append(r)
     return out
-
 
 
 # a candidate must beat the best graph so far by this much as measured: on the shared 2-core

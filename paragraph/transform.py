@@ -24,20 +24,20 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from paragraph.errors import ParagraphError
 from paragraph.passes.search import SearchOptions
-from paragraph.planner import SCHEDULES, plan_schedule, search_plan
+from paragraph.planner import check_schedule, plan_schedule, search_plan
 from paragraph.rules.library import Library, default_library
 from paragraph.rules.match import AnyRule
 from paragraph.tvm_interop.kernels import (
     KernelProgram,
     lower_with_info,
     lowered_info,
+    replace_main,
     with_program_info,
 )
 from paragraph.tvm_interop.lowering import is_gpu, resolve_target
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
-from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
+from paragraph.tvm_interop.vendor.names import check_kernel_source
 from paragraph.tvm_interop.vendor.runtime import default_kernels
 
 REWRITES_ATTR = "paragraph.rewrites"  # ``main``'s attribute: rule ids GraphSubstitution applied
@@ -55,12 +55,10 @@ def _target(target: tvm.target.Target | str | None) -> tvm.target.Target:
 def _check(kernels: str | None, schedule: str | None = None) -> None:
     """Options are checked when a pass is made: an error raised inside a running pass reaches
     the caller through TVM's FFI as a RuntimeError (with the message kept)."""
-    if kernels is not None and kernels not in KERNEL_SOURCES:
-        raise ParagraphError(f"unknown kernel source {kernels!r}; choose from "
-                             f"{', '.join(KERNEL_SOURCES)}")
-    if schedule is not None and schedule not in SCHEDULES:
-        raise ParagraphError(f"unknown schedule {schedule!r}; choose from "
-                             f"{', '.join(SCHEDULES)}")
+    if kernels is not None:
+        check_kernel_source(kernels)
+    if schedule is not None:
+        check_schedule(schedule)
 
 
 def _rules(rules: Library | Sequence[AnyRule | str] | None) -> list[AnyRule] | None:
@@ -71,12 +69,6 @@ def _rules(rules: Library | Sequence[AnyRule | str] | None) -> list[AnyRule] | N
         return rules.for_search()
     lib = default_library()
     return [lib.get(r) if isinstance(r, str) else r for r in rules]
-
-
-def _replace_main(mod: tvm.IRModule, main: relax.Function) -> tvm.IRModule:
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    out["main"] = main
-    return out
 
 
 def _rewrites(mod: tvm.IRModule) -> tuple[str, ...]:
@@ -108,13 +100,7 @@ class GraphSubstitution:
                  target: tvm.target.Target | str | None = None, kernels: str | None = None,
                  tuning_db: str | os.PathLike | None = None, cores: int | None = None,
                  log: Log | None = None) -> None:
-        taso = search == "taso"
-        try:
-            self.options = SearchOptions(method=search if search != "none" else "greedy",
-                                         cost=cost or ("sum" if taso else "mixed"),
-                                         beta=beta or (1.05 if taso else 1.1), seconds=budget)
-        except ValueError as e:
-            raise ParagraphError(str(e)) from None
+        self.options = SearchOptions.of(search, cost, beta, budget)
         _check(kernels, schedule)
         self.search, self.rules = search, _rules(rules)
         self.top_k, self.schedule, self.target, self.kernels = top_k, schedule, target, kernels
@@ -133,7 +119,7 @@ class GraphSubstitution:
         main = to_relax(plan.graph)["main"]
         report = dict(plan.report).get("search", {})
         main = main.with_attr(REWRITES_ATTR, list(report.get("rules", [])))
-        return _replace_main(mod, main.with_attr(SEARCH_ATTR, json.dumps(report, default=str)))
+        return replace_main(mod, main.with_attr(SEARCH_ATTR, json.dumps(report, default=str)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="paragraph.KernelLowering")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from test_importers import symbolic_module  # the same symbolic-shape module
 from tvm import relax
 
 import paragraph
@@ -26,17 +27,6 @@ def model():
     target = local_cpu_target()
     expected = run_vm(relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu()), x)
     return mod, x, target, expected
-
-
-def symbolic_module() -> tvm.IRModule:
-    n = tvm.tirx.Var("n", "int64")
-    bb = relax.BlockBuilder()
-    data = relax.Var("data", relax.TensorType((n, 4), "float32"))
-    with bb.function("main", [data]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(data))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def _vm_outputs(executable, x):

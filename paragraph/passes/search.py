@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from paragraph.errors import GraphError
+from paragraph.errors import GraphError, ParagraphError
 from paragraph.graph import Graph, Node, TensorRef
 from paragraph.passes.cost import CostFn
 from paragraph.progress import Progress as Bar
@@ -403,6 +403,19 @@ class SearchOptions:
                              f"{', '.join(METHODS)}")
         if self.beta < 1.0:
             raise ValueError(f"beta {self.beta} < 1: the search could not keep its best graph")
+
+    @classmethod
+    def of(cls, method: str, cost: str | None = None, beta: float | None = None,
+           seconds: float = 120.0) -> SearchOptions:
+        """The options of ``method`` with the papers' defaults where ``cost``/``beta`` are
+        None: TASO's sum cost and alpha 1.05 for "taso", AutoGraph's mixed cost and beta 1.1
+        otherwise; `ParagraphError` for a bad value."""
+        taso = method == "taso"
+        try:
+            return cls(method=method, cost=cost or ("sum" if taso else "mixed"),
+                       beta=beta or (1.05 if taso else 1.1), seconds=seconds)
+        except ValueError as e:
+            raise ParagraphError(str(e)) from None
 
 
 @dataclass(frozen=True)

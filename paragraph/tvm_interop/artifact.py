@@ -41,8 +41,8 @@ from paragraph.machine import describe_machine
 from paragraph.rules.library import default_library
 from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop.kernels import KernelProgram, program_info, with_program_info
-from paragraph.tvm_interop.lowering import is_gpu
-from paragraph.tvm_interop.memory import Block, MemoryPlan, check_memory_plan, nbytes
+from paragraph.tvm_interop.lowering import default_device, is_gpu
+from paragraph.tvm_interop.memory import Block, MemoryPlan, check_memory_plan
 from paragraph.tvm_interop.vm import local_cpu_target
 from paragraph.version import __version__
 
@@ -242,8 +242,7 @@ def read_artifact(path: str | os.PathLike,
         target = tvm.target.Target(manifest["target"])
     except Exception as e:  # noqa: BLE001 - TVM raises its own error types for bad targets
         raise ArtifactError(f"{what}: unreadable target in the manifest ({e})") from None
-    if device is None:
-        device = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
+    device = device or default_device(target)
     _check_device(manifest, target, device, what)
     with tempfile.TemporaryDirectory(prefix="paragraph-artifact-") as tmp:
         lib_path = Path(tmp) / "kernels.so"
@@ -268,17 +267,12 @@ def read_artifact(path: str | os.PathLike,
 
 
 def _check_memory(program: KernelProgram, schedule: Schedule, memory: MemoryPlan) -> None:
-    """The plan covers every kernel output and view with big enough blocks, and no two tensors
-    that may be live at once share a block."""
+    """The plan has a block for every kernel output, and (`check_memory_plan`) big enough
+    blocks, none shared by two tensors that may be live at once."""
     graph = program.graph
     for n in graph.nodes:
-        if n.is_source:
-            continue
-        for i in range(len(n.outputs)):
-            ref = TensorRef(n.id, i)
-            if n.kind != "view" and ref not in memory.block_of:
-                raise ScheduleError(f"the memory plan has no block for {ref}")
-            if ref in memory.block_of and memory.blocks[memory.block_of[ref]].size < nbytes(
-                    graph, ref) and n.kind != "view":
-                raise ScheduleError(f"the memory plan's block for {ref} is too small")
+        if n.kind == "kernel":
+            for i in range(len(n.outputs)):
+                if TensorRef(n.id, i) not in memory.block_of:
+                    raise ScheduleError(f"the memory plan has no block for {TensorRef(n.id, i)}")
     check_memory_plan(graph, schedule, memory)

@@ -19,6 +19,7 @@ from paragraph.inputs import IndexRange, index_ranges
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop.lowering import (
     Dispatch,
+    default_device,
     is_gpu,
     kernel_graph,
     lower_tracked,
@@ -26,7 +27,7 @@ from paragraph.tvm_interop.lowering import (
     slices_as_views,
 )
 from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor
-from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES, is_vendor_name
+from paragraph.tvm_interop.vendor.names import check_kernel_source, is_vendor_name
 from paragraph.tvm_interop.vendor.runtime import ensure_registered
 from paragraph.tvm_interop.vendor.select import choose_fastest
 
@@ -62,12 +63,9 @@ class KernelProgram:
         An operator graph ``mod`` is taken as prepared and dispatched already. ``rewrites``
         names the library rules that made ``mod`` from the model, for reports and tolerances.
         """
-        if kernels not in KERNEL_SOURCES:
-            raise ParagraphError(f"unknown kernel source {kernels!r}; choose from "
-                                 f"{KERNEL_SOURCES}")
+        check_kernel_source(kernels)
         target = resolve_target(target)
-        if device is None:
-            device = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
+        device = device or default_device(target)
         opgraph, lowered, graph, kernel_operators = _lower(mod, target, device, tuning_db,
                                                            kernels)
         executable = tvm.compile(lowered, target=target)
@@ -90,7 +88,32 @@ class KernelProgram:
             raise ParagraphError(f"the module is not a lowered paragraph program (main has no "
                                  f"{PROGRAM_ATTR!r} attribute): lower it with "
                                  "KernelProgram.build or the InterOperatorSchedule pass")
-        return _from_lowered(lowered, target, device, info, executable)
+        target = resolve_target(target)
+        kernels = str(info.get("kernels", "tvm"))
+        check_kernel_source(kernels)
+        graph = kernel_graph(lowered)
+        try:
+            views = {int(k): int(v) for k, v in info.get("views", {}).items()}
+            ranges = {int(k): IndexRange.from_json(v)
+                      for k, v in info.get("input_ranges", {}).items()}
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ParagraphError(f"corrupt program metadata: {type(e).__name__}: {e}") from None
+        bad = [k for k in views if k not in graph or graph[k].kind != "kernel"]
+        if bad:
+            raise ParagraphError(f"program metadata names views %{bad} that are not kernels "
+                                 "of this module")
+        if views:
+            graph = Graph([n.replace(kind="view", attrs={"offset": views[n.id],
+                                                         "func": n.attrs["func"]})
+                           if n.id in views else n for n in graph.nodes], graph.outputs,
+                          graph.meta)
+        program = cls(lowered, graph, target, device or default_device(target),
+                      executable or tvm.compile(lowered, target=target),
+                      kernel_source=kernels,
+                      rewrites=tuple(str(r) for r in info.get("rewrites", ())),
+                      input_ranges=ranges)
+        program._link()
+        return program
 
     def _link(self) -> None:
         lib = self.executable.mod
@@ -157,15 +180,14 @@ def program_info(program: KernelProgram) -> dict:
     """What a lowered module alone does not say about its program, as JSON values: the kernel
     source, the kernels that run as byte-offset views (`slices_as_views`), the index ranges of
     integer inputs and the library rules applied. `KernelProgram.from_lowered` reads it back."""
-    return _info(program.kernel_source, program.lowered, program.graph, program.input_ranges,
-                 program.rewrites)
+    return _info(program.kernel_source, program.graph, program.input_ranges, program.rewrites)
 
 
-def _info(kernels: str, lowered: tvm.IRModule, graph: Graph, ranges: dict[int, IndexRange],
+def _info(kernels: str, graph: Graph, ranges: dict[int, IndexRange],
           rewrites: Sequence[str]) -> dict:
-    plain = kernel_graph(lowered)
+    # only `slices_as_views` gives a view an offset, and only a kernel becomes one
     views = {str(n.id): n.attrs["offset"] for n in graph.nodes
-             if n.kind == "view" and "offset" in n.attrs and plain[n.id].kind == "kernel"}
+             if n.kind == "view" and "offset" in n.attrs}
     return {"kernels": kernels, "views": views,
             "input_ranges": {str(k): r.as_json() for k, r in ranges.items()},
             "rewrites": list(rewrites)}
@@ -176,14 +198,11 @@ def lower_with_info(mod: tvm.IRModule, target: tvm.target.Target | str | None = 
                     rewrites: Sequence[str] = ()) -> tvm.IRModule:
     """``mod`` lowered as `KernelProgram.build` lowers it (prepared, ``kernels`` dispatched,
     legalized and fused), not compiled, with its `program_info` attached to ``main``."""
-    if kernels not in KERNEL_SOURCES:
-        raise ParagraphError(f"unknown kernel source {kernels!r}; choose from {KERNEL_SOURCES}")
+    check_kernel_source(kernels)
     target = resolve_target(target)
-    device = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
-    opgraph, lowered, graph, _ = _lower(mod, target, device, tuning_db, kernels)
-    info = _info(kernels, lowered, graph, index_ranges(opgraph), rewrites)
-    out = tvm.IRModule(dict(lowered.functions_items()), attrs=lowered.attrs)
-    out["main"] = lowered["main"].with_attr(PROGRAM_ATTR, json.dumps(info))
+    opgraph, lowered, graph, _ = _lower(mod, target, default_device(target), tuning_db, kernels)
+    info = _info(kernels, graph, index_ranges(opgraph), rewrites)
+    out = replace_main(lowered, lowered["main"].with_attr(PROGRAM_ATTR, json.dumps(info)))
     for n in graph.nodes:  # the TVM VM calls vendor kernels by their global names
         if n.kind == "kernel" and n.attrs["source"] == "vendor" and is_vendor_name(
                 n.attrs["func"]):
@@ -199,9 +218,14 @@ def with_program_info(program: KernelProgram, schedule: Schedule | None = None) 
     if schedule is not None:
         schedule.validate(program.graph)
         main = main.with_attr(SCHEDULE_ATTR, schedule.dumps())
-    mod = tvm.IRModule(dict(program.lowered.functions_items()), attrs=program.lowered.attrs)
-    mod["main"] = main
-    return mod
+    return replace_main(program.lowered, main)
+
+
+def replace_main(mod: tvm.IRModule, main: relax.Function) -> tvm.IRModule:
+    """A copy of ``mod`` (its functions and attributes) whose ``main`` is ``main``."""
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    out["main"] = main
+    return out
 
 
 def _main_attr(mod: tvm.IRModule, key: str) -> str | None:
@@ -230,40 +254,6 @@ def attached_schedule(mod: tvm.IRModule, program: KernelProgram) -> Schedule | N
     ``program`` (its kernel graph); None when there is none."""
     text = _main_attr(mod, SCHEDULE_ATTR)
     return None if text is None else Schedule.from_json(text, program.graph)
-
-
-def _from_lowered(lowered: tvm.IRModule, target: tvm.target.Target | str | None,
-                  device: tvm.runtime.Device | None, info: dict,
-                  executable: relax.VMExecutable | None) -> KernelProgram:
-    target = resolve_target(target)
-    if device is None:
-        device = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
-    kernels = str(info.get("kernels", "tvm"))
-    if kernels not in KERNEL_SOURCES:
-        raise ParagraphError(f"unknown kernel source {kernels!r} in the program's metadata")
-    graph = kernel_graph(lowered)
-    try:
-        views = {int(k): int(v) for k, v in info.get("views", {}).items()}
-        ranges = {int(k): IndexRange.from_json(v)
-                  for k, v in info.get("input_ranges", {}).items()}
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ParagraphError(f"corrupt program metadata: {type(e).__name__}: {e}") from None
-    bad = [k for k in views if k not in graph or graph[k].kind != "kernel"]
-    if bad:
-        raise ParagraphError(f"program metadata names views %{bad} that are not kernels of "
-                             "this module")
-    if views:
-        graph = Graph([n.replace(kind="view", attrs={"offset": views[n.id],
-                                                     "func": n.attrs["func"]})
-                       if n.id in views else n for n in graph.nodes], graph.outputs,
-                      graph.meta)
-    if executable is None:
-        executable = tvm.compile(lowered, target=target)
-    program = KernelProgram(lowered, graph, target, device, executable, kernel_source=kernels,
-                            rewrites=tuple(str(r) for r in info.get("rewrites", ())),
-                            input_ranges=ranges)
-    program._link()
-    return program
 
 
 def kernel_dispatch(kernels: str, target: tvm.target.Target, device: tvm.runtime.Device,

@@ -54,6 +54,11 @@ def is_gpu(target: tvm.target.Target) -> bool:
     return target.kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
 
 
+def default_device(target: tvm.target.Target) -> tvm.runtime.Device:
+    """The device a program for ``target`` runs on unless told otherwise: GPU 0, or the CPU."""
+    return tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
+
+
 Dispatch = Callable[[tvm.IRModule], tvm.IRModule]  # chooses kernel sources (vendor calls)
 
 

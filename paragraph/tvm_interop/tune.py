@@ -43,7 +43,7 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.lowering import is_gpu, lower, resolve_target
+from paragraph.tvm_interop.lowering import default_device, is_gpu, lower, resolve_target
 from paragraph.tvm_interop.tuning_db import (
     RECORDS,
     STATE_FILE,
@@ -237,7 +237,7 @@ def _compare(func_mod: tvm.IRModule, database, target: tvm.target.Target,
 def _timer(func_mod: tvm.IRModule, target: tvm.target.Target, default_schedule: bool = False):
     """A function that times one compiled kernel: seconds per call, as milliseconds, over
     enough calls to take a few milliseconds (small kernels are microseconds)."""
-    dev = tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
+    dev = default_device(target)
     if default_schedule and is_gpu(target):
         with target:
             func_mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(func_mod)

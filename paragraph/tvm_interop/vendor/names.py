@@ -13,6 +13,13 @@ from paragraph.errors import ParagraphError
 
 PREFIX = "paragraph.vendor."
 KERNEL_SOURCES = ("tvm", "vendor", "auto")
+
+
+def check_kernel_source(kernels: str) -> None:
+    """Raise `ParagraphError` unless ``kernels`` is one of `KERNEL_SOURCES`."""
+    if kernels not in KERNEL_SOURCES:
+        raise ParagraphError(f"unknown kernel source {kernels!r}; choose from "
+                             f"{', '.join(KERNEL_SOURCES)}")
 ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
 
 
