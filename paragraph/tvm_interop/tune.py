@@ -16,7 +16,8 @@ untuned and tuned latencies, measured side by side with one timer after tuning.
 
 A tuned kernel is applied only where it measured faster than the untuned one
 (`paragraph.tvm_interop.tuning_db`: lowering reads ``applied/``, which holds only those
-records), so a tuning database never makes a model slower.
+records), so no tuned kernel applied measured slower than its untuned form (the model as a
+whole can still run slower: `benchmarks/tuning.py`).
 """
 
 from __future__ import annotations
