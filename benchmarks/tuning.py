@@ -1,13 +1,15 @@
 """A tuning database never makes a model slower: untuned TVM kernels, the tuned kernels that
-measured faster (what paragraph applies) and every tuned record (what MetaSchedule's
-ApplyDatabase alone applies), side by side in one process.
+paragraph applies (faster alone, then kept by the model check), every tuned kernel that
+measured faster alone, and every tuned record (what MetaSchedule's ApplyDatabase alone
+applies), side by side in one process.
 
     python benchmarks/tuning.py [--model squeezenet1_1] [--trials 16] [--work-dir DIR]
                                 [--json benchmarks/results/tuning-cpu.json]
 
 Tunes the reduced model's kernels into ``--work-dir`` first where it has no records (minutes;
-resumable), then builds the three programs with TVM kernels under the critical-path schedule
-and times them in alternating blocks (medians), the machine's load sampled before and after.
+resumable) and runs the model check (on quiet cores), then builds the four programs with TVM
+kernels under the critical-path schedule and times them in alternating blocks (medians), the
+machine's load sampled before and after.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import shutil
 import statistics
 import tempfile
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
@@ -26,7 +29,7 @@ from paragraph.files import atomic_write_json
 from paragraph.machine import cpu_contention, describe_machine, is_contended, wait_for_quiet_cores
 from paragraph.outputs import max_difference
 from paragraph.timing import Config, time_in_blocks
-from paragraph.tvm_interop.tune import tune
+from paragraph.tvm_interop.tune import check_models, tune
 from paragraph.tvm_interop.tuning_db import RECORDS, STATE_FILE, write_applied
 from paragraph.tvm_interop.vm import local_cpu_target
 
@@ -42,16 +45,24 @@ def main() -> int:
     mod = models.get(args.model, reduced=True)
     work = Path(args.work_dir)
     if not (work / RECORDS).exists():
-        tune(mod, local_cpu_target(), work, args.trials)
+        tune(mod, local_cpu_target(), work, args.trials, check=False)
+    wait_for_quiet_cores(print)
+    check = check_models([mod], local_cpu_target(), work)
     state = json.loads((work / STATE_FILE).read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        every = Path(tmp) / "every-record"
-        shutil.copytree(work, every)
-        write_applied(every, {k: True for k in state})
+        copies = {}
+        for name, apply in (("faster", {k: bool(e["faster"]) for k, e in state.items()}),
+                            ("every", {k: True for k in state})):
+            copies[name] = Path(tmp) / name
+            shutil.copytree(work, copies[name])
+            write_applied(copies[name], apply)
         exes = {"untuned": paragraph.build(mod, kernels="tvm"),
-                "tuned, faster kernels only": paragraph.build(mod, kernels="tvm",
-                                                              tuning_db=work),
-                "tuned, every record": paragraph.build(mod, kernels="tvm", tuning_db=every)}
+                "tuned, as paragraph applies it": paragraph.build(mod, kernels="tvm",
+                                                                  tuning_db=work),
+                "tuned, every kernel faster alone": paragraph.build(
+                    mod, kernels="tvm", tuning_db=copies["faster"]),
+                "tuned, every record": paragraph.build(mod, kernels="tvm",
+                                                       tuning_db=copies["every"])}
     x = exes["untuned"].sample_inputs()
     want = exes["untuned"].run(*x)
     diffs = {k: max_difference(want, e.run(*x)) for k, e in exes.items()}
@@ -65,12 +76,15 @@ def main() -> int:
     for k, r in rows.items():
         print(f"{k:28} {r['median_ms']:.4f} ms  ({r['schedule']})")
     applied = sum(bool(e.get("applied")) for e in state.values())
-    print(f"{applied} of {len(state)} tuned forms applied; load before {before}, after {after}")
+    faster = sum(bool(e.get("faster")) for e in state.values())
+    print(f"{faster} of {len(state)} tuned forms faster alone, {applied} applied; load before "
+          f"{before}, after {after}")
     if args.json:
         atomic_write_json(args.json, {
             "benchmark": "tuning", "model": f"{args.model} (reduced)", "trials": args.trials,
             "kernels": "tvm", "schedule": "critical-path", "blocks": f"{args.blocks}x50",
-            "tuned_forms_applied": applied, "tuned_forms": len(state), "results": rows,
+            "tuned_forms_applied": applied, "tuned_forms_faster_alone": faster,
+            "tuned_forms": len(state), "model_check": asdict(check), "results": rows,
             "contention_before": before, "contention_after": after,
             "contended": is_contended(before, after), "machine": describe_machine()})
     return 0

@@ -45,7 +45,7 @@ from paragraph.tvm_interop.executor import CPUExecutor, gpu_available, make_exec
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
 from paragraph.tvm_interop.remote import Remote
-from paragraph.tvm_interop.tune import format_summary, tune
+from paragraph.tvm_interop.tune import check_models, format_summary, tune
 from paragraph.tvm_interop.tuning_db import RECORDS
 from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
 from paragraph.tvm_interop.vendor.runtime import default_kernels
@@ -399,13 +399,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     tuned = {}
     for what, m in modules:
         _say(f"tuning {what} ({args.kernels} kernels)")
-        results = tune(m, target, args.work_dir, args.trials, kernels=args.kernels,
-                       max_tasks=args.max_tasks, log=_say)
+        tuned[what] = tune(m, target, args.work_dir, args.trials, kernels=args.kernels,
+                           max_tasks=args.max_tasks, check=False, log=_say)
+    # which faster kernels to apply: decided by running every model tuned here end to end
+    check = check_models([m for _, m in modules], target, args.work_dir, kernels=args.kernels,
+                         schedule=args.schedule, cores=args.threads, log=_say)
+    for what, results in tuned.items():
+        for r in results:
+            r.applied = r.key in check.kept
         if results:
-            _say(format_summary(results))
-        tuned[what] = [asdict(r) for r in results]
+            _say(f"{what}:\n{format_summary(results)}")
     _say(f"tuning database: {args.work_dir} (use it with --tuning-db {args.work_dir})")
-    _write_json(args, {"work_dir": str(args.work_dir), "trials": args.trials, "tuned": tuned})
+    _write_json(args, {"work_dir": str(args.work_dir), "trials": args.trials,
+                       "tuned": {k: [asdict(r) for r in rs] for k, rs in tuned.items()},
+                       "model_check": asdict(check)})
     return 0
 
 
@@ -571,8 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--rpc", metavar="HOST:PORT:KEY",
                        help="compile for the device registered under KEY with the TVM RPC "
                        "tracker at HOST:PORT (a server started with `python -m "
-                       "paragraph.tvm_interop.remote`) and time kernels and whole runs there "
-                       "(critical-path and the search's on-board loop; IOS measures here)")
+                       "paragraph.tvm_interop.remote`) and measure there: kernels, IOS's "
+                       "stages, the search's kernel signatures and whole runs")
 
     def search_options(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group("substitution search (AutoGraph; TASO/MetaFlow baselines)")
@@ -641,9 +648,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tuning database (give it to other verbs as --tuning-db)")
     p.add_argument("--max-tasks", type=_positive, default=None,
                    help="tune only the N kernels with the most FLOPs in the model")
+    p.add_argument("--schedule", choices=ALGORITHMS, default="critical-path",
+                   help="the schedule of the model check: after tuning, the model runs end to "
+                   "end with sets of the kernels whose tuned form was faster alone, and the "
+                   "fastest set is applied, none unless it beats the untuned model "
+                   "(default critical-path, as `run`)")
     search_options(p)
-    p.add_argument("--json", metavar="FILE", help="write each tuned kernel's trials and "
-                   "untuned/tuned latency (and whether it is applied) as JSON")
+    p.add_argument("--json", metavar="FILE", help="write each tuned kernel's trials, "
+                   "untuned/tuned latency and verdicts, and the model check, as JSON")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("compile", help="compile a model (kernels, weights, schedule, memory "

@@ -111,9 +111,9 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
     (the program unchanged), ``ios`` (mode from ``options``) or ``ios-<mode>``. Measurements
     are cached in ``db`` (a `CostDB`; the default cache when None). IOS may return a program
     rebuilt with merged convolutions; ``critical-path`` one with split convolutions
-    (``split``). With ``remote`` (`paragraph.tvm_interop.remote.Remote`) critical-path's
-    kernels and whole runs are timed on that device, not here (not cached: the cost database
-    is this machine's); IOS measures stages here and refuses it."""
+    (``split``). With ``remote`` (`paragraph.tvm_interop.remote.Remote`) the kernels, IOS's
+    stages and whole runs are timed on that device, not here (not cached: the cost database
+    is this machine's)."""
     check_schedule(name)
     if name not in ("critical-path", "ios", *IOS_SCHEDULES):
         return Plan(program, make_schedule(name, program.graph, cores=cores))
@@ -122,15 +122,11 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
     try:
         if name == "critical-path":
             return _critical_path(program, db, tuning_db, cores, log, split, remote)
-        if remote is not None:
-            raise ParagraphError(f"the {name} schedule measures its stages on this machine; "
-                                 "with --rpc use critical-path or a schedule that measures "
-                                 "nothing (sequential, wavefront, opara, nimble)")
         options = options or IOSOptions()
         if name != "ios":
             options = replace(options, mode=name[len("ios-"):])
         plan = plan_ios(program, replace(options, cores=options.cores or cores), db=db,
-                        tuning_db=tuning_db, log=log)
+                        tuning_db=tuning_db, log=log, remote=remote)
     finally:
         if own_db:
             db.close()
@@ -299,9 +295,10 @@ def split_program(program: KernelProgram, parts: int, *, tuning_db: str | None =
 # ---------------------------------------------------------------------------- IOS
 def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
              db: CostDB | None = None, tuning_db: str | None = None,
-             log: Log | None = None) -> Plan:
+             log: Log | None = None, remote: Remote | None = None) -> Plan:
     """IOS's schedule of ``program``: the DP per part (`paragraph.passes.ios.search`) with
-    stages measured by a `StageMeter` (cached in ``db``); where merges win, the program is
+    stages measured by a `StageMeter` (cached in ``db``; on the ``remote`` device, uncached,
+    where one is given); where merges win, the program is
     rebuilt with them (the library rule ``ios-merge-convs``); with ``options.confirm`` the
     result is kept only if it runs faster end to end than the plain sequence. The report
     holds the search's ``stats`` and summary (``search``), its ``stages`` (kernel ids,
@@ -310,7 +307,8 @@ def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
     original = program
     tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
     on_cpu = program.target.kind.name == "llvm"
-    cores = (options.cores or cpu_count()) if on_cpu else 1
+    cores = (options.cores or (cpu_count() if remote is None else remote.cores)) \
+        if on_cpu else 1
     # Vendor kernels run with torch's thread count, which is one per process (libgomp): a
     # schedule mixing 1-thread and all-core stages would switch it at every such boundary, and
     # each switch drops oneDNN's compiled primitives (~0.6 ms per convolution after it). So
@@ -327,7 +325,7 @@ def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
         log(f"  IOS search ({options.mode}, r={options.r}, s={options.s}, {len(parts)} parts, "
             f"protocol {options.warmup} warm-ups, {options.repeat}x{options.number} runs"
             + (f", budget {options.budget_s:g} s" if options.budget_s else "") + ") ...")
-    meter = StageMeter(program, options, db, tuning_db, seq_threads=seq_threads)
+    meter = StageMeter(program, options, db, tuning_db, seq_threads=seq_threads, remote=remote)
     stats = SearchStats()
     bar = Progress(log if options.progress else None, "IOS parts", len(parts))
 
@@ -352,7 +350,7 @@ def plan_ios(program: KernelProgram, options: IOSOptions = IOSOptions(), *,
                               "stages": [(st.groups, st.strategy, st.cost) for st in stages]}
     if options.confirm:
         program, schedule, report["confirmed"] = _confirm(
-            original, program, schedule, cores, options, db, tuning, log)
+            original, program, schedule, cores, options, db, tuning, log, remote)
     stats.seconds = time.monotonic() - start
     return Plan(program, schedule, {**report, "search": stats.summary(), "stats": asdict(stats)})
 
@@ -379,8 +377,8 @@ def _rebuild_with_merges(program: KernelProgram, rule: MergeConvs,
 
 
 def _confirm(original: KernelProgram, program: KernelProgram, schedule: Schedule, cores: int,
-             options: IOSOptions, db: CostDB | None, tuning: str, log: Log | None
-             ) -> tuple[KernelProgram, Schedule, dict[str, Any]]:
+             options: IOSOptions, db: CostDB | None, tuning: str, log: Log | None,
+             remote: Remote | None = None) -> tuple[KernelProgram, Schedule, dict[str, Any]]:
     """The searched program and schedule, or all of ``original`` in sequence (on ``cores``
     threads, and on one thread: the schedule of one-kernel stages, also in IOS's space),
     whichever runs fastest end to end on the executor (`end_to_end`: alternating blocks of
@@ -389,7 +387,8 @@ def _confirm(original: KernelProgram, program: KernelProgram, schedule: Schedule
     streams), so the DP's sum can promise what a run does not keep."""
     plain = [sequential(original.graph, cores=c) for c in dict.fromkeys((cores, 1))]
     candidates = [(program, schedule)] + [(original, base) for base in plain]
-    seconds = end_to_end(candidates, db, tuning, options.repeat, options.warmup)
+    seconds = end_to_end(candidates, db, tuning, options.repeat, options.warmup,
+                         remote=remote)
     best = min(range(len(candidates)), key=lambda i: (seconds[i], i))  # ties: the search
     names = ["the IOS schedule"] + [f"all kernels in sequence on {b.threads[0]} thread(s)"
                                     for b in plain]
@@ -539,10 +538,10 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     measured peaks, scaled by the median measured/estimate ratio of their kind.
 
     ``rules`` are the rules to search with (default: the shipped library's, both ways); the
-    returned plan's ``graph`` is the chosen operator graph. With ``remote`` the candidates are
-    scheduled and timed on that device (`plan_schedule`, `end_to_end`), and their kernels are
-    priced by the roofline estimate of this machine's peaks: code compiled for the remote
-    device does not run here."""
+    returned plan's ``graph`` is the chosen operator graph. With ``remote`` everything is
+    measured on that device: the kernel signatures (built here for its target, uncached), the
+    candidates' schedules (`plan_schedule`) and their end-to-end times (`end_to_end`); only
+    the estimate for kernels left unmeasured uses this machine's peaks."""
     say = log or (lambda _m: None)
     start = time.perf_counter()
     deadline = time.monotonic() + options.seconds
@@ -551,14 +550,14 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     try:
         rules = default_library().for_search() if rules is None else _checked(rules)
         peaks = measure_cpu_peaks(db, str(target) if remote is None else "cpu")
-        measure = measure and remote is None
-        threads = cores or cpu_count()
+        threads = cores or (cpu_count() if remote is None else remote.cores)
         model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))
         cost = cost_function(model, options.cost)
         # on a CPU each kernel is timed on one thread and on all (streams, or one at a time
         # with every core: the costs price both); a GPU kernel has the device either way
         on_cpu = resolve_target(target).kind.name == "llvm"
-        meter = SignatureMeter(target, kernels, db, tuning_db, threads=threads if on_cpu else 1)
+        meter = SignatureMeter(target, kernels, db, tuning_db, threads=threads if on_cpu else 1,
+                               remote=remote)
 
         def learn(g: Graph) -> None:
             new = [k for k in kernels_of(g) if k.signature not in model.measured]

@@ -1,20 +1,25 @@
 """Measuring through TVM's RPC tracker: a tracker and a paragraph server started on loopback,
-kernels and whole programs timed on the server, critical-path planned there, a wrong address
-refused with a clear error. Bounded in time: a hang dumps the stacks and fails the run."""
+kernels, IOS's stages, the search's kernel signatures and whole programs timed on the server
+(nothing of it in this machine's cost cache), critical-path and IOS planned there, a wrong
+address refused with a clear error. Bounded in time: a hang dumps the stacks and fails the run."""
 
 from __future__ import annotations
 
 import faulthandler
 
 import pytest
+from test_search import inception_module
 from tvm.rpc.tracker import Tracker
 
 from paragraph import models
 from paragraph.cli import main
 from paragraph.errors import ParagraphError
+from paragraph.passes.ios import IOSOptions
 from paragraph.passes.schedule import make_schedule
-from paragraph.planner import plan_schedule
+from paragraph.passes.search import SearchOptions
+from paragraph.planner import plan_schedule, search_plan
 from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import CostDB
 from paragraph.tvm_interop.remote import Remote, parse_address, serve
 
 KEY = "paragraph-test"
@@ -35,7 +40,12 @@ def address():
         faulthandler.cancel_dump_traceback_later()
 
 
-def test_programs_and_kernels_are_timed_on_the_server(address):
+def _keys(db: CostDB) -> list[str]:
+    """The kernel column of every cached cost (what was measured here)."""
+    return [row[0] for row in db.conn.execute("SELECT kernel FROM costs")]
+
+
+def test_programs_kernels_and_stages_are_timed_on_the_server(address, tmp_path):
     with Remote(address, timeout=30) as remote:
         assert remote.cores >= 1 and remote.target.kind.name == "llvm"
         program = KernelProgram.build(models.get("squeezenet1_1", reduced=True),
@@ -52,11 +62,31 @@ def test_programs_and_kernels_are_timed_on_the_server(address):
         plan = plan_schedule("critical-path", program, remote=remote, cores=remote.cores,
                              split=False)
         assert plan.schedule.name == "critical-path" and plan.report["predicted_ms"] > 0
-        with pytest.raises(ParagraphError, match="measures its stages on this machine"):
-            plan_schedule("ios", program, remote=remote)
+        # IOS's stages, merged convolutions included, measured there and not cached here
+        db = CostDB(tmp_path / "costs.sqlite")
+        merges, time_sequence = [], remote.time_sequence
+        remote.time_sequence = lambda *a: merges.append(a) or time_sequence(*a)  # counted
+        ios = plan_schedule("ios", program, remote=remote, db=db, options=IOSOptions(
+            warmup=1, repeat=2, number=2, max_part_size=12))
+        assert ios.report["stats"]["stages_measured"] > 0 and ios.report["stages"]
+        assert "confirmed" in ios.report and not [k for k in _keys(db) if "ios:" in k]
+        assert merges  # the fire modules' two expand convolutions, merged here, timed there
         # the server serves one session at a time: a second client is told, not hung
         with pytest.raises(ParagraphError, match="no free device with key"):
             Remote(address, timeout=3)
+
+
+def test_the_search_measures_its_kernels_and_candidates_on_the_server(address, tmp_path):
+    g = inception_module()
+    db = CostDB(tmp_path / "costs.sqlite")
+    with Remote(address, timeout=30) as remote:
+        plan = search_plan(g, remote.target, options=SearchOptions(method="greedy", seconds=20),
+                           top_k=1, rounds=1, remote=remote, db=db)
+    report = plan.report["search"]
+    assert report["kernels_measured_now"] >= 2  # the convolutions, the concatenation
+    assert report["kernels_priced_by_measurement"] == report["kernels_measured_now"]
+    assert report["measured_before_ms"] > 0 and report["candidates_built"] >= 1
+    assert not [k for k in _keys(db) if "sig:" in k or "run:" in k]  # timed there
 
 
 def test_run_and_compile_with_rpc(address, capsys, tmp_path):

@@ -15,7 +15,14 @@ from paragraph import models
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.tune import MIN_GAIN
-from paragraph.tvm_interop.tuning_db import APPLIED, RECORDS, STATE_FILE, tuning_id, write_applied
+from paragraph.tvm_interop.tuning_db import (
+    APPLIED,
+    MODEL_FILE,
+    RECORDS,
+    STATE_FILE,
+    tuning_id,
+    write_applied,
+)
 from paragraph.tvm_interop.vm import run_vm
 
 TUNE = [sys.executable, "-m", "paragraph", "tune", "squeezenet1_1", "--reduced",
@@ -58,10 +65,24 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     state = json.loads((work / STATE_FILE).read_text())
     assert len(state) == 2 and all(e["trials"] >= 2 and e["untuned_ms"] > 0
                                    for e in state.values())
-    assert all(e["applied"] == (e["tuned_ms"] is not None
-                                and e["tuned_ms"] < e["untuned_ms"] * (1 - MIN_GAIN))
+    assert all(e["faster"] == (e["tuned_ms"] is not None
+                               and e["tuned_ms"] < e["untuned_ms"] * (1 - MIN_GAIN))
                for e in state.values())
-    assert "applied" in out and "tuned forms applied" in out
+    assert "tuned forms faster alone" in out and "model check" in out
+    # the model check: applied only kernels faster alone, and only a set that ran the model
+    # faster end to end than untuned, side by side (none where no set did)
+    applied = {k for k, e in state.items() if e["applied"]}
+    assert applied <= {k for k, e in state.items() if e["faster"]}
+    if any(e["faster"] for e in state.values()):
+        check = json.loads((work / MODEL_FILE).read_text())
+        assert check["sizes"][-1] == 0 and len(check["ms"]) == 1
+        row = check["ms"][0]
+        assert set(check["kept"]) == applied
+        if applied:
+            j = check["sizes"].index(len(applied))
+            assert row[j] < row[-1] * (1 - MIN_GAIN) and row[j] == min(row)
+        else:
+            assert min(row[:-1]) >= row[-1] * (1 - MIN_GAIN)
     for line in (work / RECORDS).read_text().splitlines():
         json.loads(line)  # every record line is whole again
 
@@ -69,6 +90,7 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     again = subprocess.run([*TUNE, "--work-dir", str(work)], capture_output=True, text=True,
                            timeout=600)
     assert again.returncode == 0 and again.stdout.count("skipping") == 2, again.stdout
+    assert "timing the model" not in again.stdout  # nor a model check already measured
 
     # --tuning-db applies the records of the kernels whose tuned form measured faster, and
     # only those: the tuned kernels change, the others and the outputs do not
@@ -111,3 +133,6 @@ def test_tune_with_a_search_tunes_the_searched_graph_and_the_original(tmp_path):
     assert (tmp_path / "w" / APPLIED / RECORDS).exists()
     tuned = json.loads((tmp_path / "t.json").read_text())["tuned"]
     assert len(tuned) == 2 and all(len(rs) == 1 and "applied" in rs[0] for rs in tuned.values())
+    check = json.loads((tmp_path / "t.json").read_text())["model_check"]
+    assert check["schedule"] == "critical-path"
+    assert not check["ms"] or len(check["ms"]) == 2  # both models checked, or nothing faster

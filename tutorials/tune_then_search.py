@@ -3,7 +3,8 @@ compose.
 
 Run it with ``python tutorials/tune_then_search.py`` (a few kernels, a few trials: minutes).
 MetaSchedule tunes the model's fused TVM kernels into a database directory, resumable after an
-interruption; a tuned kernel is applied only where it measured faster than the untuned one.
+interruption; a tuned kernel is applied only where it measured faster than the untuned one
+alone, and only if the model with it ran faster end to end than untuned (the model check).
 Every paragraph entry point takes that directory (``tuning_db=``, ``--tuning-db``): the
 substitution search then prices and times its candidates with the tuned kernels, so the graph
 it picks is the best one *given* those kernels. The command line does both in one verb:
@@ -42,7 +43,7 @@ def main(full: bool = False, trials: int = 4, max_tasks: int = 3, budget: float 
             t_plain = plain.time(*x, repeat=10).median_ms
             t_tuned = tuned.time(*x, repeat=10).median_ms
         print(f"untuned {t_plain:.3f} ms, tuned {t_tuned:.3f} ms (only kernels that measured "
-              "faster are applied)")
+              "faster, alone and in the model under critical-path, are applied)")
 
         # 3. The graph search on top, measuring its candidates with the tuned kernels.
         with paragraph.build(mod, target, kernels="tvm", tuning_db=work, search="autograph",

@@ -10,7 +10,10 @@ device's target and cores (`Remote.target`), and times whole programs there: eac
 under its schedule becomes a one-file artifact (`paragraph.tvm_interop.artifact`), uploaded
 into the session's work directory, loaded by the server and run side by side with the others
 in blocks (`paragraph.timing.time_in_blocks`) on the parallel executor, outputs compared with
-the first program's on the same inputs; `Remote.kernel_times` times a program's kernels there.
+the first program's on the same inputs. `Remote.kernel_times` times a program's kernels there
+(critical-path's kernel costs, the search's kernel signatures), and `Remote.open_stages` /
+`Remote.stage` IOS's stages: the program is uploaded once, and each stage, named by its
+kernel ids and strategy, is timed there by IOS's protocol (`paragraph.tvm_interop.stages`).
 TVM's RPC gives whoever reaches the server full remote code execution: run it only on a
 trusted network (TVM's own warning).
 """
@@ -18,12 +21,14 @@ trusted network (TVM's own warning).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
 import statistics
 import tempfile
 from collections.abc import Sequence
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,8 @@ from paragraph.errors import ParagraphError
 from paragraph.inputs import sample_inputs
 from paragraph.machine import cpu_count, describe_machine
 from paragraph.outputs import max_difference
+from paragraph.passes.ios import IOSOptions
+from paragraph.passes.schedule import sequential
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_in_blocks
 from paragraph.tvm_interop.artifact import read_artifact, write_artifact
@@ -44,6 +51,7 @@ from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import kernel_costs, measure_handoff
 from paragraph.tvm_interop.memory import plan_memory
+from paragraph.tvm_interop.stages import Groups, StageMeter, sequence_seconds
 from paragraph.tvm_interop.vm import local_cpu_target, run_vm
 
 PREFIX = "paragraph.rpc."
@@ -94,13 +102,52 @@ def _time(names: str, blocks: int, block: int) -> str:
                        "vm_difference": finite(vm_diff)})
 
 
-def _kernels(name: str, threads: int) -> str:
-    """Seconds per kernel of an uploaded artifact's program on ``threads`` threads, in model
-    order (`kernel_costs`), JSON ``{node id: seconds}``."""
+def _kernels(name: str, threads: str) -> str:
+    """Seconds per kernel of an uploaded artifact's program on each of ``threads`` (a JSON
+    list of thread counts), in model order (`kernel_costs`) after one run on sample inputs
+    (every buffer holds what a run writes: an index is within its table), JSON
+    ``[{node id: seconds}, ...]``."""
     art = read_artifact(_workpath(name))
+    graph = art.program.graph
     with make_executor(art.program, art.schedule, plan=art.memory) as ex:
-        costs = kernel_costs(ex, threads=threads)
-    return json.dumps({str(k): v for k, v in costs.items()})
+        ex.run(*sample_inputs([graph[i].type for i in graph.inputs], art.program.input_ranges))
+        costs = [kernel_costs(ex, threads=int(t)) for t in json.loads(threads)]
+    return json.dumps([{str(k): v for k, v in c.items()} for c in costs])
+
+
+# IOS stage meters of this session's uploaded programs, by artifact name (a session is one
+# server process: TVM's RPC server forks one per client)
+_METERS: dict[str, StageMeter] = {}
+
+
+def _stages_open(name: str, protocol: str, seq_threads: int) -> str:
+    """Load an uploaded program to time its stages (`_stage`) by ``protocol`` (JSON
+    `IOSOptions` fields)."""
+    art = read_artifact(_workpath(name))
+    _METERS[name] = StageMeter(art.program, IOSOptions(**json.loads(protocol)),
+                               seq_threads=seq_threads)
+    return name
+
+
+def _stage(name: str, groups: str, strategy: str) -> float:
+    """Seconds of one run of a stage (JSON kernel-id groups) of an opened program."""
+    if name not in _METERS:
+        raise ParagraphError(f"no stage meter {name!r} is open in this session")
+    return _METERS[name].measure(tuple(tuple(int(k) for k in g) for g in json.loads(groups)),
+                                 strategy)
+
+
+def _stages_close(name: str) -> None:
+    meter = _METERS.pop(name, None)
+    if meter is not None:
+        meter.close()
+
+
+def _sequence(name: str, protocol: str, threads: int) -> float:
+    """Seconds of an uploaded program's kernels in sequence on ``threads`` threads, by the
+    stage protocol (`sequence_seconds`: IOS's merged-convolution stage)."""
+    art = read_artifact(_workpath(name))
+    return sequence_seconds(art.program, threads, IOSOptions(**json.loads(protocol)))
 
 
 def _handoff() -> float:
@@ -115,6 +162,9 @@ def register() -> None:
     tvm_ffi.register_global_func(PREFIX + "time", _time, override=True)
     tvm_ffi.register_global_func(PREFIX + "kernels", _kernels, override=True)
     tvm_ffi.register_global_func(PREFIX + "handoff", _handoff, override=True)
+    for name, f in (("stages_open", _stages_open), ("stage", _stage),
+                    ("stages_close", _stages_close), ("sequence", _sequence)):
+        tvm_ffi.register_global_func(PREFIX + name, f, override=True)
 
 
 def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9091,
@@ -181,6 +231,7 @@ class Remote:
         self.cores = int(info["cores"])
         self.machine: dict[str, Any] = info["machine"]
         self.vm_difference = float("nan")  # of the last `time`
+        self._names = itertools.count()  # uploaded files are named apart
 
     def _call(self, name: str, *args: Any) -> Any:
         return self.session.get_function(PREFIX + name)(*args)
@@ -196,7 +247,7 @@ class Remote:
         """Median seconds of each ``(program, schedule)`` run on the remote device side by
         side, and the max difference of each one's outputs from the first's there
         (``self.vm_difference``: the first's from the TVM VM there)."""
-        names = [f"candidate{i}-{os.getpid()}.paragraph" for i in range(len(candidates))]
+        names = [self._name("candidate") for _ in candidates]
         for (program, schedule), name in zip(candidates, names, strict=True):
             self._upload(program, schedule, name)
         out = json.loads(str(self._call("time", json.dumps(names), blocks, block)))
@@ -205,13 +256,41 @@ class Remote:
         self.vm_difference = float("inf") if vm is None else float(vm)
         return [float(s) for s in out["seconds"]], diffs
 
+    def _name(self, what: str) -> str:
+        return f"{what}{next(self._names)}-{os.getpid()}.paragraph"
+
     def kernel_times(self, program: KernelProgram, schedule: Schedule,
-                     threads: int = 1) -> dict[int, float]:
-        """Seconds per kernel of ``program`` on the remote device on ``threads`` threads."""
-        name = f"kernels-{os.getpid()}.paragraph"
+                     threads: int | Sequence[int] = 1) -> Any:
+        """Seconds per kernel (``{node id: seconds}``) of ``program`` on the remote device on
+        ``threads`` threads (one upload for a list of thread counts: a list of dicts)."""
+        name = self._name("kernels")
         self._upload(program, schedule, name)
-        return {int(k): float(v) for k, v in
-                json.loads(str(self._call("kernels", name, threads))).items()}
+        counts = [threads] if isinstance(threads, int) else list(threads)
+        out = [{int(k): float(v) for k, v in c.items()} for c in
+               json.loads(str(self._call("kernels", name, json.dumps(counts))))]
+        return out[0] if isinstance(threads, int) else out
+
+    def open_stages(self, program: KernelProgram, options: IOSOptions, seq_threads: int) -> str:
+        """Upload ``program`` to time its IOS stages there (`stage`) with ``options``'
+        protocol; returns the session's name for it (`close_stages` frees it)."""
+        name = self._name("stages")
+        self._upload(program, sequential(program.graph), name)
+        return str(self._call("stages_open", name, _protocol(options), seq_threads))
+
+    def stage(self, session: str, groups: Groups, strategy: str) -> float:
+        """Seconds of one run of a stage (kernel ids) of an `open_stages` program there."""
+        return float(self._call("stage", session, json.dumps(groups), strategy))
+
+    def close_stages(self, session: str) -> None:
+        if self.session is not None:
+            self._call("stages_close", session)
+
+    def time_sequence(self, program: KernelProgram, threads: int, options: IOSOptions) -> float:
+        """Seconds of ``program``'s kernels in sequence on ``threads`` threads there, by the
+        stage protocol (IOS's merged-convolution stage, built here)."""
+        name = self._name("sequence")
+        self._upload(program, sequential(program.graph, cores=threads), name)
+        return float(self._call("sequence", name, _protocol(options), threads))
 
     def close(self) -> None:
         """End the session (the server takes the next client)."""
@@ -231,6 +310,12 @@ class Remote:
         """One line: the device behind the tracker."""
         return (f"{self.key} at {self.address.rsplit(':', 1)[0]}: {self.machine.get('cpu', '?')}"
                 f", {self.cores} cores")
+
+
+def _protocol(options: IOSOptions) -> str:
+    """What a stage's timing depends on, as `IOSOptions` fields (JSON)."""
+    fields = asdict(options)
+    return json.dumps({k: fields[k] for k in ("warmup", "repeat", "number", "cores")})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,13 +12,17 @@ makes: an index tensor is in range), and its kernels timed in sequence on one th
 transposes the vendor path adds at the edges of a graph of one convolution are not the kernel's:
 in a whole model they happen once, so they are left out. The result is cached in the cost
 database by signature, so a kernel is measured once per machine, kernel source, tuning database
-and thread count, and every later search starts knowing it.
+and thread count, and every later search starts knowing it. With a ``remote``
+(`paragraph.tvm_interop.remote.Remote`) each kernel is built here for the remote target and
+timed there (`Remote.kernel_times`, both thread counts in one upload), uncached: the cost
+database is this machine's.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from paragraph.graph import Graph
 from paragraph.inputs import sample_inputs
@@ -33,6 +37,9 @@ from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs
 from paragraph.tvm_interop.relax_graph import to_relax
 from paragraph.tvm_interop.tuning_db import tuning_id
 
+if TYPE_CHECKING:
+    from paragraph.tvm_interop.remote import Remote
+
 SIGNATURE_PROTOCOL = "signature/v1"  # bump when what a signature's seconds mean changes
 _EDGE_KERNELS = ("transpose", "layout_transform")  # what the vendor path adds at the edges
 
@@ -42,10 +49,12 @@ class SignatureMeter:
     database, else measured (`measure`) and stored there."""
 
     def __init__(self, target, kernels: str = "tvm", db: CostDB | None = None,
-                 tuning_db: str | None = None, threads: int = 1) -> None:
+                 tuning_db: str | None = None, threads: int = 1,
+                 remote: Remote | None = None) -> None:
         self.target = target
         self.kernels = kernels
-        self.db = db
+        self.remote = remote
+        self.db = db if remote is None else None  # remote timings are not this machine's
         self.tuning_db = tuning_db
         self.tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
         self.threads = threads  # the wide timing's threads (1: one-thread timings only)
@@ -82,16 +91,22 @@ class SignatureMeter:
                        and not (str(program.graph[k].attrs["func"]).startswith(_EDGE_KERNELS)
                                 and "permute_dims" not in own))
 
-        with make_executor(program, sequential(program.graph, cores=1),
-                           use_cuda_graph=False) as ex:
-            # every buffer filled by a real run before timing (indices within their tables)
-            ex.run(*sample_inputs([piece[i].type for i in piece.inputs], program.input_ranges))
-            seconds = own_seconds(kernel_costs(ex, db=self.db, threads=1,
-                                               tuning=self.tuning))
-            if self.threads > 1:
-                wide = own_seconds(kernel_costs(ex, db=self.db, threads=self.threads,
-                                                tuning=self.tuning))
-                self.wide[kernel.signature] = wide
+        counts = [1, self.threads] if self.threads > 1 else [1]
+        if self.remote is not None:  # the server fills every buffer by a run first, too
+            times = self.remote.kernel_times(program, sequential(program.graph, cores=1),
+                                             counts)
+        else:
+            with make_executor(program, sequential(program.graph, cores=1),
+                               use_cuda_graph=False) as ex:
+                # every buffer filled by a real run before timing (indices within their tables)
+                ex.run(*sample_inputs([piece[i].type for i in piece.inputs],
+                                      program.input_ranges))
+                times = [kernel_costs(ex, db=self.db, threads=t, tuning=self.tuning)
+                         for t in counts]
+        seconds = own_seconds(times[0])
+        if self.threads > 1:
+            wide = own_seconds(times[1])
+            self.wide[kernel.signature] = wide
         self.measured += 1
         if self.db is not None:
             if self.threads > 1:  # first, so a stored one-thread time always has its pair

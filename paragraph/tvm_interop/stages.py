@@ -1,11 +1,16 @@
 """IOS's stage meter: the latency of a stage of a `KernelProgram` (groups of kernels run
 concurrently, kernels in sequence on all threads, or convolutions merged by the verified rule
 ``ios-merge-convs``) measured on the device with IOS's protocol, each distinct stage once,
-cached in the cost database. `paragraph.passes.ios.search` prices its stages with it."""
+cached in the cost database. `paragraph.passes.ios.search` prices its stages with it. With a
+``remote`` (`paragraph.tvm_interop.remote.Remote`) the stages run on that device: the program
+is uploaded once and each stage is timed there by the same protocol (a merged convolution is
+built here, for the remote target, and timed there), uncached: the cost database is this
+machine's."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +35,9 @@ from paragraph.tvm_interop.measure import CostDB, CostKey, time_steps
 from paragraph.tvm_interop.memory import no_reuse_plan
 from paragraph.tvm_interop.tuning_db import tuning_id
 
+if TYPE_CHECKING:
+    from paragraph.tvm_interop.remote import Remote
+
 Groups = tuple[tuple[int, ...], ...]
 
 # A measured stage may come out a little under the sum of its kernels measured alone (noise,
@@ -42,26 +50,37 @@ class StageMeter:
     the cost database under a key made of its kernels' hashes and the strategy."""
 
     def __init__(self, program: KernelProgram, options: IOSOptions, db: CostDB | None = None,
-                 tuning_db: str | None = None, seq_threads: int | None = None) -> None:
-        self.program, self.options, self.db = program, options, db
+                 tuning_db: str | None = None, seq_threads: int | None = None,
+                 remote: Remote | None = None) -> None:
+        self.program, self.options, self.remote = program, options, remote
+        self.db = db if remote is None else None  # remote stages are not this machine's
         self.tuning_db = tuning_db
         self.tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
         self.on_cpu = program.target.kind.name == "llvm"
-        self.cores = (options.cores or cpu_count()) if self.on_cpu else 1
+        local_cores = cpu_count() if remote is None else remote.cores
+        self.cores = (options.cores or local_cores) if self.on_cpu else 1
         self.seq_threads = seq_threads or self.cores  # threads of a sequential stage
         self.rule = merge_rule()
         graph = program.graph
-        self.executor = make_executor(program, sequential(graph), plan=no_reuse_plan(graph),
-                                      use_cuda_graph=False)
-        self.executor.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype)
-                            for i in graph.inputs], copy_outputs=False)  # load every kernel
+        self.executor = None
+        self.session = ""
+        if remote is not None:  # the program goes there once; stages are named by kernel ids
+            self.session = remote.open_stages(program, options, self.seq_threads)
+        else:
+            self.executor = make_executor(program, sequential(graph), plan=no_reuse_plan(graph),
+                                          use_cuda_graph=False)
+            self.executor.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype)
+                                for i in graph.inputs], copy_outputs=False)  # load kernels
         self.measured = 0
         self._overhead: float | None = None
         self._seconds: dict[tuple[Groups, str], float] = {}  # what `cost` returned
         self._units: dict[tuple[int, ...], list[Unit] | None] = {}  # what `units` returned
 
     def close(self) -> None:
-        self.executor.close()
+        if self.executor is not None:
+            self.executor.close()
+        elif self.remote is not None:
+            self.remote.close_stages(self.session)
 
     def key(self, groups: Groups, strategy: str) -> str:
         graph = self.program.graph
@@ -86,7 +105,7 @@ class StageMeter:
         cached = self.db.get(key) if self.db is not None else None
         if cached is not None:
             return cached
-        seconds = self._measure(groups, strategy)
+        seconds = self.measure(groups, strategy)
         self.measured += 1
         if self.db is not None:
             self.db.put(key, Timing((seconds,)))
@@ -128,10 +147,14 @@ class StageMeter:
     def mergeable(self, kernels: Sequence[int]) -> bool:
         return self.units(kernels) is not None
 
-    def _measure(self, groups: Groups, strategy: str) -> float:
-        steps = self.executor.steps
+    def measure(self, groups: Groups, strategy: str) -> float:
+        """Seconds of one run of the stage, measured now (here or on the remote device)."""
         if strategy == MERGE:
             return self._merged_cost(tuple(k for g in groups for k in g))
+        if self.remote is not None:
+            return self.remote.stage(self.session, groups, strategy)
+        assert self.executor is not None
+        steps = self.executor.steps
         if strategy == SEQUENTIAL:
             run = [[steps[k] for g in groups for k in g]]
             threads = [self.seq_threads]
@@ -140,26 +163,7 @@ class StageMeter:
             threads = [1] * len(run)
         if not self.on_cpu:
             return self._measure_gpu(run)
-        return self._protocol(run, threads, fork_join=len(run) > 1)
-
-    def _protocol(self, run: list[list], threads: list[int], fork_join: bool = False) -> float:
-        """IOS's protocol on a CPU: ``warmup`` runs, then the median over ``repeat`` of the
-        mean of ``number`` runs. A stage of several groups has every run dispatched to the
-        workers and joined on its own, as the executor forks and joins streams at its barriers
-        (repeating the runs inside one dispatch hid that hand-off, and the DP split a run into
-        more concurrent stages than paid: NASNet-A predicted 16 ms, ran 24); a one-group stage
-        runs its ``number`` runs in one dispatch, as consecutive one-stream stages follow each
-        other on one worker with no hand-off."""
-        opts = self.options
-        if not fork_join:
-            run = [[st for _ in range(opts.number) for st in group] for group in run]
-            timing = time_steps(run, repeat=opts.repeat, warmup=opts.warmup, threads=threads)
-            return timing.median_ms / 1e3 / opts.number
-        timing = time_steps(run, repeat=opts.repeat * opts.number, warmup=opts.warmup,
-                            threads=threads)
-        x = timing.samples
-        means = [sum(x[i:i + opts.number]) / opts.number for i in range(0, len(x), opts.number)]
-        return float(np.median(means))
+        return protocol_seconds(run, threads, self.options, fork_join=len(run) > 1)
 
     def _measure_gpu(self, run: list[list]) -> float:
         """Groups issued on their own CUDA streams, timed between synchronisations."""
@@ -214,14 +218,48 @@ class StageMeter:
         program = KernelProgram.build(merged, self.program.target, device=self.program.device,
                                       tuning_db=self.tuning_db,
                                       kernels=self.program.kernel_source)
+        if self.remote is not None:
+            return self.remote.time_sequence(program, self.seq_threads, self.options)
+        if self.on_cpu:
+            return sequence_seconds(program, self.seq_threads, self.options)
         with make_executor(program, sequential(program.graph, cores=self.seq_threads),
                            use_cuda_graph=False) as ex:
             ex.run(np.zeros(dtype.shape, dtype.dtype), copy_outputs=False)
             steps = [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
-            if not self.on_cpu:
-                def once() -> None:
-                    for st in steps:
-                        st.fn(*st.args)
-                    self.program.device.sync()
-                return self._gpu_median(once)
-            return self._protocol([steps], [self.seq_threads])
+
+            def once() -> None:
+                for st in steps:
+                    st.fn(*st.args)
+                self.program.device.sync()
+            return self._gpu_median(once)
+
+
+def protocol_seconds(run: list[list], threads: list[int], options: IOSOptions,
+                     fork_join: bool = False) -> float:
+    """IOS's protocol on a CPU: ``warmup`` runs, then the median over ``repeat`` of the mean
+    of ``number`` runs of the groups of steps ``run`` (one worker each, on ``threads``). A
+    stage of several groups has every run dispatched to the workers and joined on its own, as
+    the executor forks and joins streams at its barriers (repeating the runs inside one
+    dispatch hid that hand-off, and the DP split a run into more concurrent stages than paid:
+    NASNet-A predicted 16 ms, ran 24); a one-group stage runs its ``number`` runs in one
+    dispatch, as consecutive one-stream stages follow each other on one worker with no
+    hand-off."""
+    if not fork_join:
+        run = [[st for _ in range(options.number) for st in group] for group in run]
+        timing = time_steps(run, repeat=options.repeat, warmup=options.warmup, threads=threads)
+        return timing.median_ms / 1e3 / options.number
+    n = options.number
+    timing = time_steps(run, repeat=options.repeat * n, warmup=options.warmup, threads=threads)
+    x = timing.samples
+    return float(np.median([sum(x[i:i + n]) / n for i in range(0, len(x), n)]))
+
+
+def sequence_seconds(program: KernelProgram, threads: int, options: IOSOptions) -> float:
+    """Seconds of one run of all of ``program``'s kernels in sequence on ``threads`` CPU
+    threads, by the stage protocol (`protocol_seconds`): a merged convolution's stage."""
+    graph = program.graph
+    with make_executor(program, sequential(graph, cores=threads), use_cuda_graph=False) as ex:
+        ex.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs],
+               copy_outputs=False)
+        steps = [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
+        return protocol_seconds([steps], [threads], options)

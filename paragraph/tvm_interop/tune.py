@@ -14,20 +14,29 @@ the database is skipped, a partly tuned one gets only the rest, and a record lin
 is dropped. ``paragraph-tune.json`` in the work dir keeps each task's trials spent and its
 untuned and tuned latencies, measured side by side with one timer after tuning.
 
-A tuned kernel is applied only where it measured faster than the untuned one
-(`paragraph.tvm_interop.tuning_db`: lowering reads ``applied/``, which holds only those
-records), so no tuned kernel applied measured slower than its untuned form (the model as a
-whole can still run slower: `benchmarks/tuning.py`).
+What gets applied is decided twice, by measurement. Per kernel: a tuned form counts as
+*faster* only where it measured faster than the untuned kernel, alone, side by side. Per model
+(`check_models`, after the tasks): kernels faster alone can still make the model slower
+together (a tuned kernel's thread-pool wake-ups between small kernels: a reduced SqueezeNet ran
+15% slower with only faster kernels applied, `benchmarks/tuning.py`), so the model is built
+with nested sets of the faster kernels (all, the half saving most, the one saving most; none)
+and timed end to end under the schedule ``paragraph run`` uses, side by side; the set that
+runs fastest is applied, and none unless it beats the untuned model by `MIN_GAIN` (on every
+model checked). Lowering reads ``applied/`` (`paragraph.tvm_interop.tuning_db`), which holds
+only those records, so a tuning database does not make the checked models slower as measured
+on the machine that tuned. An interrupted run leaves ``applied/`` as the last check left it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -43,9 +52,14 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
+from paragraph.planner import end_to_end, plan_schedule
+from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.importers import prepare
+from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import default_device, is_gpu, lower, resolve_target
 from paragraph.tvm_interop.tuning_db import (
+    APPLIED,
+    MODEL_FILE,
     RECORDS,
     STATE_FILE,
     WORKLOADS,
@@ -56,7 +70,8 @@ from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, tvm_altern
 
 @dataclass
 class TaskResult:
-    """One tuned kernel: how often the model runs it, trials spent, latency before and after."""
+    """One tuned kernel: how often the model runs it, trials spent, latency before and after,
+    and whether its tuned form is applied."""
 
     name: str
     weight: int
@@ -65,7 +80,9 @@ class TaskResult:
     best_ms: float | None  # MetaSchedule's own measurement of its best candidate
     skipped: bool = False
     tuned_ms: float | None = None  # the best candidate timed beside the untuned kernel
-    applied: bool = False  # the tuned kernel measured faster: lowering applies it
+    faster: bool = False  # the tuned form measured faster alone
+    applied: bool = False  # ... and the model check kept it: lowering applies it
+    key: str = ""  # the workload's key in the database (`workload_key`)
 
     @property
     def speedup(self) -> float | None:
@@ -74,12 +91,16 @@ class TaskResult:
 
 def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: str | os.PathLike,
          trials: int, *, kernels: str = "tvm", max_tasks: int | None = None, seed: int = 0,
+         check: bool = True, schedule: str = "critical-path", cores: int | None = None,
          log: Callable[[str], None] = print) -> list[TaskResult]:
-    """Tune ``mod``'s fused kernels with MetaSchedule, ``trials`` candidates per kernel.
+    """Tune ``mod``'s fused kernels with MetaSchedule, ``trials`` candidates per kernel, then
+    (``check``) decide by `check_models` which faster tuned kernels to apply, with the model
+    run end to end under ``schedule`` on ``cores`` threads.
 
     ``max_tasks`` tunes only that many kernels, the ones with the most FLOPs in the model
     (weight x FLOPs). Returns one `TaskResult` per task, in tuning order; see the module
-    docstring for resuming and the files written.
+    docstring for resuming and the files written. With ``check`` False nothing new is applied
+    until the caller runs `check_models` (over every model tuned into ``work_dir``).
     """
     if trials < 1:
         raise ParagraphError(f"--trials must be at least 1, got {trials}")
@@ -102,11 +123,12 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
     _repair_records(work, log)
     database = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
     state = _read_state(work)
-    cores = int(tvm_target.attrs.get("num-cores", os.cpu_count() or 1)) \
+    ms_cores = int(tvm_target.attrs.get("num-cores", os.cpu_count() or 1)) \
         if tvm_target.kind.name == "llvm" else "physical"
     log(f"tuning {len(tasks)} kernels, {trials} trials each, into {work}")
     tools = None  # builder and runner worker pools, started once, on the first task to tune
     results = []
+    spent_trials, spent_s = 0, 0.0  # for the time left
     for i, task in enumerate(tasks):
         func_mod = task.dispatched[0]
         key = _workload_key(func_mod)
@@ -118,29 +140,159 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
         if skipped:
             log(f"{label}: already has {done} trials, skipping")
         else:
-            log(f"{label}: tuning {trials - done} trials ...")
-            tools = tools or _workers(ms, cores, tvm_target)
-            _tune_one(ms, task, func_mod, tvm_target, work, database, trials - done, cores,
+            left = sum(max(0, trials - _records(database, t.dispatched[0]))
+                       for t in tasks[i:]) if spent_trials else 0
+            eta = (f", about {_duration(spent_s / spent_trials * left)} left for all"
+                   if spent_trials else "")
+            log(f"{label}: tuning {trials - done} trials{eta} ...")
+            tools = tools or _workers(ms, ms_cores, tvm_target)
+            _tune_one(ms, task, func_mod, tvm_target, work, database, trials - done, ms_cores,
                       seed + i, tools)
+            spent_trials += trials - done
+            spent_s += time.perf_counter() - start
             done = max(trials, _records(database, func_mod))
         best = _best_ms(database, func_mod)
         untuned, tuned = entry.get("untuned_ms"), entry.get("tuned_ms")
         if not skipped or untuned is None or (best is not None and tuned is None):
             untuned, tuned = _compare(func_mod, database, tvm_target)
-        applied = tuned is not None and tuned < untuned * (1.0 - MIN_GAIN)
+        faster = tuned is not None and tuned < untuned * (1.0 - MIN_GAIN)
+        applied = faster and bool(entry.get("applied"))  # the last model check's verdict
         results.append(TaskResult(task.task_name, int(task.weight), done, untuned, best, skipped,
-                                  tuned, applied))
+                                  tuned, faster, applied, key))
         state[key] = {"name": task.task_name, "weight": int(task.weight), "trials": done,
                       "untuned_ms": untuned, "best_ms": best, "tuned_ms": tuned,
-                      "applied": applied}
+                      "faster": faster, "applied": applied}
         atomic_write_json(work / STATE_FILE, state)  # before "done": a kill after it loses nothing
         write_applied(work, {k: bool(e.get("applied")) for k, e in state.items()})
         if not skipped:
             found = (f"untuned {untuned * 1e3:.1f} us, tuned {tuned * 1e3:.1f} us: "
-                     f"{'applied' if applied else 'not applied (not faster)'}"
+                     + ("faster (the model check decides)" if faster else "not faster")
                      if tuned is not None else "no valid candidate yet")
             log(f"{label}: done in {time.perf_counter() - start:.0f} s, {found}")
+    if check:
+        kept = set(check_models([mod], tvm_target, work, kernels=kernels, schedule=schedule,
+                                cores=cores, log=log).kept)
+        for r in results:
+            r.applied = r.key in kept
     return results
+
+
+@dataclass
+class ModelCheck:
+    """What `check_models` measured: the sets of faster tuned kernels it tried (their sizes,
+    the last 0: untuned), each model's median milliseconds with each set, and the workload
+    keys of the set applied (empty: none beat the untuned models)."""
+
+    schedule: str
+    sizes: list[int] = field(default_factory=list)
+    ms: list[list[float]] = field(default_factory=list)  # [model][set]
+    kept: list[str] = field(default_factory=list)
+    reused: bool = False  # the same check was measured before: its verdict stands
+
+    def describe(self) -> str:
+        """One line per model: each set's time, and the verdict."""
+        if not self.ms:
+            return "model check: no tuned kernel measured faster alone; none applied"
+        lines = []
+        for i, row in enumerate(self.ms):
+            base = row[-1]
+            parts = [f"untuned {base:.3f} ms"] + [
+                f"{n} tuned {t:.3f} ms ({base / t:.2f}x)"
+                for n, t in zip(self.sizes[:-1], row[:-1], strict=True)]
+            lines.append(f"model check{f' ({i + 1})' if len(self.ms) > 1 else ''}, "
+                         f"{self.schedule} schedule: " + ", ".join(parts))
+        lines.append(f"model check: applying {len(self.kept)} tuned kernel(s)"
+                     + ("" if self.kept else ": no set of them made the model faster")
+                     + (" (as measured before)" if self.reused else ""))
+        return "\n".join(lines)
+
+
+def check_models(mods: Sequence[tvm.IRModule], target: tvm.target.Target | str | None,
+                 work_dir: str | os.PathLike, *, kernels: str = "tvm",
+                 schedule: str = "critical-path", cores: int | None = None,
+                 log: Callable[[str], None] = print) -> ModelCheck:
+    """Choose the tuned kernels to apply by running the models end to end (module docstring):
+    nested sets of the kernels whose tuned form measured faster alone, most saving first,
+    each model planned under ``schedule`` with each set and timed side by side with the others
+    (`paragraph.planner.end_to_end`, outputs checked equal); the set with the best worst-case
+    speedup over the models is applied if that beats untuned by `MIN_GAIN`, else none. Writes
+    the verdict into the state file, ``applied/`` and ``paragraph-tune-model.json``; the same
+    check (same kernels, tuned times, models, schedule, target) is not measured twice."""
+    work = Path(work_dir)
+    tvm_target = resolve_target(target)
+    state = _read_state(work)
+    for e in state.values():  # a state written before the model check existed
+        e.setdefault("faster", e.get("tuned_ms") is not None
+                     and e["tuned_ms"] < e["untuned_ms"] * (1.0 - MIN_GAIN))
+    faster = sorted((k for k, e in state.items() if e["faster"]),
+                    key=lambda k: -state[k]["weight"] * (state[k]["untuned_ms"]
+                                                         - state[k]["tuned_ms"]))
+    identity = hashlib.blake2b(json.dumps(
+        [[(k, state[k]["tuned_ms"]) for k in faster], [f"{tvm_ffi.structural_hash(m):x}"
+                                                       for m in mods],
+         schedule, kernels, str(tvm_target), cores]).encode(), digest_size=16).hexdigest()
+    result = ModelCheck(schedule)
+    before = _read_json(work / MODEL_FILE)
+    if faster and before.get("identity") == identity:
+        result = ModelCheck(schedule, before["sizes"], before["ms"], before["kept"], True)
+    elif faster:
+        n = len(faster)
+        result.sizes = [*sorted({n, (n + 1) // 2, 1}, reverse=True), 0]
+        log(f"model check: {n} tuned kernel(s) faster alone; timing the model with sets of "
+            f"{', '.join(map(str, result.sizes[:-1]))} of them against untuned "
+            f"({schedule} schedule) ...")
+        with tempfile.TemporaryDirectory(prefix="paragraph-check-") as tmp:
+            dirs: list[str | None] = []
+            for size in result.sizes[:-1]:
+                d = Path(tmp) / str(size)
+                for out in (d, d / APPLIED):  # a database that applies just these
+                    write_applied(work, {k: True for k in faster[:size]}, out=out)
+                dirs.append(str(d))
+            dirs.append(None)  # untuned: what a run without --tuning-db builds
+            for mod in mods:
+                plans = [plan_schedule(schedule, KernelProgram.build(
+                    mod, tvm_target, tuning_db=d, kernels=kernels), tuning_db=d, cores=cores)
+                    for d in dirs]
+                candidates = [(p.program, p.schedule) for p in plans]
+                block = _block(*candidates[-1])
+                seconds = end_to_end(candidates, None, "", repeat=6, block=block, check=True)
+                result.ms.append([t * 1e3 for t in seconds])
+        ratios = [max(row[j] / row[-1] for row in result.ms)
+                  for j in range(len(result.sizes) - 1)]
+        best = min(range(len(ratios)), key=lambda j: (ratios[j], j))
+        if ratios[best] < 1.0 - MIN_GAIN:
+            result.kept = faster[:result.sizes[best]]
+        atomic_write_json(work / MODEL_FILE, {**asdict(result), "identity": identity})
+    kept = set(result.kept)
+    for k, e in state.items():
+        e["applied"] = k in kept
+    atomic_write_json(work / STATE_FILE, state)
+    write_applied(work, {k: k in kept for k in state})
+    log(result.describe())
+    return result
+
+
+def _block(program: KernelProgram, schedule) -> int:
+    """Runs per timing block: about 20 ms of them (at least one), from one timed run."""
+    graph = program.graph
+    inputs = [np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs]
+    with make_executor(program, schedule) as ex:
+        ex.run(*inputs, copy_outputs=False)
+        start = time.perf_counter()
+        ex.run(*inputs, copy_outputs=False)
+        seconds = time.perf_counter() - start
+    return max(1, min(50, int(0.02 / max(seconds, 1e-6))))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _workers(ms, cores, target: tvm.target.Target) -> tuple:
@@ -253,13 +405,7 @@ def _timer(func_mod: tvm.IRModule, target: tvm.target.Target, default_schedule: 
 
 
 def _read_state(work: Path) -> dict:
-    path = work / STATE_FILE
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}  # rebuilt from the database: trials are counted there
+    return _read_json(work / STATE_FILE)  # if lost, rebuilt: trials are counted in the database
 
 
 def _repair_records(work: Path, log: Callable[[str], None]) -> None:
@@ -281,24 +427,25 @@ def _repair_records(work: Path, log: Callable[[str], None]) -> None:
 
 
 def format_summary(results: list[TaskResult]) -> str:
-    """The tuned kernels as a table (microseconds: reduced models' kernels are that small),
-    with the model's estimated kernel time (weight x latency) before and after: a kernel counts
-    as tuned only where the tuned form is applied."""
+    """The tuned kernels as a table (microseconds: reduced models' kernels are that small):
+    faster alone, applied (the model check kept it), and the sum of the model's kernel times
+    (weight x latency) before and after, counting a kernel as tuned only where it is applied."""
     lines = [f"{'kernel':44} {'x':>3} {'trials':>6} {'untuned us':>11} {'tuned us':>9} "
-             f"{'speedup':>8}  applied"]
+             f"{'speedup':>8}  faster  applied"]
     for r in results:
         best = f"{r.tuned_ms * 1e3:9.1f}" if r.tuned_ms is not None else f"{'-':>9}"
         speed = f"{r.speedup:7.2f}x" if r.speedup else f"{'-':>8}"
         lines.append(f"{r.name[:44]:44} {r.weight:3d} {r.trials:6d} {r.untuned_ms * 1e3:11.1f} "
-                     f"{best} {speed}  {'yes' if r.applied else 'no'}")
+                     f"{best} {speed}  {'yes' if r.faster else 'no':6}  "
+                     f"{'yes' if r.applied else 'no'}")
     before = sum(r.weight * r.untuned_ms for r in results)
     after = sum(r.weight * (r.tuned_ms if r.applied and r.tuned_ms is not None
                             else r.untuned_ms) for r in results)
-    applied = sum(r.applied for r in results)
+    applied, faster = sum(r.applied for r in results), sum(r.faster for r in results)
     lines.append(f"tuned kernels in the model: {before:.3f} ms untuned -> {after:.3f} ms "
-                 f"({before / after if after else float('nan'):.2f}x); {applied} of "
-                 f"{len(results)} tuned forms applied (the others measured no faster)")
+                 f"({before / after if after else float('nan'):.2f}x, summed alone); "
+                 f"{faster} of {len(results)} tuned forms faster alone, {applied} applied")
     return "\n".join(lines)
 
 
-__all__ = ["tune", "TaskResult", "format_summary"]
+__all__ = ["tune", "check_models", "ModelCheck", "TaskResult", "format_summary"]

@@ -2,12 +2,14 @@
 
 ``paragraph tune`` writes MetaSchedule's JSON database (``database_workload.json``,
 ``database_tuning_record.json``) and, beside it, ``applied/``: the same workloads with the
-records of only those kernels whose tuned form measured faster than the untuned one
-(`write_applied`). Lowering applies ``applied/`` where it exists (`applied_dir`), so a
-tuning database never applies a kernel that measured slower alone: MetaSchedule's best record
-of a small kernel (a reshape, a pool, a concatenation) is often slower than TVM's default
-code, and applying every record made a tuned model 2.8x slower than the untuned one
-(`benchmarks/tuning.py`). A database that paragraph did not write (no
+records of only those kernels whose tuned form measured faster than the untuned one alone and
+that the model check kept (`paragraph.tvm_interop.tune.check_models`: the model run end to end
+with them against the model untuned, side by side). Lowering applies ``applied/`` where it
+exists (`applied_dir`), so a tuning database applies neither a kernel that measured slower
+alone (MetaSchedule's best record of a small kernel, a reshape, a pool, a concatenation, is
+often slower than TVM's default code) nor a set of kernels that made the checked model slower
+(kernels faster alone have run a model 15% slower together: `benchmarks/tuning.py`).
+``paragraph-tune-model.json`` records that check. A database that paragraph did not write (no
 ``applied/``) is applied whole.
 """
 
@@ -25,6 +27,7 @@ STATE_FILE = "paragraph-tune.json"
 RECORDS = "database_tuning_record.json"
 WORKLOADS = "database_workload.json"
 APPLIED = "applied"
+MODEL_FILE = "paragraph-tune-model.json"
 
 
 def workload_key(shash: str | int) -> str:
@@ -52,9 +55,10 @@ def tuning_id(work_dir: str | os.PathLike[str] | None) -> str:
     return "ms:" + hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
 
 
-def write_applied(work_dir: str | os.PathLike[str], apply: Mapping[str, bool]) -> tuple[int, int]:
-    """Write ``applied/``: every workload, and the records of the workloads whose key
-    ``apply`` maps to True (a workload it does not name is left out: not yet compared).
+def write_applied(work_dir: str | os.PathLike[str], apply: Mapping[str, bool],
+                  out: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+    """Write ``applied/`` (or ``out``): every workload, and the records of the workloads whose
+    key ``apply`` maps to True (a workload it does not name is left out: not yet compared).
     Returns (kernels applied, kernels left untuned). Each file is written atomically, the
     records last, so an interrupted write applies no more than before."""
     work = Path(work_dir)
@@ -77,7 +81,7 @@ def write_applied(work_dir: str | os.PathLike[str], apply: Mapping[str, bool]) -
                 continue
             if index in keep_index:
                 records.append(line if line.endswith(b"\n") else line + b"\n")
-    out = work / APPLIED
+    out = work / APPLIED if out is None else Path(out)
     atomic_write_bytes(out / WORKLOADS, b"".join(workloads))
     atomic_write_bytes(out / RECORDS, b"".join(records))
     applied = sum(1 for v in apply.values() if v)
