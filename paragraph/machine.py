@@ -121,6 +121,51 @@ def wait_for_quiet_cores(log: Callable[[str], None], wait_s: float = 120.0) -> d
         log(f"  waiting for the cores to be free: {c}")
 
 
+class LoadWatch:
+    """Whether another process (or the hypervisor) held a core while this process measured:
+    `cpu_contention`'s reading taken over the ``with`` block itself, without waiting. A cost
+    measured under contention is used but not cached: a cached time outlives the moment, and
+    one schedule choice made while a test suite ran beside stayed the planner's choice.
+
+    The kernel counts CPU time in ticks (10 ms), so a block shorter than ``min_s`` is watched
+    on, sleeping, until ``min_s`` has passed: a shorter window cannot tell a process that
+    held a core throughout from a stray tick. Blocks under a tick with ``min_s`` 0 count as
+    quiet."""
+
+    def __init__(self, min_s: float = 0.05) -> None:
+        self.min_s = min_s
+        self.sample: dict[str, float] = {}  # `cpu_contention`'s keys, after the block
+        self._start: tuple[int, int, float] | None = None
+
+    def __enter__(self) -> LoadWatch:
+        self.sample = {}
+        try:
+            self._start = (_proc_ticks(os.getpid()), _steal_ticks(), time.monotonic())
+        except (OSError, ValueError):
+            self._start = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._start is None:
+            return
+        rest = self.min_s - (time.monotonic() - self._start[2])
+        if rest > 0:
+            time.sleep(rest)
+        try:
+            p1, s1, t1 = _proc_ticks(os.getpid()), _steal_ticks(), time.monotonic()
+        except (OSError, ValueError):
+            return
+        p0, s0, t0 = self._start
+        wall = max(t1 - t0, 1e-9) * os.sysconf("SC_CLK_TCK")
+        # a tick is 10 ms: in a short block one stray tick is not contention
+        self.sample = {"other_processes": round((p1 - p0) / wall, 3) if p1 - p0 > 1 else 0.0,
+                       "steal": round((s1 - s0) / wall, 3) if s1 - s0 > 1 else 0.0}
+
+    @property
+    def contended(self) -> bool:
+        return is_contended(self.sample)
+
+
 def is_contended(*samples: dict[str, float]) -> bool:
     """Whether any `cpu_contention` sample shows another process (or steal) on a core."""
     return any(v > CONTENDED for c in samples for v in c.values())

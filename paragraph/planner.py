@@ -35,7 +35,7 @@ import numpy as np
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.inputs import sample_inputs
-from paragraph.machine import cpu_count
+from paragraph.machine import LoadWatch, cpu_count
 from paragraph.outputs import max_difference
 from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
 from paragraph.passes.ios import (
@@ -453,12 +453,14 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
         for c in configs:  # a whole block each: a process's first runs are slow
             for _ in range(max(1, warmup, block)):
                 c.run()
-        for r in range(max(3, repeat)):  # drifts hit both orders
-            time_in_blocks(configs if r % 2 == 0 else configs[::-1], 1, max(1, block), settle=1)
+        with LoadWatch() as watch:
+            for r in range(max(3, repeat)):  # drifts hit both orders
+                time_in_blocks(configs if r % 2 == 0 else configs[::-1], 1, max(1, block),
+                               settle=1)
     finally:
         for ex in executors:
             ex.close()
-    if db is not None:
+    if db is not None and not watch.contended:  # a loaded moment's choice is not kept
         for key, x in zip(keys, samples, strict=True):
             db.put(key, Timing(tuple(x)))
     return [float(np.median(x)) for x in samples]

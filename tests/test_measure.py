@@ -1,11 +1,14 @@
 """Measurement: the SQLite cost database, concurrent timing, the analytical estimate."""
 
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
 
 from paragraph import models
+from paragraph.machine import LoadWatch
 from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop import native
@@ -122,6 +125,24 @@ def test_kernel_costs_are_measured_once_then_cached(executor, tmp_path):
     second = kernel_costs(executor, db=db, repeat=3, warmup=1)
     assert second == first  # served from the database, not re-measured
     assert len(db) == len(distinct)
+
+
+def test_costs_measured_while_another_process_holds_a_core_are_used_not_cached(executor,
+                                                                               tmp_path):
+    burner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
+                               "while time.time() - t < 60: pass"])
+    try:
+        time.sleep(0.3)  # the burner is on a core
+        with LoadWatch() as watch:
+            time.sleep(0.5)
+        assert watch.contended and watch.sample["other_processes"] > 0.5, watch.sample
+        db = CostDB(tmp_path / "costs.sqlite")
+        costs = kernel_costs(executor, db=db, repeat=3, warmup=1)
+        assert all(costs[n.id] > 0 for n in executor.program.kernels if n.kind == "kernel")
+        assert len(db) == 0  # used for this plan, not kept for the next
+    finally:
+        burner.kill()
+        burner.wait()
 
 
 def test_analytical_estimate(executor, tmp_path):

@@ -33,6 +33,7 @@ import numpy as np
 from paragraph.errors import ParagraphError
 from paragraph.files import cache_dir
 from paragraph.graph import Graph, Node
+from paragraph.machine import LoadWatch
 from paragraph.schedule import bytes_moved
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop import native
@@ -354,15 +355,16 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
                   flush=True)
         order = [k for k in graph.topological_order() if k in keys]
         on_cpu = program.target.kind.name == "llvm"
-        timings = time_in_sequence([executor.steps[k] for k in order], threads=threads,
-                                   repeat=repeat, warmup=warmup,
-                                   sync=None if on_cpu else program.device.sync)
+        with LoadWatch() as watch:
+            timings = time_in_sequence([executor.steps[k] for k in order], threads=threads,
+                                       repeat=repeat, warmup=warmup,
+                                       sync=None if on_cpu else program.device.sync)
         pooled: dict[CostKey, list[float]] = {}  # a kernel used twice: one cost, both runs
         for k, timing in zip(order, timings, strict=True):
             if cached[k] is None:  # a cached cost stays: costs are measured once
                 pooled.setdefault(keys[k], []).extend(timing.samples)
         for key, samples in pooled.items():
-            if db is not None:
+            if db is not None and not watch.contended:  # used now, not kept
                 db.put(key, Timing(tuple(samples)))
         for k in kernels:
             if cached[k] is None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from paragraph.graph import Graph
 from paragraph.inputs import sample_inputs
+from paragraph.machine import LoadWatch
 from paragraph.passes.cost import Kernel
 from paragraph.passes.schedule import sequential
 from paragraph.passes.search import extract
@@ -92,6 +93,7 @@ class SignatureMeter:
                                 and "permute_dims" not in own))
 
         counts = [1, self.threads] if self.threads > 1 else [1]
+        watch = LoadWatch()  # what the remote device does is not seen here
         if self.remote is not None:  # the server fills every buffer by a run first, too
             times = self.remote.kernel_times(program, sequential(program.graph, cores=1),
                                              counts)
@@ -101,14 +103,15 @@ class SignatureMeter:
                 # every buffer filled by a real run before timing (indices within their tables)
                 ex.run(*sample_inputs([piece[i].type for i in piece.inputs],
                                       program.input_ranges))
-                times = [kernel_costs(ex, db=self.db, threads=t, tuning=self.tuning)
-                         for t in counts]
+                with watch:
+                    times = [kernel_costs(ex, db=self.db, threads=t, tuning=self.tuning)
+                             for t in counts]
         seconds = own_seconds(times[0])
         if self.threads > 1:
             wide = own_seconds(times[1])
             self.wide[kernel.signature] = wide
         self.measured += 1
-        if self.db is not None:
+        if self.db is not None and not watch.contended:  # used now, not kept
             if self.threads > 1:  # first, so a stored one-thread time always has its pair
                 self.db.put(self.key(kernel.signature, self.threads), Timing((wide,)))
             self.db.put(self.key(kernel.signature), Timing((seconds,)))

@@ -16,7 +16,7 @@ import numpy as np
 
 from paragraph.errors import ParagraphError
 from paragraph.graph import GraphBuilder, TensorRef
-from paragraph.machine import cpu_count
+from paragraph.machine import LoadWatch, cpu_count
 from paragraph.passes.ios import (
     CONCURRENT,
     MERGE,
@@ -105,9 +105,10 @@ class StageMeter:
         cached = self.db.get(key) if self.db is not None else None
         if cached is not None:
             return cached
-        seconds = self.measure(groups, strategy)
+        with LoadWatch(min_s=0.0) as watch:  # hundreds of stages: no waiting on short ones
+            seconds = self.measure(groups, strategy)
         self.measured += 1
-        if self.db is not None:
+        if self.db is not None and not watch.contended:  # used now, not kept
             self.db.put(key, Timing((seconds,)))
         return seconds
 
