@@ -75,6 +75,7 @@ from paragraph.tvm_interop.measure import (
     kernel_costs,
     measure_cpu_peaks,
     measure_handoff,
+    vendor_tag,
 )
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.signatures import SignatureMeter
@@ -431,7 +432,8 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
             _require_equal(candidates, diffs, f" on {remote.describe()}")
         return remote_s
     keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{plan_digest(s)}",
-                    tuning, ",".join(sorted(p.sources())), f"blocks={repeat}x{block}")
+                    tuning, ",".join(sorted(p.sources())),
+                    f"blocks={repeat}x{block}{vendor_tag(p.sources())}")
             for p, s in candidates]
     seconds = [db.get(k) if db is not None else None for k in keys]
     if None not in seconds and not check:

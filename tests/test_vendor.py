@@ -439,6 +439,33 @@ def test_cpu_vendor_kernels_run_in_cpp_without_the_gil(monkeypatch, tmp_path):
     assert "failed" in native_vendor.reason()
 
 
+def test_products_sharing_a_weight_share_its_packed_form_and_stay_exact():
+    """An RNN's steps multiply by one matrix: the C++ products pack it once and share it
+    (a packed copy per call kept the SRU's weights out of cache); products with another matrix
+    of the same shape, and executors bound after earlier ones were closed (their buffers'
+    addresses reused), still compute with their own weights."""
+    from paragraph.graph import GraphBuilder
+    from paragraph.tvm_interop.relax_graph import to_relax
+
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.input((1, 64), "float32", name="x")
+    w, v = (b.weight(rng.standard_normal((64, 64)).astype("float32") / 8) for _ in range(2))
+    h = x
+    for step in range(4):  # three steps by w, one by v, each with its own activation
+        h = b.op("matmul", [h, v if step == 2 else w]).out
+        h = b.op("tanh", [h]).out
+    mod = to_relax(b.build([h]))
+    inputs = random_inputs(mod, seed=4)
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    for _ in range(3):  # later executors bind where closed ones were
+        program = KernelProgram.build(mod, "llvm", kernels="vendor")
+        assert sum(n.attrs.get("source") == "vendor" for n in program.kernels) == 4
+        with make_executor(program, make_schedule("sequential", program.graph)) as ex:
+            for _ in range(12):  # both forms (oneDNN's packed, MKL's) tried, then the faster
+                np.testing.assert_allclose(ex.run(*inputs)[0], want[0], rtol=1e-4, atol=1e-5)
+
+
 def test_each_stream_thread_gets_its_schedule_thread_count():
     """torch.set_num_threads is per calling thread (OpenMP/MKL), so a vendor call sizes torch's
     pool from the thread count the executor gave its stream, without touching other threads."""

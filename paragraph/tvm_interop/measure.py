@@ -22,7 +22,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,6 +37,7 @@ from paragraph.machine import LoadWatch
 from paragraph.schedule import bytes_moved
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop import native
+from paragraph.tvm_interop.vendor.native import revision as vendor_revision
 
 if TYPE_CHECKING:  # steps are the executor's; measuring them needs no executor
     from paragraph.tvm_interop.executor import Step
@@ -182,9 +183,18 @@ IN_SEQUENCE = "in-sequence/v2"
 def kernel_key(target: str, node: Node, tuning: str, threads: int,
                protocol: str = "alone") -> CostKey:
     """The cost-database key of one kernel timed with ``threads``, by `time_kernel`
-    (``protocol`` "alone") or `time_in_sequence` (`IN_SEQUENCE`)."""
-    return CostKey(target, node.attrs["hash"], tuning, node.attrs["source"],
-                   f"threads={threads}/{protocol}")
+    (``protocol`` "alone") or `time_in_sequence` (`IN_SEQUENCE`); a vendor kernel's key also
+    names the vendor kernels' implementation (`vendor_tag`)."""
+    source = node.attrs["source"]
+    return CostKey(target, node.attrs["hash"], tuning, source,
+                   f"threads={threads}/{protocol}{vendor_tag([source])}")
+
+
+def vendor_tag(sources: Iterable[str]) -> str:
+    """What a cost key's config gets where vendor kernels (``vendor``, or ``auto``'s) take
+    part: their implementation (`vendor.native.revision`), so that a change to how they run
+    voids their cached times; "" otherwise."""
+    return f"/{vendor_revision()}" if any(s in ("vendor", "auto") for s in sources) else ""
 
 
 def time_kernel(step: Step, *, threads: int = 1, repeat: int = 10, warmup: int = 2,

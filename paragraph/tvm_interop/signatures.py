@@ -34,7 +34,7 @@ from paragraph.progress import Progress
 from paragraph.timing import Timing
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs
+from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs, vendor_tag
 from paragraph.tvm_interop.relax_graph import to_relax
 from paragraph.tvm_interop.tuning_db import tuning_id
 
@@ -65,7 +65,8 @@ class SignatureMeter:
 
     def key(self, signature: str, threads: int = 1) -> CostKey:
         return CostKey(str(self.target), f"sig:{signature}", self.tuning,
-                       self.kernels, f"threads={threads}/{SIGNATURE_PROTOCOL}")
+                       self.kernels,
+                       f"threads={threads}/{SIGNATURE_PROTOCOL}{vendor_tag([self.kernels])}")
 
     def cached(self, kernel: Kernel) -> float | None:
         """The stored one-thread seconds of ``kernel``'s signature (its wide seconds noted in

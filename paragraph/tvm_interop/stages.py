@@ -31,7 +31,7 @@ from paragraph.rules.parametric import Unit
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop.executor import CUDAExecutor, cuda_check, cudart, make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB, CostKey, time_steps
+from paragraph.tvm_interop.measure import CostDB, CostKey, time_steps, vendor_tag
 from paragraph.tvm_interop.memory import no_reuse_plan
 from paragraph.tvm_interop.tuning_db import tuning_id
 
@@ -96,12 +96,12 @@ class StageMeter:
         return self._seconds[groups, strategy]
 
     def _cost(self, groups: Groups, strategy: str) -> float:
-        source = ",".join(sorted({self.program.graph[k].attrs["source"]
-                                  for g in groups for k in g}))
+        sources = {self.program.graph[k].attrs["source"] for g in groups for k in g}
+        source = ",".join(sorted(sources))
         threads = f";threads={self.seq_threads}" if strategy != CONCURRENT else ""
         key = CostKey(str(self.program.target), self.key(groups, strategy), self.tuning, source,
                       f"protocol={self.options.warmup}/{self.options.repeat}x"
-                      f"{self.options.number}/fork-join{threads}")
+                      f"{self.options.number}/fork-join{threads}{vendor_tag(sources)}")
         cached = self.db.get(key) if self.db is not None else None
         if cached is not None:
             return cached

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -50,6 +51,41 @@ void memset_zero(const at::Tensor& t) {
 }
 
 using Form = std::function<void()>;
+
+// oneDNN's packed weights, shared by every binding of the same weight buffer with the same
+// packing: an RNN calls one matrix at every step, and a packed copy per call (the SRU: 30
+// copies of 4 MB) put 120 MB between the cores and memory where 12 MB stayed in cache
+// (4.8 ms a run against 1.6). Keyed by the buffer's address, shape and strides and the
+// packing; each entry also holds the weight it was packed from, so while the entry lives no
+// other weight can have that address. An entry no binding holds any more is swept.
+std::mutex packed_mutex;
+std::map<std::string, std::pair<at::Tensor, at::Tensor>> packed_weights;  // packed, source
+
+template <typename Make>
+at::Tensor shared_packed(const at::Tensor& w, const std::string& packing, Make make) {
+  std::string key = std::to_string(reinterpret_cast<uintptr_t>(w.data_ptr())) + packing;
+  for (int64_t d : w.sizes()) key += "," + std::to_string(d);
+  for (int64_t d : w.strides()) key += ";" + std::to_string(d);
+  std::lock_guard<std::mutex> lock(packed_mutex);
+  for (auto it = packed_weights.begin(); it != packed_weights.end();) {
+    if (it->second.first.use_count() == 1) {
+      it = packed_weights.erase(it);  // no binding holds it any more
+    } else {
+      ++it;
+    }
+  }
+  auto found = packed_weights.find(key);
+  if (found != packed_weights.end()) return found->second.first;
+  at::Tensor packed = make();
+  packed_weights.emplace(key, std::make_pair(packed, w));
+  return packed;
+}
+
+std::string ints(const std::vector<int64_t>& v) {
+  std::string out = "/";
+  for (int64_t x : v) out += std::to_string(x) + ",";
+  return out;
+}
 
 // forms chosen once per (kernel, shapes, threads) in the process: executors bound later start
 // with the choice (as `runtime._CHOSEN`)
@@ -216,8 +252,13 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     input_size[3] += pre_pad[0] + pre_pad[1];
   }
   // the weight in oneDNN's blocked format for this input shape and thread count, once
-  at::Tensor packed = at::mkldnn_reorder_conv2d_weight(w.to_mkldnn(), padding, stride, dilation,
-                                                       groups, input_size);
+  at::Tensor packed = shared_packed(
+      w, "conv" + ints(padding) + ints(stride) + ints(dilation) + ints({groups}) +
+             ints(input_size),
+      [&]() {
+        return at::mkldnn_reorder_conv2d_weight(w.to_mkldnn(), padding, stride, dilation,
+                                                groups, input_size);
+      });
   std::string a(act);
   Form onednn = onednn_conv(out, x, packed, bias, res, padding, stride, dilation, groups,
                             pre_pad, a, out_buffer);
@@ -257,9 +298,11 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   std::string act_s(act);
   use_threads(threads);
   // oneDNN's form: a 1x1 convolution over m pixels in NHWC, the weight packed once
-  at::Tensor w4 = w.t().contiguous().view({n, k, 1, 1});
-  at::Tensor packed = at::mkldnn_reorder_conv2d_weight(w4.to_mkldnn(), {0, 0}, {1, 1}, {1, 1}, 1,
-                                                       {1, k, 1, m});
+  at::Tensor packed = shared_packed(w, "linear" + ints({m}), [&]() {
+    at::Tensor w4 = w.t().contiguous().view({n, k, 1, 1});
+    return at::mkldnn_reorder_conv2d_weight(w4.to_mkldnn(), {0, 0}, {1, 1}, {1, 1}, 1,
+                                            {1, k, 1, m});
+  });
   at::Tensor x4 = rows.view({1, m, 1, k}).permute({0, 3, 2, 1});
   at::Tensor out4 = out2.view({1, m, 1, n}).permute({0, 3, 2, 1});
   std::string fused = act_s == "relu" ? "relu" : "";
