@@ -127,8 +127,9 @@ def test_kernel_costs_are_measured_once_then_cached(executor, tmp_path):
     assert len(db) == len(distinct)
 
 
-def test_costs_measured_while_another_process_holds_a_core_are_used_not_cached(executor,
-                                                                               tmp_path):
+def test_costs_measured_while_another_process_holds_a_core_are_used_not_cached(
+        executor, tmp_path, monkeypatch):
+    monkeypatch.delenv("PARAGRAPH_CACHE_UNDER_LOAD", raising=False)  # conftest's
     burner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\n"
                                "while time.time() - t < 60: pass"])
     try:
