@@ -3,13 +3,15 @@ in one process on this machine's CPU.
 
 Usage: python benchmarks/peers.py [--models a,b] [--blocks N] [--block N] [--reduced]
                                   [--schedules sequential,critical-path,opara,wavefront]
+                                  [--search greedy --search-budget S --top-k K]
                                   [--json benchmarks/results/peers-cpu.json]
 
 Per model: ONNX Runtime's sequential executor (2 intra-op threads, its default optimisations),
 ONNX Runtime's parallel executor (2 inter-op x 1 intra-op threads), PyTorch eager (2 threads,
 channels-last, batch norm folded into the convolutions as `torch.fx`'s fuser does; the encoder
 runs as its own torch module), the TVM VM with paragraph's vendor kernels, and paragraph's
-executor under each schedule (its best is the fastest of them). The zoo's Relax models are
+executor under each schedule (its best is the fastest of them), and with ``--search`` the graph
+that substitution search picks, under critical-path. The zoo's Relax models are
 exported to ONNX here; the BERT-style encoder (token ids in) is exported by torch and imported
 by paragraph like a user's file. Every configuration's outputs are checked against ONNX
 Runtime's, then all are timed in alternating blocks (`time_in_blocks`), medians with p10/p90.
@@ -54,9 +56,10 @@ from paragraph.machine import (  # noqa: E402
     wait_for_quiet_cores,
 )
 from paragraph.outputs import max_difference  # noqa: E402
-from paragraph.planner import plan_schedule  # noqa: E402
+from paragraph.passes.search import METHODS, SearchOptions  # noqa: E402
+from paragraph.planner import plan_schedule, search_plan  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
-from paragraph.tvm_interop import random_inputs  # noqa: E402
+from paragraph.tvm_interop import from_relax, random_inputs  # noqa: E402
 from paragraph.tvm_interop.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.importers import load  # noqa: E402
 from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
@@ -362,11 +365,23 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     vm.run = vm_on_all_cores
     vm.info.update(runtime="tvm_vm", kernels=args.kernels)
     configs.append(vm)
-    for schedule in args.schedules.split(","):
-        plan = plan_schedule(schedule, program, db=db)
+    plans = [(f"paragraph:{schedule}", plan_schedule(schedule, program, db=db))
+             for schedule in args.schedules.split(",")]
+    if args.search != "none":  # the graph the substitution search picks, critical-path
+        start = time.perf_counter()
+        searched = search_plan(from_relax(mod), target, options=SearchOptions.of(
+            args.search, seconds=args.search_budget), kernels=args.kernels, db=db,
+            top_k=args.top_k, log=log)
+        log(f"{name}: {args.search} search {time.perf_counter() - start:.0f} s, "
+            f"{len(searched.report['search']['rules'])} rewrites")
+        plans.append((f"paragraph:{args.search}+critical-path", searched))
+    for config_name, plan in plans:
         c = executor_config(plan.program, plan.schedule, inputs)
-        c.name = f"paragraph:{schedule}"
+        c.name = config_name
         c.info.update(runtime="paragraph", kernels=args.kernels)
+        if plan.report.get("search"):
+            c.info.update(search={k: plan.report["search"][k] for k in (
+                "method", "cost", "rules", "seconds", "candidates_built")})
         configs.append(c)
     expected = [np.asarray(a) for a in ort.run()]
     diffs = {}
@@ -420,6 +435,10 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--reduced", action="store_true")
+    parser.add_argument("--search", default="none", choices=METHODS,
+                        help="also time the graph this substitution search picks")
+    parser.add_argument("--search-budget", type=float, default=120.0)
+    parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     out = args.json or f"benchmarks/results/peers-cpu{'-reduced' * args.reduced}.json"

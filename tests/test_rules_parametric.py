@@ -9,6 +9,7 @@ from paragraph.interpret import run_graph
 from paragraph.rules.parametric import (
     AvgPoolPair,
     MergeConvs,
+    MergeMatmulRows,
     Regroup,
     all_parametric,
     block_diagonal,
@@ -165,3 +166,32 @@ def test_avg_pool_pair_needs_the_same_input():
     g = b.build([b.op("add", [b.op("avg_pool2d", [x], attrs).out,
                               b.op("avg_pool2d", [y], attrs).out]).out])
     assert AvgPoolPair("a", "a", "", "avg_pool_pair").find(g) == []
+
+
+def test_merge_matmul_rows_batches_independent_steps_and_not_a_recurrence():
+    """An RNN's input projections (x_t @ W, independent) become one product of the stacked
+    rows; its recurrence (h_t = tanh(h_{t-1} @ U)) does not: merging it would close a cycle."""
+    rule = MergeMatmulRows("rows", "rows", "", "merge_matmul_rows")
+    rng = np.random.default_rng(1)
+    b = GraphBuilder()
+    w = b.weight(rng.standard_normal((4, 3)).astype("f4"))
+    u = b.weight(rng.standard_normal((3, 3)).astype("f4"))
+    xs = [b.input((1, 4), name=f"x{t}") for t in range(3)]
+    h = b.input((1, 3), name="h")
+    outs = []
+    for x in xs:
+        h = b.op("tanh", [b.op("add", [b.op("matmul", [x, w]).out,
+                                       b.op("matmul", [h, u]).out]).out]).out
+        outs.append(h)
+    g = b.build(outs)
+    matches = rule.find(g)
+    weights = {g[g[m.nodes[0]].inputs[1].node].id for m in matches}
+    assert weights == {w.node}  # only the projections by W
+    assert max(len(m.nodes) for m in matches) == 3
+    whole = next(m for m in matches if len(m.nodes) == 3)
+    merged = rule.rewrite(g, whole)
+    assert merged is not None
+    assert sum(n.kind == "matmul" for n in merged.nodes) == 1 + 3  # one for W, three for U
+    feeds = [rng.standard_normal(g[i].type.shape).astype("f4") for i in g.inputs]
+    for got, want in zip(run_graph(merged, feeds), run_graph(g, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -718,6 +718,63 @@ class MergeMatmuls(ParametricRule):
         return b.build(outs)
 
 
+@dataclass(frozen=True)
+class MergeMatmulRows(ParametricRule):
+    """n matmuls of different inputs by the same weight matrix -> one matmul of the inputs'
+    rows concatenated, output split by rows (TASO's axiom 36 for rows, 36r here): an RNN's
+    input projections, one small product per step (each reading the whole matrix) batched
+    into one that reads it once. Inputs that depend on another member's output (a
+    recurrence) are not merged."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for n in graph.nodes:
+            if (n.kind == "matmul" and len(n.type.shape) == 2
+                    and len(graph.type_of(n.inputs[0]).shape) == 2
+                    and len(graph.type_of(n.inputs[1]).shape) == 2
+                    and _is_weight(graph, n.inputs[1])):
+                groups.setdefault((n.inputs[1], n.attrs, graph.type_of(n.inputs[0]).dtype),
+                                  []).append(n.id)
+        out = []
+        for ids in groups.values():
+            if len(ids) < 2:
+                continue
+            before = {i: graph.ancestors(i) for i in ids}
+            for group in _groups_and_pairs(ids):
+                if not any(j in before[i] for i in group for j in group if i != j):
+                    out.append(Match(self, tuple(group), extra={"ops": tuple(group)}))
+        return out
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        nodes = [graph[i] for i in match.extra["ops"]]
+        b = Builder(graph)
+        first = nodes[0]
+        rows = b.op("concat", [n.inputs[0] for n in nodes], {"axis": 0})
+        merged = b.op("matmul", [rows.out, first.inputs[1]], first.attrs, name=first.name)
+        cuts = list(itertools.accumulate(n.type.shape[0] for n in nodes))[:-1]
+        split = b.op("split", [merged.out], {"indices_or_sections": tuple(cuts), "axis": 0})
+        remap = {n.out: TensorRef(split.id, i) for i, n in enumerate(nodes)}
+        return commit(graph, [n.id for n in nodes], b, remap)
+
+    def obligations(self) -> list[Obligation]:
+        out: list[Obligation] = []
+        w = var("w")
+        for n in (2, 3):
+            xs = [var(f"x{i}") for i in range(n)]
+            merged = app("matmul", _nested_concat(xs, -2), w)
+            out.append((f"matmul rows n={n}", [app("matmul", x, w) for x in xs],
+                        _nested_split(merged, n, -2), ()))
+        return out
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        k, m = int(rng.integers(2, 6)), int(rng.integers(1, 5))
+        w = b.weight(rng.standard_normal((k, m)).astype("f4"))
+        outs = [b.op("matmul", [b.input((int(rng.integers(1, 4)), k)), w]).out
+                for _ in range(int(rng.integers(2, 4)))]
+        return b.build(outs)
+
+
 # ---------------------------------------------------------------------------- batch norm
 @dataclass(frozen=True)
 class FoldBatchNorm(ParametricRule):
@@ -961,6 +1018,12 @@ DESCRIPTIONS = {
         "target": "split(matmul(x, concat_1(W_i))) (linear: concat_0 of W_i and b_i)",
         "constraints": ["W_i (and b_i) weights", "W_i of rank 2"],
         "outputs": "op_i -> split piece i"},
+    "merge_matmul_rows": {
+        "source": "matmul(x_i, W) for i = 1..n, n >= 2, the same W",
+        "target": "split_0(matmul(concat_0(x_i), W))",
+        "constraints": ["W a weight", "x_i, W and the outputs of rank 2",
+                        "no x_i depends on another member's output"],
+        "outputs": "op_i -> split piece i"},
     "fold_batch_norm": {
         "source": "batch_norm(conv2d(x, W), gamma, beta, mean, var), inference",
         "target": "add(conv2d(x, W * a), b) with a = gamma / sqrt(var + eps), "
@@ -984,6 +1047,7 @@ DESCRIPTIONS = {
 
 SCHEMAS = {"merge_convs": MergeConvs, "regroup": Regroup, "split_grouped_conv": SplitGroupedConv,
            "split_conv": SplitConv, "avg_pool_pair": AvgPoolPair, "merge_matmuls": MergeMatmuls,
+           "merge_matmul_rows": MergeMatmulRows,
            "fold_batch_norm": FoldBatchNorm, "conv_add_identity": ConvAddIdentity,
            "sru_distribute": SruDistribute}
 
@@ -1005,6 +1069,9 @@ def all_parametric() -> list[ParametricRule]:
                     "TASO fig. 2.8b", "avg_pool_pair"),
         MergeMatmuls("taso-merge-matmuls", "merge matmuls sharing an operand (concat + split)",
                      "TASO fig. 2.2b", "merge_matmuls"),
+        MergeMatmulRows("taso-merge-matmul-rows",
+                        "merge matmuls sharing a weight (concat rows + split)",
+                        "TASO axiom 36 for rows (36r)", "merge_matmul_rows"),
         FoldBatchNorm("metaflow-fold-bn", "fold inference batch norm into the conv",
                       "MetaFlow artifact fuse_conv_batch", "fold_batch_norm"),
         ConvAddIdentity("metaflow-conv-add", "conv + add -> conv through an identity kernel",
