@@ -318,3 +318,19 @@ def test_every_search_keeps_the_outputs_and_never_raises_the_cost(name, methods)
         assert result.applied or result.graph is g
         for a, b in zip(want, run_graph(result.graph, xs), strict=True):
             np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3, err_msg=f"{method} {kind}")
+
+
+def test_operators_on_weights_alone_are_folded_and_cost_nothing():
+    """A merge concatenates weights; the build folds that concatenation (it never runs), so
+    the cost model prices it at nothing, not as a kernel moving both matrices."""
+    b = GraphBuilder()
+    x = b.input((4, 8))
+    ws = b.op("concat", [b.weight(w(8, 8)), b.op("permute_dims", [b.weight(w(8, 8))]).out],
+              {"axis": 1})
+    g = b.build([b.op("matmul", [x, ws.out]).out])
+    kernels = {k.kind: k for k in kernels_of(g)}
+    assert kernels["concat"].flops == kernels["concat"].nbytes == 0.0
+    assert kernels["permute_dims"].flops == kernels["permute_dims"].nbytes == 0.0
+    assert kernels["matmul"].flops == 2 * 4 * 8 * 16
+    model = CostModel(Device(1e11, 1e10, 3e-6, streams=2))
+    assert model.estimate(kernels["concat"]) == 0.0 < model.estimate(kernels["matmul"])

@@ -177,16 +177,29 @@ def _node_parts(graph: Graph, n: Node) -> tuple[str, float, float]:
     return cached
 
 
+def folded(graph: Graph) -> set[int]:
+    """Operators computed from weights and constants alone: the build folds them (numpy and
+    FoldConstant), so they never run. A merge's concatenated weights are such an operator;
+    pricing them as a kernel made every merge look 12 MB dearer (BERT's Q/K/V)."""
+    out: set[int] = set()
+    for n in graph.nodes:
+        if not n.is_source and n.inputs and all(
+                _is_weight(graph, r) or r.node in out for r in n.inputs):
+            out.add(n.id)
+    return out
+
+
 def kernels_of(graph: Graph) -> list[Kernel]:
     """`fuse` with each kernel's signature, FLOPs and bytes moved (its inputs from outside the
-    kernel and its last output; views move nothing)."""
+    kernel and its last output; views and `folded` operators cost nothing)."""
     out = []
+    constant = folded(graph)
     for ops in fuse(graph):
         inside = set(ops)
         head = graph[ops[0]]
         parts = [_node_parts(graph, graph[i]) for i in ops]
         sig = "+".join(p[0] for p in parts)
-        if head.kind in VIEWS:
+        if head.kind in VIEWS or inside <= constant:
             out.append(Kernel(ops, sig, head.kind, 0.0, 0.0))
             continue
         moved = float(sum(graph.type_of(r).nbytes for i in ops for r in graph[i].inputs
@@ -212,8 +225,8 @@ class CostModel:
     _kernels: dict[str, Kernel] = field(default_factory=dict, repr=False)  # learned ones
 
     def estimate(self, k: Kernel) -> float:
-        """The roofline estimate of a kernel (0 for views)."""
-        if k.kind in VIEWS:
+        """The roofline estimate of a kernel (0 for views and folded operators)."""
+        if k.kind in VIEWS or k.flops == k.nbytes == 0.0:
             return 0.0
         d = self.device
         return max(k.flops / d.flops, k.nbytes / d.bandwidth) + d.launch
