@@ -89,21 +89,33 @@ def _steal_ticks() -> int:
     return int(fields[8]) if len(fields) > 8 else 0
 
 
+Reading = tuple[int, int, float]  # other processes' CPU ticks, steal ticks, monotonic time
+
+
+def _reading() -> Reading:
+    return _proc_ticks(os.getpid()), _steal_ticks(), time.monotonic()
+
+
+def _contention(start: Reading, end: Reading, stray: int = 0) -> dict[str, float]:
+    """Cores other processes used and steal took between two readings, per core-second of
+    wall time; ``stray`` ticks or fewer count as none (a short window's rounding)."""
+    wall = max(end[2] - start[2], 1e-9) * os.sysconf("SC_CLK_TCK")
+    other, steal = end[0] - start[0], end[1] - start[1]
+    return {"other_processes": round(other / wall, 3) if other > stray else 0.0,
+            "steal": round(steal / wall, 3) if steal > stray else 0.0}
+
+
 def cpu_contention(seconds: float = 1.0) -> dict[str, float]:
     """Cores other processes used (``other_processes``) and the hypervisor took from this VM
     (``steal``) over ``seconds`` while this process waits: what a benchmark records before and
     after timing, since the load average cannot tell its own threads from anyone else's.
     Empty where /proc is not available."""
     try:
-        me = os.getpid()
-        ticks = os.sysconf("SC_CLK_TCK")
-        p0, s0, t0 = _proc_ticks(me), _steal_ticks(), time.monotonic()
+        start = _reading()
         time.sleep(seconds)
-        p1, s1, t1 = _proc_ticks(me), _steal_ticks(), time.monotonic()
+        return _contention(start, _reading())
     except (OSError, ValueError):
         return {}
-    wall = (t1 - t0) * ticks
-    return {"other_processes": round((p1 - p0) / wall, 3), "steal": round((s1 - s0) / wall, 3)}
 
 
 # cores used by other processes (or stolen by the hypervisor) that make a timing suspect
@@ -135,12 +147,12 @@ class LoadWatch:
     def __init__(self, min_s: float = 0.05) -> None:
         self.min_s = min_s
         self.sample: dict[str, float] = {}  # `cpu_contention`'s keys, after the block
-        self._start: tuple[int, int, float] | None = None
+        self._start: Reading | None = None
 
     def __enter__(self) -> LoadWatch:
         self.sample = {}
         try:
-            self._start = (_proc_ticks(os.getpid()), _steal_ticks(), time.monotonic())
+            self._start = _reading()
         except (OSError, ValueError):
             self._start = None
         return self
@@ -151,15 +163,10 @@ class LoadWatch:
         rest = self.min_s - (time.monotonic() - self._start[2])
         if rest > 0:
             time.sleep(rest)
-        try:
-            p1, s1, t1 = _proc_ticks(os.getpid()), _steal_ticks(), time.monotonic()
+        try:  # a tick is 10 ms: in a short block one stray tick is not contention
+            self.sample = _contention(self._start, _reading(), stray=1)
         except (OSError, ValueError):
             return
-        p0, s0, t0 = self._start
-        wall = max(t1 - t0, 1e-9) * os.sysconf("SC_CLK_TCK")
-        # a tick is 10 ms: in a short block one stray tick is not contention
-        self.sample = {"other_processes": round((p1 - p0) / wall, 3) if p1 - p0 > 1 else 0.0,
-                       "steal": round((s1 - s0) / wall, 3) if s1 - s0 > 1 else 0.0}
 
     @property
     def contended(self) -> bool:

@@ -648,6 +648,16 @@ class AvgPoolPair(ParametricRule):
 
 
 # ---------------------------------------------------------------------------- matmuls
+def _split_back(graph: Graph, b: Builder, nodes: Sequence[Node], merged: TensorRef,
+                axis: int) -> Graph | None:
+    """Split ``merged`` along ``axis`` into the merged ``nodes``' outputs (each its own size
+    there) and commit: their readers read the pieces."""
+    cuts = list(itertools.accumulate(n.type.shape[axis] for n in nodes))[:-1]
+    split = b.op("split", [merged], {"indices_or_sections": tuple(cuts), "axis": axis})
+    remap = {n.out: TensorRef(split.id, i) for i, n in enumerate(nodes)}
+    return commit(graph, [n.id for n in nodes], b, remap)
+
+
 @dataclass(frozen=True)
 class MergeMatmuls(ParametricRule):
     """n matmuls (or linears) reading the same input with weight matrices -> one with the
@@ -678,11 +688,7 @@ class MergeMatmuls(ParametricRule):
             if len(first.inputs) == 3:
                 args.append(b.op("concat", [n.inputs[2] for n in nodes], {"axis": 0}).out)
             merged = b.op("linear", args, first.attrs, name=first.name)
-        cuts = list(itertools.accumulate(n.type.shape[-1] for n in nodes))[:-1]
-        split = b.op("split", [merged.out], {"indices_or_sections": tuple(cuts),
-                                              "axis": len(first.type.shape) - 1})
-        remap = {n.out: TensorRef(split.id, i) for i, n in enumerate(nodes)}
-        return commit(graph, [n.id for n in nodes], b, remap)
+        return _split_back(graph, b, nodes, merged.out, len(first.type.shape) - 1)
 
     def obligations(self) -> list[Obligation]:
         out: list[Obligation] = []
@@ -751,10 +757,7 @@ class MergeMatmulRows(ParametricRule):
         first = nodes[0]
         rows = b.op("concat", [n.inputs[0] for n in nodes], {"axis": 0})
         merged = b.op("matmul", [rows.out, first.inputs[1]], first.attrs, name=first.name)
-        cuts = list(itertools.accumulate(n.type.shape[0] for n in nodes))[:-1]
-        split = b.op("split", [merged.out], {"indices_or_sections": tuple(cuts), "axis": 0})
-        remap = {n.out: TensorRef(split.id, i) for i, n in enumerate(nodes)}
-        return commit(graph, [n.id for n in nodes], b, remap)
+        return _split_back(graph, b, nodes, merged.out, 0)
 
     def obligations(self) -> list[Obligation]:
         out: list[Obligation] = []

@@ -9,7 +9,8 @@ machine's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -223,16 +224,23 @@ class StageMeter:
             return self.remote.time_sequence(program, self.seq_threads, self.options)
         if self.on_cpu:
             return sequence_seconds(program, self.seq_threads, self.options)
-        with make_executor(program, sequential(program.graph, cores=self.seq_threads),
-                           use_cuda_graph=False) as ex:
-            ex.run(np.zeros(dtype.shape, dtype.dtype), copy_outputs=False)
-            steps = [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
-
+        with _kernel_steps(program, self.seq_threads) as steps:
             def once() -> None:
                 for st in steps:
                     st.fn(*st.args)
                 self.program.device.sync()
             return self._gpu_median(once)
+
+
+@contextmanager
+def _kernel_steps(program: KernelProgram, threads: int) -> Iterator[list]:
+    """The bound kernels of ``program`` in sequence on ``threads`` threads, loaded by one run
+    on zeros, while its executor lives."""
+    graph = program.graph
+    with make_executor(program, sequential(graph, cores=threads), use_cuda_graph=False) as ex:
+        ex.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs],
+               copy_outputs=False)
+        yield [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
 
 
 def protocol_seconds(run: list[list], threads: list[int], options: IOSOptions,
@@ -258,9 +266,5 @@ def protocol_seconds(run: list[list], threads: list[int], options: IOSOptions,
 def sequence_seconds(program: KernelProgram, threads: int, options: IOSOptions) -> float:
     """Seconds of one run of all of ``program``'s kernels in sequence on ``threads`` CPU
     threads, by the stage protocol (`protocol_seconds`): a merged convolution's stage."""
-    graph = program.graph
-    with make_executor(program, sequential(graph, cores=threads), use_cuda_graph=False) as ex:
-        ex.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs],
-               copy_outputs=False)
-        steps = [ex.steps[k] for k in ex.schedule.kernels if ex.steps[k].fn is not None]
+    with _kernel_steps(program, threads) as steps:
         return protocol_seconds([steps], [threads], options)

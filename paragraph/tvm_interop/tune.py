@@ -155,7 +155,7 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
         untuned, tuned = entry.get("untuned_ms"), entry.get("tuned_ms")
         if not skipped or untuned is None or (best is not None and tuned is None):
             untuned, tuned = _compare(func_mod, database, tvm_target)
-        faster = tuned is not None and tuned < untuned * (1.0 - MIN_GAIN)
+        faster = _faster(untuned, tuned)
         applied = faster and bool(entry.get("applied"))  # the last model check's verdict
         results.append(TaskResult(task.task_name, int(task.weight), done, untuned, best, skipped,
                                   tuned, faster, applied, key))
@@ -222,8 +222,7 @@ def check_models(mods: Sequence[tvm.IRModule], target: tvm.target.Target | str |
     tvm_target = resolve_target(target)
     state = _read_state(work)
     for e in state.values():  # a state written before the model check existed
-        e.setdefault("faster", e.get("tuned_ms") is not None
-                     and e["tuned_ms"] < e["untuned_ms"] * (1.0 - MIN_GAIN))
+        e.setdefault("faster", _faster(e["untuned_ms"], e.get("tuned_ms")))
     faster = sorted((k for k, e in state.items() if e["faster"]),
                     key=lambda k: -state[k]["weight"] * (state[k]["untuned_ms"]
                                                          - state[k]["tuned_ms"]))
@@ -369,6 +368,11 @@ def _best_ms(database, func_mod: tvm.IRModule) -> float | None:
 
 # a tuned kernel must beat the untuned one by this much to be applied (timer noise)
 MIN_GAIN = 0.03
+
+
+def _faster(untuned_ms: float, tuned_ms: float | None) -> bool:
+    """The tuned form beat the untuned kernel alone by `MIN_GAIN` (beyond timer noise)."""
+    return tuned_ms is not None and tuned_ms < untuned_ms * (1.0 - MIN_GAIN)
 
 
 def _compare(func_mod: tvm.IRModule, database, target: tvm.target.Target,

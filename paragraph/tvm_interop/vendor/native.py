@@ -34,9 +34,13 @@ def revision() -> str:
     Vendor kernel costs are cached under it: a change to how a vendor kernel runs (packed
     weights shared between calls made the SRU's products 1.7x faster) voids their old times."""
     text = SOURCE.read_bytes() + SOURCE.with_name("runtime.py").read_bytes()
-    off = "0" in (os.environ.get("PARAGRAPH_NATIVE", "1"),
-                  os.environ.get("PARAGRAPH_NATIVE_VENDOR", "1"))
-    return ("p" if off else "n") + hashlib.blake2b(text, digest_size=6).hexdigest()
+    return ("p" if _switched_off() else "n") + hashlib.blake2b(text, digest_size=6).hexdigest()
+
+
+def _switched_off() -> bool:
+    """``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``: the Python kernels run."""
+    return "0" in (os.environ.get("PARAGRAPH_NATIVE", "1"),
+                   os.environ.get("PARAGRAPH_NATIVE_VENDOR", "1"))
 
 
 def _library_path(torch: Any) -> Path:
@@ -57,8 +61,7 @@ def _build(torch: Any, out: Path) -> None:
 
 def module() -> Any:
     """The loaded kernels module, built on first use; None when unavailable (`reason`)."""
-    if "0" in (os.environ.get("PARAGRAPH_NATIVE", "1"),
-               os.environ.get("PARAGRAPH_NATIVE_VENDOR", "1")):
+    if _switched_off():
         return None
     with _lock:
         if "module" not in _state:
