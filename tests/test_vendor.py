@@ -152,10 +152,23 @@ def softmax_after_scores(bb, x):
     return bb.emit(relax.op.nn.softmax(scores, axis=-1))
 
 
+def layer_norm_after_residual(bb, x):
+    y = bb.emit(relax.op.matmul(x, const(16, 16)))
+    ln = bb.emit(relax.op.nn.layer_norm(bb.emit(relax.op.add(y, x)), const(16), const(16),
+                                        axes=[-1], epsilon=1e-12))
+    # a constant added before the norm stays a TVM kernel (only a tensor's add is absorbed);
+    # a norm over another axis stays with TVM
+    shifted = bb.emit(relax.op.add(ln, const(16)))
+    ln2 = bb.emit(relax.op.nn.layer_norm(shifted, const(16), const(16), axes=[-1]))
+    return bb.emit(relax.op.nn.layer_norm(ln2, const(4), const(4), axes=[0]))
+
+
 OTHERS = {
     **{f"erf_gelu_{o}": (erf_gelu(o), "matmul.bias.gelu") for o in
        ("torch", "half_first", "scaled")},
     "softmax": (module((3, 6, 8), softmax_after_scores), ["bmm", "softmax.a2"]),
+    "layer_norm": (module((4, 16), layer_norm_after_residual),
+                   ["matmul", "layer_norm.e1e-12.res", "layer_norm.e1e-05"]),
 }
 
 CONCATS = {
@@ -228,7 +241,9 @@ def test_vendor_op_names_round_trip():
     for bad in ["paragraph.vendor.pool", "paragraph.vendor.conv2d.NHWC.s1.p0x0.d1x1.g1",
                 "paragraph.vendor.matmul.sigmoid", "tvm.contrib.cudnn.conv2d",
                 "paragraph.vendor.concat", "paragraph.vendor.concat.a1.w0123abcd",
-                "paragraph.vendor.softmax", "paragraph.vendor.softmax.a1.w0123abcd"]:
+                "paragraph.vendor.softmax", "paragraph.vendor.softmax.a1.w0123abcd",
+                "paragraph.vendor.layer_norm", "paragraph.vendor.layer_norm.a1",
+                "paragraph.vendor.layer_norm.e1e-5.w0123abcd"]:
         with pytest.raises(ParagraphError):
             VendorOp.from_name(bad)
 
@@ -395,17 +410,30 @@ def _cpp_module():
             y, const(1, 8, 1, 1))), x))))  # 1x1 + bias + residual + relu: two forms
         z = bb.emit(relax.op.nn.conv2d(y, const(6, 8, 3, 3), strides=2, padding=(0, 1, 1, 2)))
         r = bb.emit(relax.op.reshape(z, (6, -1)))
-        return bb.emit(relax.op.nn.gelu(bb.emit(relax.op.add(
-            bb.emit(relax.op.matmul(r, const(r.ty.shape[1].value, 5))), const(5)))))
+        g = bb.emit(relax.op.nn.gelu(bb.emit(relax.op.add(
+            bb.emit(relax.op.matmul(r, const(r.ty.shape[1].value, 6))), const(6)))))
+        # attention's kernels: products of two activations, softmax, a concatenation
+        scores = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(
+            g, bb.emit(relax.op.permute_dims(g, (1, 0)))))))
+        h = bb.emit(relax.op.reshape(g, (2, 3, 6)))
+        ctx = bb.emit(relax.op.matmul(h, bb.emit(relax.op.permute_dims(h, (0, 2, 1)))))
+        c = bb.emit(relax.op.concat([scores, bb.emit(relax.op.reshape(ctx, (6, 3)))], axis=1))
+        # layer norm with the residual add before it, then without one
+        ln = bb.emit(relax.op.nn.layer_norm(
+            bb.emit(relax.op.add(c, bb.emit(relax.op.multiply(c, relax.const(2.0))))),
+            const(9), const(9), axes=[-1], epsilon=1e-5))
+        return bb.emit(relax.op.nn.layer_norm(ln, const(9), const(9), axes=[-1],
+                                              epsilon=1e-3))
     return module((1, 8, 9, 9), body)
 
 
 def test_cpu_vendor_kernels_run_in_cpp_without_the_gil(monkeypatch, tmp_path):
-    """On the CPU the executor binds convolutions and constant-matrix products to their C++
-    forms (`vendor.native`: TVM FFI functions the native runner calls without the GIL); their
-    outputs equal the Python kernels' and TVM's over enough runs for both forms of the 1x1
-    convolution and the product to be tried. Switched off, or where the C++ build fails (with
-    a warning), the Python kernels run."""
+    """On the CPU the executor binds every vendor kernel (convolutions, products with a
+    constant matrix and of two activations, batched products, softmax, concatenation, layer
+    norm) to its C++ form (`vendor.native`: TVM FFI functions the native runner calls without
+    the GIL); their outputs equal the Python kernels' and TVM's over enough runs for both
+    forms of the 1x1 convolution and the product to be tried. Switched off, or where the C++
+    build fails (with a warning), the Python kernels run."""
     import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native as native_vendor
@@ -415,7 +443,12 @@ def test_cpu_vendor_kernels_run_in_cpp_without_the_gil(monkeypatch, tmp_path):
     program = KernelProgram.build(mod, "llvm", kernels="vendor")
     want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
     vendor_kernels = [n.id for n in program.kernels if n.attrs.get("source") == "vendor"]
-    assert len(vendor_kernels) == 3
+    kinds = sorted(VendorOp.from_name(program.graph[k].attrs["func"]).kind
+                   for k in vendor_kernels)
+    assert kinds == ["bmm", "concat", "conv2d", "conv2d", "layer_norm", "layer_norm", "matmul",
+                     "matmul", "softmax"]
+    assert sum(VendorOp.from_name(program.graph[k].attrs["func"]).residual
+               for k in vendor_kernels) == 2  # the conv's and the first layer norm's
 
     def check(cpp: bool) -> None:
         for algorithm in ("sequential", "critical-path"):

@@ -248,6 +248,28 @@ class _Rewriter:
         axis = int(call.attrs.axis) % len(shape)
         return _vendor_call(VendorOp("softmax", axis=axis), [call.args[0]], call.ty)
 
+    # -- layer norm
+    def layer_norm(self, call: relax.Call, m: dict) -> relax.Expr:
+        """``layer_norm`` over the last axis of a static float32 tensor (CPU), with the
+        residual add it normalises absorbed (a BERT layer's ``layer_norm(x + f(x))``): TVM's
+        CPU kernel for it is an unscheduled loop nest on one thread, PyTorch's is vectorised
+        and runs on every thread of the stream."""
+        shape = _shape(call)
+        a = call.attrs
+        if (shape is None or _dtype(call) not in self.dtypes
+                or _dtype(call.args[0]) != _dtype(call) or not (a.center and a.scale)
+                or [int(x) % len(shape) for x in a.axes] != [len(shape) - 1]):
+            return call
+        x, gamma, beta = call.args
+        if any(_shape(t) != shape[-1:] or _dtype(t) != _dtype(call) for t in (gamma, beta)):
+            return call
+        op, args = VendorOp("layer_norm", eps=float(a.epsilon)), [x, gamma, beta]
+        add = self._single(x, "relax.add")
+        if add is not None and all(not _is_const(t) and _shape(t) == shape
+                                   and _dtype(t) == _dtype(call) for t in add.args):
+            op, args = replace(op, residual=True), [add.args[0], gamma, beta, add.args[1]]
+        return _vendor_call(op, args, call.ty)
+
     def absorb_bias(self, call: relax.Call, m: dict) -> relax.Expr:
         for inner, const in (call.args, call.args[::-1]):
             op, args = self.vendor(inner)
@@ -337,6 +359,7 @@ def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Functio
     if "float16" not in dtypes:  # the CPU (TVM's concat is a scheduled kernel on a GPU)
         func = apply(is_op("relax.concat")(x), "concat")
         func = apply(is_op("relax.nn.softmax")(x), "softmax")
+        func = apply(is_op("relax.nn.layer_norm")(x, wildcard(), wildcard()), "layer_norm")
     for _ in range(16):  # batch norm leaves 4 affine ops after a conv
         before, func = func, apply(affine, "absorb_affine")
         if tvm_ffi.structural_equal(before, func):
@@ -453,6 +476,9 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
         y = relax.op.concat(args, axis=op.axis)
     elif op.kind == "softmax":
         y = relax.op.nn.softmax(args[0], axis=op.axis)
+    elif op.kind == "layer_norm":
+        x = relax.op.add(args[0], args[3]) if op.residual else args[0]
+        y = relax.op.nn.layer_norm(x, args[1], args[2], axes=[-1], epsilon=op.eps)
     elif op.kind == "conv2d":
         y = relax.op.nn.conv2d(args[0], args[1], strides=op.stride,
                                padding=_relax_padding(op.padding), dilation=op.dilation,

@@ -20,6 +20,7 @@ def check_kernel_source(kernels: str) -> None:
     if kernels not in KERNEL_SOURCES:
         raise ParagraphError(f"unknown kernel source {kernels!r}; choose from "
                              f"{', '.join(KERNEL_SOURCES)}")
+KINDS = ("conv2d", "matmul", "bmm", "concat", "softmax", "layer_norm")
 ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
 
 
@@ -27,7 +28,7 @@ ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_
 class VendorOp:
     """Everything a vendor call needs besides its tensors; its `name` is the function name."""
 
-    kind: str  # conv2d | matmul | bmm | concat | softmax
+    kind: str  # conv2d | matmul | bmm | concat | softmax | layer_norm
     layout: str = ""  # conv2d: NCHW (weights OIHW) or NHWC (weights OHWI)
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, ...] = (0, 0)  # (top, left) if symmetric, else (top, left, bottom, right)
@@ -38,6 +39,7 @@ class VendorOp:
     act: str | None = None
     weight: str = ""  # CPU: digest of the constant weight, whose packed form is cached
     axis: int = 0  # concat: the axis joined along; softmax: the axis normalised
+    eps: float = 0.0  # layer_norm (over the last axis): the epsilon
 
     @property
     def name(self) -> str:
@@ -52,6 +54,8 @@ class VendorOp:
                       _dims("d", self.dilation), f"g{self.groups}"]
         elif self.kind in ("concat", "softmax"):
             parts.append(f"a{self.axis}")
+        elif self.kind == "layer_norm":  # no dots: names split on them
+            parts.append("e" + repr(float(self.eps)).replace(".", "p"))
         parts += ["bias"] * self.bias + ["res"] * self.residual + [self.act or ""] * bool(self.act)
         return PREFIX + ".".join(parts)
 
@@ -59,7 +63,7 @@ class VendorOp:
     def from_name(cls, name: str) -> VendorOp:
         """Parse a name made by `name`; raises `ParagraphError` for anything else."""
         parts = name[len(PREFIX):].split(".") if name.startswith(PREFIX) else []
-        if not parts or parts[0] not in ("conv2d", "matmul", "bmm", "concat", "softmax"):
+        if not parts or parts[0] not in KINDS:
             raise ParagraphError(f"{name!r} is not a paragraph vendor kernel")
         op = cls(parts[0])
         rest = parts[1:]
@@ -83,6 +87,15 @@ class VendorOp:
             if axis is None:
                 raise ParagraphError(f"malformed vendor {op.kind} name {name!r}")
             op, rest = replace(op, axis=int(axis[1])), rest[1:]
+        elif op.kind == "layer_norm":
+            eps = re.fullmatch(r"e(\d[0-9pe+-]*)", rest[0]) if rest else None
+            try:
+                value = float(eps[1].replace("p", ".")) if eps else None
+            except ValueError:
+                value = None
+            if value is None:
+                raise ParagraphError(f"malformed vendor layer_norm name {name!r}")
+            op, rest = replace(op, eps=value), rest[1:]
         for flag in rest:
             if flag == "bias":
                 op = replace(op, bias=True)
@@ -116,7 +129,7 @@ def vendor_flops(name: str, in_shapes: list[tuple[int, ...]],
     """Multiply-adds x 2 of a vendor call (what ``estimate_tir_flops`` gives TVM kernels)."""
     op = VendorOp.from_name(name)
     out = out_shapes[0]
-    if op.kind in ("concat", "softmax"):  # data movement, a few operations per element
+    if op.kind in ("concat", "softmax", "layer_norm"):  # data movement, a few operations each
         return 0.0
     if op.kind == "conv2d":
         w = in_shapes[1]  # OIHW or OHWI: the reduction is everything but O

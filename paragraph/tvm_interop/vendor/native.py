@@ -1,9 +1,10 @@
-"""The CPU vendor kernels in C++ (``native_kernels.cc``): convolutions and products with a
-constant matrix bound once to TVM's buffers as TVM FFI functions, which the native stream runner
-calls without the GIL. Built on first use with the system C++ compiler against PyTorch's and
-TVM FFI's headers (about 30 s), cached under `paragraph.files.cache_dir`. Without a compiler or
-PyTorch's headers, or with ``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``, `bind`
-returns None and the executor binds the Python kernels of `runtime` (same results)."""
+"""The CPU vendor kernels in C++ (``native_kernels.cc``): convolutions, products (with a
+constant matrix or of two activations), concatenations, softmax and layer norm bound once to
+TVM's buffers as TVM FFI functions, which the native stream runner calls without the GIL. Built
+on first use with the system C++ compiler against PyTorch's and TVM FFI's headers (about 30 s),
+cached under `paragraph.files.cache_dir`. Without a compiler or PyTorch's headers, or with
+``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``, `bind` returns None and the executor
+binds the Python kernels of `runtime` (same results)."""
 
 from __future__ import annotations
 
@@ -89,27 +90,34 @@ def reason() -> str | None:
 def bind(name: str, args: tuple, threads: int) -> Any:
     """The C++ kernel for vendor function ``name`` on TVM tensors ``args`` (inputs then the
     output, as the vendor call takes them) with ``threads`` threads, as a TVM FFI function of
-    no arguments; None where there is no C++ form (concatenation, softmax, batched products,
-    NCHW or GPU tensors) or the module is unavailable."""
+    no arguments; None where there is no C++ form (NCHW or GPU tensors) or the module is
+    unavailable."""
     if not is_vendor_name(name):  # a packed function registered elsewhere
         return None
     op = VendorOp.from_name(name)
-    if op.kind not in ("conv2d", "matmul") or not op.weight:
-        return None
     if any(a.device.dlpack_device_type() != tvm.cpu().dlpack_device_type() for a in args):
         return None
     m = module()
     if m is None:
         return None
+    act = op.act or ""
+    if op.kind == "concat":
+        return m["paragraph_vendor_concat"](args[-1], list(args[:-1]), op.axis, act, threads)
+    if op.kind == "softmax":
+        return m["paragraph_vendor_softmax"](args[-1], args[0], op.axis, threads)
+    if op.kind == "layer_norm":
+        return m["paragraph_vendor_layer_norm"](args[-1], args[0], args[1], args[2],
+                                                args[3] if op.residual else None, op.eps,
+                                                threads)
+    bias = args[2] if op.bias else None
     if op.kind == "conv2d":
         if op.layout != "NHWC":
             return None
-        bias = args[2] if op.bias else None
         res = args[2 + op.bias] if op.residual else None
         params = [*op.stride, *op.padding, *op.dilation, op.groups]
         return m["paragraph_vendor_conv2d"](args[-1], args[0], args[1], bias, res, params,
-                                            op.layout, op.act or "", threads)
-    if len(args[1].shape) != 2:
-        return None
-    return m["paragraph_vendor_linear"](args[-1], args[0], args[1],
-                                        args[2] if op.bias else None, op.act or "", threads)
+                                            op.layout, act, threads)
+    if op.kind == "matmul" and op.weight and len(args[1].shape) == 2:
+        return m["paragraph_vendor_linear"](args[-1], args[0], args[1], bias, act, threads)
+    # products of two activations (attention), and a constant matrix of another rank
+    return m["paragraph_vendor_product"](args[-1], args[0], args[1], bias, act, threads)

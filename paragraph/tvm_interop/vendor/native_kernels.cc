@@ -196,6 +196,8 @@ Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<
   };
 }
 
+void activate(at::Tensor& o, const std::string& act);
+
 // rows @ weight (+ bias) into out2, then the residual and the activation, in place (MKL)
 Form gemm(at::Tensor out2, at::Tensor rows, at::Tensor weight, c10::optional<at::Tensor> bias,
           c10::optional<at::Tensor> res2, std::string act) {
@@ -207,11 +209,7 @@ Form gemm(at::Tensor out2, at::Tensor rows, at::Tensor weight, c10::optional<at:
       at::mm_out(o, rows, weight);
     }
     if (res2) o.add_(*res2);
-    if (act == "relu") {
-      o.relu_();
-    } else if (act == "gelu" || act == "gelu_tanh") {
-      at::gelu_(o, act == "gelu" ? "none" : "tanh");
-    }
+    activate(o, act);
   };
 }
 
@@ -310,10 +308,8 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
                           fused, out2);
   Form onednn = [conv, out2, act_s]() {
     conv();
-    if (act_s == "gelu" || act_s == "gelu_tanh") {
-      at::Tensor o = out2;
-      at::gelu_(o, act_s == "gelu" ? "none" : "tanh");
-    }
+    at::Tensor o = out2;
+    if (act_s != "relu") activate(o, act_s);  // oneDNN fused only relu
   };
   Form mkl = gemm(out2, rows, w, bias, c10::nullopt, act_s);
   auto fastest = std::make_shared<Fastest>();
@@ -324,7 +320,93 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   return wrap([fastest]() { (*fastest)(); });
 }
 
+void activate(at::Tensor& o, const std::string& act) {
+  if (act == "relu") {
+    o.relu_();
+  } else if (act == "gelu" || act == "gelu_tanh") {
+    at::gelu_(o, act == "gelu" ? "none" : "tanh");
+  }
+}
+
+// a product of two activations: (..., K) @ (K, N) as one GEMM over the flattened rows, or a
+// batched product (B..., M, K) @ (B..., K, N) (attention's scores and context); MKL in place
+ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
+                      ffi::Optional<ffi::Tensor> bias_t, ffi::String act, int64_t threads) {
+  at::Tensor out = to_aten(out_t), a = to_aten(a_t), b = to_aten(b_t);
+  c10::optional<at::Tensor> bias;
+  if (bias_t.has_value()) bias = to_aten(bias_t.value());
+  std::string act_s(act);
+  if (b.dim() == 2) {
+    Form mm = gemm(out.view({-1, b.size(1)}), a.reshape({-1, a.size(-1)}), b, bias,
+                   c10::nullopt, act_s);
+    return wrap([mm, threads]() {
+      use_threads(threads);
+      mm();
+    });
+  }
+  TVM_FFI_ICHECK(!bias) << "a batched product has no bias";
+  at::Tensor a3 = a.reshape({-1, a.size(-2), a.size(-1)});
+  at::Tensor b3 = b.reshape({-1, b.size(-2), b.size(-1)});
+  at::Tensor o3 = out.view({-1, out.size(-2), out.size(-1)});
+  return wrap([a3, b3, o3, act_s, threads]() {
+    use_threads(threads);
+    at::Tensor o = o3;
+    at::bmm_out(o, a3, b3);
+    activate(o, act_s);
+  });
+}
+
+// tensors joined along ``axis`` into out (then relu)
+ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t axis,
+                     ffi::String act, int64_t threads) {
+  at::Tensor out = to_aten(out_t);
+  std::vector<at::Tensor> parts;
+  for (const ffi::Tensor& t : parts_t) parts.push_back(to_aten(t));
+  std::string act_s(act);
+  return wrap([out, parts, axis, act_s, threads]() {
+    use_threads(threads);
+    at::Tensor o = out;
+    at::cat_out(o, parts, axis);
+    activate(o, act_s);
+  });
+}
+
+// softmax of x along ``axis`` into out
+ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, int64_t threads) {
+  at::Tensor out = to_aten(out_t), x = to_aten(x_t);
+  return wrap([out, x, axis, threads]() {
+    use_threads(threads);
+    at::Tensor o = out;
+    at::_softmax_out(o, x, axis, false);
+  });
+}
+
+// layer norm over the last axis of x (+ res) into out; the sum and the statistics in buffers
+// of their own, allocated once
+ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
+                        ffi::Tensor beta_t, ffi::Optional<ffi::Tensor> res_t, double eps,
+                        int64_t threads) {
+  at::Tensor out = to_aten(out_t), x = to_aten(x_t), gamma = to_aten(gamma_t),
+             beta = to_aten(beta_t);
+  c10::optional<at::Tensor> res;
+  if (res_t.has_value()) res = to_aten(res_t.value());
+  std::vector<int64_t> stat_shape = x.sizes().vec();
+  stat_shape.back() = 1;
+  at::Tensor mean = at::empty(stat_shape, x.options()), rstd = at::empty(stat_shape, x.options());
+  at::Tensor sum = res ? at::empty_like(x) : x;
+  std::vector<int64_t> normalized{x.size(-1)};
+  return wrap([=]() mutable {
+    use_threads(threads);
+    if (res) at::add_out(sum, x, *res);
+    at::native_layer_norm_out(out, mean, rstd, sum, normalized, gamma, beta, eps);
+  });
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_conv2d, Conv2d);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_linear, Linear);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_product, Product);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_concat, Concat);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_softmax, Softmax);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_layer_norm, LayerNorm);

@@ -356,8 +356,28 @@ def _softmax_kernel(op: VendorOp) -> Callable:
     return bind
 
 
+def _layer_norm_kernel(op: VendorOp) -> Callable:
+    torch = require_torch()
+    layer_norm = torch.nn.functional.layer_norm
+
+    def bind(*args, threads: int | None = None) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once."""
+        ts = [torch.from_dlpack(a) for a in args]
+        x, gamma, beta, out = ts[0], ts[1], ts[2], ts[-1]
+        res = ts[3] if op.residual else None
+
+        def call() -> None:
+            _use_schedule_threads(torch, threads)
+            y = x if res is None else x + res
+            out.copy_(layer_norm(y, y.shape[-1:], gamma, beta, op.eps))
+        return call
+
+    return bind
+
+
 _KERNELS = {"conv2d": _conv2d_kernel, "matmul": _matmul_kernel, "bmm": _matmul_kernel,
-            "concat": _concat_kernel, "softmax": _softmax_kernel}
+            "concat": _concat_kernel, "softmax": _softmax_kernel,
+            "layer_norm": _layer_norm_kernel}
 
 
 def ensure_registered(name: str) -> None:

@@ -1,0 +1,175 @@
+"""Where the time goes, by kernel class (issue 17): paragraph's kernels against ONNX Runtime's
+own profiler, on 1 thread and on 2, side by side in one process.
+
+Usage: python benchmarks/kernel_classes.py [--models bert,encoder] [--threads 1,2] [--runs N]
+           [--blocks N] [--reduced] [--json benchmarks/results/kernel-classes-cpu.json]
+
+Per model and thread count: paragraph's executor (vendor kernels, the sequential schedule with
+that many threads, profiled: each kernel's median over ``runs``) and ONNX Runtime's sequential
+executor with that many intra-op threads and its profiler on (each node's median ``kernel_time``
+over the same runs, first two of each dropped), both summed by kernel class: convolution,
+matrix product, softmax, layer norm, GELU, pooling, concatenation, data movement (transposes,
+reshapes, slices, gathers), element-wise. The two runtimes fuse differently (ORT's FusedConv
+carries the activation, paragraph's vendor products their bias and GELU), so a class is compared
+as a whole, not per node. Runs alternate between the runtimes in blocks; the contention on the
+cores is recorded and a model timed while another process held a core is flagged.
+"""
+
+from __future__ import annotations
+
+import os
+
+# libgomp reads this when torch loads: see paragraph/__init__.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from peers import model_and_onnx  # noqa: E402  (benchmarks/ is on the path as a script)
+
+from paragraph.files import atomic_write_json  # noqa: E402
+from paragraph.machine import (  # noqa: E402
+    cpu_contention,
+    describe_machine,
+    is_contended,
+    wait_for_quiet_cores,
+)
+from paragraph.passes.schedule import make_schedule  # noqa: E402
+from paragraph.tvm_interop import random_inputs  # noqa: E402
+from paragraph.tvm_interop.executor import make_executor  # noqa: E402
+from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.lowering import resolve_target  # noqa: E402
+from paragraph.tvm_interop.vendor.names import VendorOp, is_vendor_name  # noqa: E402
+
+# class, words of an ORT op type or a TVM fused function's name (first match wins)
+CLASSES = (("convolution", ("conv",)), ("product", ("matmul", "gemm", "bmm", "dense")),
+           ("layer_norm", ("layer_norm", "layernorm")), ("softmax", ("softmax",)),
+           ("gelu", ("gelu", "erf")), ("pooling", ("pool",)), ("concat", ("concat",)),
+           ("data_movement", ("transpose", "permute", "reshape", "slice", "split", "gather",
+                              "take", "copy", "expand", "squeeze")))
+WARMUP = 2
+
+
+def kernel_class(name: str) -> str:
+    """The class of an ORT op type, a vendor kernel or a TVM fused function name."""
+    if is_vendor_name(name):
+        name = VendorOp.from_name(name).kind
+    low = name.lower()
+    for cls, words in CLASSES:
+        if any(w in low for w in words):
+            return cls
+    return "elementwise"
+
+
+def paragraph_block(executor, inputs, runs: int, samples: dict[int, list[float]]) -> None:
+    for _ in range(runs):
+        executor.run(*inputs, profile=True)
+        for node, (_, start, end) in executor.timeline.items():
+            samples.setdefault(node, []).append((end - start) / 1e6)
+
+
+def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, blocks: int,
+                runs: int, between) -> dict[str, float]:
+    """Median ms per ORT node kind summed by class, from its profiler over ``blocks`` x
+    ``runs`` runs; ``between()`` runs after each block (the other runtime's block)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = threads
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    session = ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
+    feed = {i.name: a for i, a in zip(session.get_inputs(), inputs, strict=True)}
+    for _ in range(WARMUP):
+        session.run(None, feed)
+    for _ in range(blocks):
+        for _ in range(runs):
+            session.run(None, feed)
+        between()
+    with open(session.end_profiling()) as f:
+        events = json.load(f)
+    per_node: dict[str, list[float]] = {}
+    kind: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_node.setdefault(e["name"], []).append(e["dur"] / 1e3)
+            kind[e["name"]] = e["args"]["op_name"]
+    out: dict[str, float] = {}
+    for node, durs in per_node.items():
+        cls = kernel_class(kind[node])
+        out[cls] = out.get(cls, 0.0) + statistics.median(durs[WARMUP:] or durs)
+    return out
+
+
+def bench_model(name: str, args, log) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        mod, onnx_bytes, _ = model_and_onnx(name, args.reduced, Path(tmp))
+    program = KernelProgram.build(mod, resolve_target("cpu"), kernels="vendor")
+    inputs = random_inputs(mod)
+    arrays = [np.asarray(a.numpy() if hasattr(a, "numpy") else a) for a in inputs]
+    row: dict = {"model": name, "threads": {}}
+    before = wait_for_quiet_cores(log)
+    for threads in args.threads:
+        schedule = make_schedule("sequential", program.graph, cores=threads)
+        samples: dict[int, list[float]] = {}
+        with make_executor(program, schedule) as executor:
+            for _ in range(WARMUP):
+                executor.run(*inputs)
+            ort = ort_profile(onnx_bytes, arrays, threads, args.blocks, args.runs,
+                              lambda ex=executor, s=samples: paragraph_block(ex, inputs,
+                                                                              args.runs, s))
+        ours: dict[str, float] = {}
+        for node, times in samples.items():
+            func = program.graph[node].attrs.get("func") or program.graph[node].name or ""
+            cls = kernel_class(func)
+            ours[cls] = ours.get(cls, 0.0) + statistics.median(times)
+        classes = sorted(set(ours) | set(ort), key=lambda c: -max(ours.get(c, 0), ort.get(c, 0)))
+        row["threads"][str(threads)] = {
+            "paragraph_ms": {c: ours.get(c, 0.0) for c in classes},
+            "onnxruntime_ms": {c: ort.get(c, 0.0) for c in classes},
+            "paragraph_total_ms": sum(ours.values()), "onnxruntime_total_ms": sum(ort.values())}
+        log(f"{name}, {threads} thread(s): paragraph {sum(ours.values()):.2f} ms of kernels, "
+            f"ONNX Runtime {sum(ort.values()):.2f} ms")
+        for c in classes:
+            log(f"  {c:14} {ours.get(c, 0.0):8.3f} {ort.get(c, 0.0):8.3f}")
+    after = cpu_contention(2.0)
+    row.update(contention_before=before, contention_after=after,
+               contended=is_contended(before, after))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="bert,encoder,resnet50,inception_v3")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=4, help="runs per block")
+    parser.add_argument("--reduced", action="store_true")
+    parser.add_argument("--json", default="benchmarks/results/kernel-classes-cpu.json")
+    args = parser.parse_args()
+    args.threads = [int(t) for t in args.threads.split(",")]
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    load_before = os.getloadavg()
+    results = []
+    for m in args.models.split(","):
+        results.append(bench_model(m, args, log))
+        atomic_write_json(args.json, {
+            "benchmark": "kernel-classes", "kernels": "vendor", "schedule": "sequential",
+            "machine": describe_machine(), "blocks": args.blocks, "runs": args.runs,
+            "reduced": args.reduced, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "load_average_before": load_before, "load_average": os.getloadavg(),
+            "models": results})
+        log(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
