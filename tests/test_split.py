@@ -149,3 +149,38 @@ def test_a_split_that_cannot_be_built_leaves_the_plain_schedule(inception, tmp_p
         plan = plan_schedule("critical-path", inception, db=CostDB(tmp_path / "c.sqlite"),
                              cores=2)
     assert plan.program is inception and "split" not in plan.report
+
+
+def test_a_comparison_timed_under_load_is_timed_again_when_quiet(inception, monkeypatch,
+                                                                 tmp_path):
+    """`end_to_end` timed while another process held a core waits for quiet cores and times
+    the comparison again; the quiet timing is cached, one taken under load twice is not."""
+    from paragraph import planner
+
+    made: list[planner.LoadWatch] = []
+    loaded = {"always": False}
+
+    class Watch(planner.LoadWatch):
+        def __enter__(self):
+            made.append(self)
+            return super().__enter__()
+
+        @property
+        def contended(self) -> bool:  # the first timing ran under load
+            return loaded["always"] or self is made[0]
+
+    waited: list[float] = []
+    monkeypatch.setattr(planner, "LoadWatch", Watch)
+    monkeypatch.setattr(planner, "wait_for_quiet_cores",
+                        lambda log, wait_s: waited.append(wait_s) or {})
+    db = CostDB(tmp_path / "costs.sqlite")
+    candidates = [(inception, sequential(inception.graph, cores=1))]
+    first = end_to_end(candidates, db, "", repeat=1, warmup=0, block=1)
+    assert len(made) == 2 and waited == [planner.QUIET_WAIT_S]
+    assert end_to_end(candidates, db, "", repeat=1, warmup=0, block=1) == first
+    assert len(made) == 2  # cached: nothing timed
+    loaded["always"] = True
+    other = [(inception, sequential(inception.graph, cores=2))]
+    end_to_end(other, db, "", repeat=1, warmup=0, block=1)
+    end_to_end(other, db, "", repeat=1, warmup=0, block=1)
+    assert len(made) == 6  # under load both times: not cached, timed again
