@@ -122,6 +122,19 @@ def cpu_contention(seconds: float = 1.0) -> dict[str, float]:
 CONTENDED = 0.3
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations now (Linux's ``MemAvailable``), or None
+    where that cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def wait_for_quiet_cores(log: Callable[[str], None], wait_s: float = 120.0) -> dict[str, float]:
     """The contention (`cpu_contention` over 2 s) once other processes leave the cores free,
     waiting up to ``wait_s`` and saying so through ``log``; the last sample either way."""

@@ -20,8 +20,10 @@ here too, so a choice made from measurements is made one way.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +37,7 @@ import numpy as np
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.inputs import sample_inputs
-from paragraph.machine import LoadWatch, cpu_count, wait_for_quiet_cores
+from paragraph.machine import LoadWatch, available_memory, cpu_count, wait_for_quiet_cores
 from paragraph.outputs import max_difference
 from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
 from paragraph.passes.ios import (
@@ -55,7 +57,7 @@ from paragraph.passes.ios import (
     to_schedule,
 )
 from paragraph.passes.schedule import ALGORITHMS, critical_path, make_schedule, sequential
-from paragraph.passes.search import Applied, SearchOptions
+from paragraph.passes.search import Applied, Candidate, SearchOptions
 from paragraph.passes.search import search as substitution_search
 from paragraph.passes.split import split_lone_convs
 from paragraph.progress import Progress
@@ -531,6 +533,21 @@ def _checked(rules: Sequence[AnyRule]) -> list[AnyRule]:
 # host, a TASO candidate 1.3% faster in the loop ran 1.46x slower in the benchmark's timing
 MIN_GAIN = 0.02
 
+HELD_PER_WEIGHT_BYTE = 5  # bytes a built and bound candidate holds per byte of its weights
+
+
+def candidates_in_memory(graph: Graph, share: float = 0.5) -> int:
+    """How many built candidates of ``graph`` the on-board loop may hold at once: ``share``
+    of the memory available now over what one holds (`HELD_PER_WEIGHT_BYTE` times the bytes
+    of its weights: BERT's 0.4 GB of weights held 1.8 GB per candidate), at least one."""
+    weights = sum(math.prod(n.type.shape) * np.dtype(n.type.dtype).itemsize
+                  for n in graph.nodes if n.kind in ("weight", "constant"))
+    free = available_memory()
+    if free is None or weights == 0:
+        return 1 << 30
+    return max(1, int(share * free / (HELD_PER_WEIGHT_BYTE * weights)))
+
+
 def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOptions(),
                 schedule: str = "critical-path", kernels: str = "tvm",
                 tuning_db: str | None = None, top_k: int = 20, rounds: int = 4,
@@ -542,8 +559,9 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     best candidates with their kernels measured, build the ``top_k`` cheapest, plan
     ``schedule`` for each and time them end to end side by side with the best graph so far
     (outputs checked against it, so against the model); a measured improvement (by
-    `MIN_GAIN`, beyond the host's noise) becomes the start of the next round, until none
-    improves, ``rounds`` are done or the search budget is spent. The input graph is always a
+    `MIN_GAIN`, beyond the host's noise, and again in a second timing of the two) becomes the
+    start of the next round, until none improves, ``rounds`` are done or the search budget
+    is spent. The input graph is always a
     candidate, so the result is never slower than it as measured. The budget covers the
     whole loop: the search leaves ``top_k`` candidate builds of it (at the mean build time
     seen so far) to the loop, and candidates are built while a build still fits (at least
@@ -632,33 +650,62 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             if not fresh:
                 say(f"  round {r + 1}: no new candidate")
                 break
-            plans: list[Plan] = []
-            for c in fresh:
+            # built and timed in batches that fit in memory, the best so far timed beside each
+            # batch: each built candidate holds its weights several times over (constants,
+            # executor buffers, packed vendor copies), and eight of BERT's at once (1.8 GB
+            # each) exhausted a 24 GB machine
+            batch = candidates_in_memory(graph)
+            winner: tuple[float, Plan, Candidate, float, float] | None = None
+            plans: list[tuple[Plan, Candidate]] = []
+            timed = 0
+            for k, c in enumerate(fresh):
                 left = options.seconds - (time.perf_counter() - start)
-                if plans and left < build_s:  # the budget holds: time what is built
-                    say(f"  round {r + 1}: budget spent after {len(plans)} of {len(fresh)} "
-                        "candidates")
-                    fresh = fresh[:len(plans)]
+                spent = bool(plans or timed) and left < build_s  # time what is built
+                if spent:
+                    say(f"  round {r + 1}: budget spent after {timed + len(plans)} of "
+                        f"{len(fresh)} candidates")
+                else:
+                    seen.add(c.graph.structural_hash())
+                    t_build = time.perf_counter()
+                    plans.append((build(c.graph, [a.rule for a in (*best_applied,
+                                                                   *c.applied)]), c))
+                    build_times.append(time.perf_counter() - t_build)
+                    build_s = sum(build_times) / len(build_times)
+                if plans and (spent or len(plans) >= batch or k + 1 == len(fresh)):
+                    times = end_to_end([(best.program, best.schedule)]
+                                       + [(p.program, p.schedule) for p, _ in plans],
+                                       db, tuning_id(tuning_db), check=True, remote=remote)
+                    if first_s is None:
+                        first_s = times[0]
+                    for (p, cand), t in zip(plans, times[1:], strict=True):
+                        if winner is None or t / times[0] < winner[0]:
+                            winner = (t / times[0], p, cand, t, times[0])
+                    timed += len(plans)
+                    plans = []  # only the winner's program stays built
+                    gc.collect()  # TVM objects in reference cycles hold weights too
+                if spent:
                     break
-                seen.add(c.graph.structural_hash())
-                t_build = time.perf_counter()
-                plans.append(build(c.graph, [a.rule for a in (*best_applied, *c.applied)]))
-                build_times.append(time.perf_counter() - t_build)
-                build_s = sum(build_times) / len(build_times)
-            built += len(plans)
-            times = end_to_end([(best.program, best.schedule)]
-                               + [(p.program, p.schedule) for p in plans],
-                               db, tuning_id(tuning_db), check=True, remote=remote)
-            i = min(range(len(plans)), key=lambda j: times[j + 1])
-            say(f"  round {r + 1}: {len(plans)} candidates built, best {times[i + 1] * 1e3:.3f} "
-                f"ms against {times[0] * 1e3:.3f} ms")
-            if first_s is None:
-                first_s = times[0]
-            best_s = times[0]
-            if times[i + 1] >= times[0] * (1.0 - MIN_GAIN):
+            built += timed
+            if winner is None:
                 break
-            best, best_s = plans[i], times[i + 1]
-            best_graph, best_applied = fresh[i].graph, (*best_applied, *fresh[i].applied)
+            ratio, plan, cand, cand_s, base_s = winner
+            say(f"  round {r + 1}: {timed} candidates built"
+                f"{f' (batches of {batch})' if batch < timed else ''}, best {cand_s * 1e3:.3f} "
+                f"ms against {base_s * 1e3:.3f} ms")
+            best_s = base_s
+            if ratio >= 1.0 - MIN_GAIN:
+                break
+            # a gain is confirmed by a second, fresh timing of the two (uncached): on
+            # Inception-v3 three searches kept rewrites measured 2-9% faster in one timing that
+            # ran 1-7% slower than the input side by side afterwards
+            again = end_to_end([(best.program, best.schedule), (plan.program, plan.schedule)],
+                               None, tuning_id(tuning_db), remote=remote)
+            if again[1] >= again[0] * (1.0 - MIN_GAIN):
+                say(f"  round {r + 1}: not confirmed: {again[1] * 1e3:.3f} ms against "
+                    f"{again[0] * 1e3:.3f} ms timed again")
+                break
+            best, best_s = plan, cand_s
+            best_graph, best_applied = cand.graph, (*best_applied, *cand.applied)
         if first_s is None or best_s is None:
             first_s = best_s = end_to_end([(best.program, best.schedule)], db,
                                           tuning_id(tuning_db), remote=remote)[0]
