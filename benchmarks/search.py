@@ -1,7 +1,7 @@
 """Substitution search benchmark: AutoGraph's table 2 on this machine.
 
-Usage: python benchmarks/search.py [--models a,b] [--kernels vendor] [--repeat N] [--reduced]
-           [--budget SECONDS] [--top-k K] [--json benchmarks/results/search-cpu.json]
+Usage: python benchmarks/search.py [--models a,b] [--merge] [--kernels vendor] [--repeat N]
+           [--reduced] [--budget SECONDS] [--top-k K] [--json benchmarks/results/search-cpu.json]
 
 Per model, in one process: the TVM VM; no search with the sequential schedule and with the best
 schedule (critical-path); greedy (sum cost) + best schedule; TASO-style (sum cost, beta 1.05)
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import tempfile
@@ -115,6 +116,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=600.0, help="seconds per search")
     parser.add_argument("--top-k", type=int, default=20)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the models of an existing --json file that this run does "
+                             "not time (each model records its own date and load)")
     args = parser.parse_args()
     kind = "cpu" if args.target == "cpu" else "gpu"
     out = args.json or f"benchmarks/results/search-{kind}{'-reduced' * args.reduced}.json"
@@ -124,16 +128,31 @@ def main() -> None:
 
     db = CostDB(Path(tempfile.mkdtemp(prefix="paragraph-search-")) / "costs.sqlite")
     load_before = os.getloadavg()
+    names = args.models.split(",")
+    kept = _kept_models(out, names) if args.merge else []
     results = []
-    for m in args.models.split(","):  # written after each model: a long run keeps its part
-        results.append(bench_model(m, args, db, log))
+    for m in names:  # written after each model: a long run keeps its part
+        row = bench_model(m, args, db, log)
+        row.update(date=describe_machine()["date"], load_average=os.getloadavg())
+        results.append(row)
         atomic_write_json(out, {"benchmark": "search", "kernels": args.kernels,
                                 "target": args.target, "machine": describe_machine(),
                                 "repeat": args.repeat, "budget_s": args.budget,
                                 "top_k": args.top_k, "reduced": args.reduced,
                                 "load_average_before": load_before,
-                                "load_average": os.getloadavg(), "models": results})
+                                "load_average": os.getloadavg(), "models": kept + results})
         log(f"wrote {out}")
+
+
+def _kept_models(path: str, rerun: list[str]) -> list[dict]:
+    """The models of an earlier results file that this run does not time again, each given
+    the date and load average of the run that timed it (if it lacks its own)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f)
+    return [{"date": old["machine"]["date"], "load_average": old["load_average"], **m}
+            for m in old["models"] if m["model"] not in rerun]
 
 
 if __name__ == "__main__":
