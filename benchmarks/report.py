@@ -19,6 +19,13 @@ def _date(result: dict) -> str:
     return result["machine"]["date"][:10]
 
 
+def _dates(result: dict) -> str:
+    """The run's date, or the first and last of its models' where they were timed apart
+    (``search.py --merge``)."""
+    days = sorted({m.get("date", result["machine"]["date"])[:10] for m in result["models"]})
+    return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+
+
 def _paired(name: str, p: dict) -> str:
     streams = "" if p["streams"] == 2 else f", {p['streams']} stream"
     return f"{name} {p['speedup']:.2f}x ({p['median_block_speedup']:.2f}x{streams})"
@@ -130,7 +137,7 @@ def search_table(r: dict) -> list[str]:
              "taso+best", "autograph+best", "simulated+best"]
     lines = [f"Substitution search, AutoGraph's table 2 ({r['kernels']} kernels, budget "
              f"{r['budget_s']:.0f} s and top-k {r['top_k']} per search, median of "
-             f"{r['repeat']} round-robin runs, {_date(r)}; `benchmarks/search.py`), ms "
+             f"{r['repeat']} round-robin runs, {_dates(r)}; `benchmarks/search.py`), ms "
              "(search s / candidates built):", "",
              "| model | " + " | ".join(names) + " | fastest |", "|---" * (len(names) + 2) + "|"]
     for m in r["models"]:
