@@ -20,7 +20,6 @@ here too, so a choice made from measurements is made one way.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import math
@@ -37,7 +36,13 @@ import numpy as np
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.inputs import sample_inputs
-from paragraph.machine import LoadWatch, available_memory, cpu_count, wait_for_quiet_cores
+from paragraph.machine import (
+    LoadWatch,
+    available_memory,
+    cpu_count,
+    release_memory,
+    wait_for_quiet_cores,
+)
 from paragraph.outputs import max_difference
 from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
 from paragraph.passes.ios import (
@@ -533,13 +538,13 @@ def _checked(rules: Sequence[AnyRule]) -> list[AnyRule]:
 # host, a TASO candidate 1.3% faster in the loop ran 1.46x slower in the benchmark's timing
 MIN_GAIN = 0.02
 
-HELD_PER_WEIGHT_BYTE = 5  # bytes a built and bound candidate holds per byte of its weights
+HELD_PER_WEIGHT_BYTE = 8  # bytes a built and bound candidate holds per byte of its weights
 
 
 def candidates_in_memory(graph: Graph, share: float = 0.5) -> int:
     """How many built candidates of ``graph`` the on-board loop may hold at once: ``share``
     of the memory available now over what one holds (`HELD_PER_WEIGHT_BYTE` times the bytes
-    of its weights: BERT's 0.4 GB of weights held 1.8 GB per candidate), at least one."""
+    of its weights: BERT's 0.4 GB of weights held 1.8-3 GB per candidate), at least one."""
     weights = sum(math.prod(n.type.shape) * np.dtype(n.type.dtype).itemsize
                   for n in graph.nodes if n.kind in ("weight", "constant"))
     free = available_memory()
@@ -682,7 +687,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
                             winner = (t / times[0], p, cand, t, times[0])
                     timed += len(plans)
                     plans = []  # only the winner's program stays built
-                    gc.collect()  # TVM objects in reference cycles hold weights too
+                    release_memory()
                 if spent:
                     break
             built += timed
