@@ -138,7 +138,8 @@ def search_table(r: dict) -> list[str]:
     lines = [f"Substitution search, AutoGraph's table 2 ({r['kernels']} kernels, budget "
              f"{r['budget_s']:.0f} s and top-k {r['top_k']} per search, median of "
              f"{r['repeat']} round-robin runs, {_dates(r)}; `benchmarks/search.py`), ms "
-             "(search s / candidates built):", "",
+             "(search s / candidates built; \"= row\": the same program as that row, timed "
+             "once):", "",
              "| model | " + " | ".join(names) + " | fastest |", "|---" * (len(names) + 2) + "|"]
     for m in r["models"]:
         rows = {x["config"]: x for x in m["configs"]}
@@ -148,8 +149,9 @@ def search_table(r: dict) -> list[str]:
             if x is None:
                 cells.append("-")
                 continue
-            extra = (f" ({x['search_s']:.0f} s / {x['candidates_built']})"
-                     if "search_s" in x else "")
+            same = f"= {x['same_as']}; " if "same_as" in x else ""
+            extra = (f" ({same}{x['search_s']:.0f} s / {x['candidates_built']})"
+                     if "search_s" in x else f" ({same[:-2]})" if same else "")
             cells.append(f"{x['median_ms']:.2f}{extra}")
         flag = " (contended)" if m.get("contended") else ""
         lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {m['fastest']} |")
