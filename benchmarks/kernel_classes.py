@@ -151,7 +151,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--runs", type=int, default=4, help="runs per block")
     parser.add_argument("--reduced", action="store_true")
-    parser.add_argument("--json", default="benchmarks/results/kernel-classes-cpu.json")
+    parser.add_argument("--json", default=str(Path(__file__).parent / "results"
+                                              / "kernel-classes-cpu.json"))
     args = parser.parse_args()
     args.threads = [int(t) for t in args.threads.split(",")]
 
