@@ -7,12 +7,14 @@ Usage: python benchmarks/kernel_classes.py [--models bert,encoder] [--threads 1,
 Per model and thread count: paragraph's executor (vendor kernels, the sequential schedule with
 that many threads, profiled: each kernel's median over ``runs``) and ONNX Runtime's sequential
 executor with that many intra-op threads and its profiler on (each node's median ``kernel_time``
-over the same runs, first two of each dropped), both summed by kernel class: convolution,
-matrix product, softmax, layer norm, GELU, pooling, concatenation, data movement (transposes,
-reshapes, slices, gathers), element-wise. The two runtimes fuse differently (ORT's FusedConv
-carries the activation, paragraph's vendor products their bias and GELU), so a class is compared
-as a whole, not per node. Runs alternate between the runtimes in blocks; the contention on the
-cores is recorded and a model timed while another process held a core is flagged.
+over the same runs, first two of each dropped), a pause between the blocks (ORT's pool threads
+spin after its runs and took the second core from paragraph's next block), both summed by kernel
+class: convolution, matrix product, softmax, layer norm, GELU, pooling, concatenation, data
+movement (transposes, reshapes, slices, gathers), element-wise. The two runtimes fuse
+differently (ORT's FusedConv carries the activation, paragraph's vendor products their bias and
+GELU), so a class is compared as a whole, not per node. Runs alternate between the runtimes in
+blocks; the contention on the cores is recorded and a model timed while another process held a
+core is flagged.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -52,6 +55,7 @@ CLASSES = (("convolution", ("conv",)), ("product", ("matmul", "gemm", "bmm", "de
            ("data_movement", ("transpose", "permute", "reshape", "slice", "split", "gather",
                               "take", "copy", "expand", "squeeze")))
 WARMUP = 2
+SETTLE_S = 0.2  # pause between the runtimes' blocks
 
 
 def kernel_class(name: str) -> str:
@@ -91,7 +95,9 @@ def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, block
     for _ in range(blocks):
         for _ in range(runs):
             session.run(None, feed)
+        time.sleep(SETTLE_S)  # ORT's pool threads spin after a run: not into the other block
         between()
+        time.sleep(SETTLE_S)
     with open(session.end_profiling()) as f:
         events = json.load(f)
     per_node: dict[str, list[float]] = {}
