@@ -32,7 +32,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from peers import model_and_onnx  # noqa: E402  (benchmarks/ is on the path as a script)
+from peers import model_and_onnx, profiled_runs  # noqa: E402  (benchmarks/ is on the path as a script)
 
 from paragraph.files import atomic_write_json  # noqa: E402
 from paragraph.machine import (  # noqa: E402
@@ -67,13 +67,6 @@ def kernel_class(name: str) -> str:
         if any(w in low for w in words):
             return cls
     return "elementwise"
-
-
-def paragraph_block(executor, inputs, runs: int, samples: dict[int, list[float]]) -> None:
-    for _ in range(runs):
-        executor.run(*inputs, profile=True)
-        for node, (_, start, end) in executor.timeline.items():
-            samples.setdefault(node, []).append((end - start) / 1e6)
 
 
 def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, blocks: int,
@@ -118,7 +111,6 @@ def bench_model(name: str, args, log) -> dict:
         mod, onnx_bytes, _ = model_and_onnx(name, args.reduced, Path(tmp))
     program = KernelProgram.build(mod, resolve_target("cpu"), kernels="vendor")
     inputs = random_inputs(mod)
-    arrays = [np.asarray(a.numpy() if hasattr(a, "numpy") else a) for a in inputs]
     row: dict = {"model": name, "threads": {}}
     before = wait_for_quiet_cores(log)
     for threads in args.threads:
@@ -127,9 +119,9 @@ def bench_model(name: str, args, log) -> dict:
         with make_executor(program, schedule) as executor:
             for _ in range(WARMUP):
                 executor.run(*inputs)
-            ort = ort_profile(onnx_bytes, arrays, threads, args.blocks, args.runs,
-                              lambda ex=executor, s=samples: paragraph_block(ex, inputs,
-                                                                              args.runs, s))
+            ort = ort_profile(onnx_bytes, inputs, threads, args.blocks, args.runs,
+                              lambda ex=executor, s=samples: profiled_runs(ex, inputs,
+                                                                            args.runs, s))
         ours: dict[str, float] = {}
         for node, times in samples.items():
             func = program.graph[node].attrs.get("func") or program.graph[node].name or ""

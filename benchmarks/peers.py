@@ -316,6 +316,16 @@ def model_and_onnx(name: str, reduced: bool, workdir: Path):
     return mod, onnx_bytes, torch_from_onnx(onnx_bytes)
 
 
+def profiled_runs(executor, inputs: list[np.ndarray], runs: int,
+                  samples: dict[int, list[float]]) -> None:
+    """``runs`` profiled runs of ``executor``, each kernel's milliseconds appended to
+    ``samples``."""
+    for _ in range(runs):
+        executor.run(*inputs, profile=True)
+        for node, (_, start, end) in executor.timeline.items():
+            samples.setdefault(node, []).append((end - start) / 1e6)
+
+
 def kernel_bound(program: KernelProgram, inputs: list[np.ndarray], runs: int = 10) -> dict:
     """The 1-thread kernel times (median per kernel over ``runs`` profiled sequential runs),
     their sum over the cores and the critical path through them: a bound no schedule of these
@@ -325,11 +335,8 @@ def kernel_bound(program: KernelProgram, inputs: list[np.ndarray], runs: int = 1
     executor = make_executor(program, make_schedule("sequential", program.graph, cores=1))
     try:
         samples: dict[int, list[float]] = {}
-        for r in range(runs + 2):
-            executor.run(*inputs, profile=True)
-            if r >= 2:
-                for node, (_, start, end) in executor.timeline.items():
-                    samples.setdefault(node, []).append((end - start) / 1e6)
+        profiled_runs(executor, inputs, 2, {})  # warm-up, not kept
+        profiled_runs(executor, inputs, runs, samples)
     finally:
         executor.close()
     cost = {n: statistics.median(v) for n, v in samples.items()}

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -545,8 +544,7 @@ def candidates_in_memory(graph: Graph, share: float = 0.5) -> int:
     """How many built candidates of ``graph`` the on-board loop may hold at once: ``share``
     of the memory available now over what one holds (`HELD_PER_WEIGHT_BYTE` times the bytes
     of its weights: BERT's 0.4 GB of weights held 1.8-3 GB per candidate), at least one."""
-    weights = sum(math.prod(n.type.shape) * np.dtype(n.type.dtype).itemsize
-                  for n in graph.nodes if n.kind in ("weight", "constant"))
+    weights = sum(n.type.nbytes for n in graph.nodes if n.kind in ("weight", "constant"))
     free = available_memory()
     if free is None or weights == 0:
         return 1 << 30

@@ -1,8 +1,6 @@
 """The search on the device: kernel signatures measured and cached (`SignatureMeter`), and the
 on-board loop (`paragraph.planner.search_plan`) with the vendor kernels (issue 16)."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -82,6 +80,15 @@ def test_a_vendor_convolution_is_priced_without_the_layout_transposes_around_it(
     assert 0 < seconds < sum(every.values())
 
 
+def assert_runs_the_model(g, plan) -> None:
+    """The plan's program on the executor computes what ``g`` does."""
+    xs = [RNG.standard_normal(g[i].type.shape).astype("float32") for i in g.inputs]
+    with make_executor(plan.program, plan.schedule) as ex:
+        got = ex.run(*xs)
+    for a, b in zip(run_graph(g, xs), got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.skipif(not torch_available(), reason="vendor kernels need PyTorch")
 def test_the_on_board_loop_prices_candidates_by_measured_vendor_kernels(tmp_path):
     g = cell()
@@ -95,11 +102,7 @@ def test_the_on_board_loop_prices_candidates_by_measured_vendor_kernels(tmp_path
     assert report["candidates_built"] >= 2  # the input and at least one candidate
     assert report["measured_after_ms"] <= report["measured_before_ms"]
     # outputs were checked against the input inside the loop; check the result here too
-    xs = [RNG.standard_normal(g[i].type.shape).astype("float32") for i in g.inputs]
-    with make_executor(plan.program, plan.schedule) as ex:
-        got = ex.run(*xs)
-    for a, b in zip(run_graph(g, xs), got, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3)
+    assert_runs_the_model(g, plan)
 
 
 @pytest.mark.skipif(not torch_available(), reason="vendor kernels need PyTorch")
@@ -109,7 +112,7 @@ def test_the_on_board_loop_builds_in_batches_that_fit_in_memory(tmp_path, monkey
     from paragraph import planner
 
     g = cell()
-    weights = sum(math.prod(n.type.shape) * 4 for n in g.nodes if n.kind == "weight")
+    weights = sum(n.type.nbytes for n in g.nodes if n.kind == "weight")
     monkeypatch.setattr(planner, "available_memory",
                         lambda: 10 * planner.HELD_PER_WEIGHT_BYTE * weights)
     assert planner.candidates_in_memory(g) == 5
@@ -123,8 +126,4 @@ def test_the_on_board_loop_builds_in_batches_that_fit_in_memory(tmp_path, monkey
     assert report["candidates_built"] >= 3
     assert any("(batches of 1)" in line for line in lines)
     assert report["measured_after_ms"] <= report["measured_before_ms"]
-    xs = [RNG.standard_normal(g[i].type.shape).astype("float32") for i in g.inputs]
-    with make_executor(plan.program, plan.schedule) as ex:
-        got = ex.run(*xs)
-    for a, b in zip(run_graph(g, xs), got, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-3)
+    assert_runs_the_model(g, plan)
