@@ -378,7 +378,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         start = time.perf_counter()
         searched = search_plan(from_relax(mod), target, options=SearchOptions.of(
             args.search, seconds=args.search_budget), kernels=args.kernels, db=db,
-            top_k=args.top_k, log=log)
+            top_k=args.top_k, start=dict(plans).get("paragraph:critical-path"), log=log)
         log(f"{name}: {args.search} search {time.perf_counter() - start:.0f} s, "
             f"{len(searched.report['search']['rules'])} rewrites")
         plans.append((f"paragraph:{args.search}+critical-path", searched))

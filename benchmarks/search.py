@@ -78,15 +78,19 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         configs.append(dataclasses.replace(executor_config(plan.program, plan.schedule, inputs),
                                            name=label))
 
+    inputs_planned = {}  # schedule -> the input's plan: each search starts from it
     for label, schedule in (("none+sequential", "sequential"), ("none+best", "critical-path")):
-        add(label, plan_schedule(schedule, program, db=db))  # critical-path splits as searches do
+        # critical-path splits as searches do
+        inputs_planned[schedule] = plan_schedule(schedule, program, db=db)
+        add(label, inputs_planned[schedule])
     searches = {}
     for label, method, cost, beta, schedule in SEARCHES:
         log(f"{name}: {label}")
         t = time.perf_counter()
         plan = search_plan(graph, target, options=SearchOptions(
             method=method, cost=cost, beta=beta, seconds=args.budget), schedule=schedule,
-            kernels=args.kernels, top_k=args.top_k, db=db, log=log)
+            kernels=args.kernels, top_k=args.top_k, db=db, start=inputs_planned[schedule],
+            log=log)
         report = plan.report["search"]
         searches[label] = {"search_s": time.perf_counter() - t,
                            "candidates_built": report["candidates_built"],

@@ -127,3 +127,69 @@ def test_the_on_board_loop_builds_in_batches_that_fit_in_memory(tmp_path, monkey
     assert any("(batches of 1)" in line for line in lines)
     assert report["measured_after_ms"] <= report["measured_before_ms"]
     assert_runs_the_model(g, plan)
+
+
+def test_a_gain_must_exceed_how_far_two_builds_of_the_best_differ():
+    from paragraph.planner import MIN_GAIN, required_gain
+
+    assert required_gain(10.0, 10.0) == MIN_GAIN
+    assert required_gain(10.0, 10.1) == MIN_GAIN  # 1% apart: the floor stands
+    assert required_gain(10.0, 9.3) == pytest.approx(0.07)
+    assert required_gain(9.3, 10.0) == pytest.approx(0.07)
+
+
+@pytest.mark.parametrize("twin, kept", [(0.99, True), (0.90, False)])
+def test_the_on_board_loop_confirms_a_gain_beside_a_second_build_of_the_best(
+        tmp_path, monkeypatch, twin, kept):
+    """The loop's decision with the timings given: a candidate 6% faster than the input in
+    its batch is kept only if, timed again beside the input and a second build of the input,
+    it beats both by more than those two differ. (The timings are the test's; building,
+    planning and the rest run for real.)"""
+    from paragraph import planner
+
+    calls: list[int] = []
+
+    def timings(candidates, db, tuning, *args, check=False, **kwargs):
+        calls.append(len(candidates))
+        if not check:  # the confirmation: the best, its second build, the candidate
+            assert len(candidates) == 3
+            assert candidates[0][0] is not candidates[1][0]  # built twice
+            assert (candidates[0][0].graph.structural_hash()
+                    == candidates[1][0].graph.structural_hash())
+            return [1.0, twin, 0.94]
+        return [1.0] + [0.94] * (len(candidates) - 1)
+
+    monkeypatch.setattr(planner, "end_to_end", timings)
+    g = cell()
+    lines: list[str] = []
+    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=30),
+                       schedule="sequential", top_k=2, rounds=1, cores=1,
+                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    assert calls[-1] == 3
+    applied = plan.report["search"]["applied"]
+    if kept:
+        assert applied and any("confirmed" in line for line in lines)
+    else:
+        assert not applied and any("not confirmed" in line and "10.0% needed" in line
+                                   for line in lines)
+    assert_runs_the_model(g, plan)
+
+
+def test_the_search_starts_from_a_plan_of_its_input_built_already(tmp_path):
+    from paragraph.errors import ParagraphError
+    from paragraph.planner import plan_schedule
+
+    g = cell()
+    db = CostDB(tmp_path / "costs.sqlite")
+    program = KernelProgram.build(to_relax(g), "llvm")
+    start = plan_schedule("sequential", program, db=db)
+    lines: list[str] = []
+    plan = search_plan(g, "llvm", options=SearchOptions(method="greedy", seconds=20),
+                       schedule="sequential", top_k=1, rounds=1, cores=1, db=db, start=start,
+                       log=lines.append)
+    assert plan.report["search"]["candidates_built"] >= 1
+    assert_runs_the_model(g, plan)
+    for wrong in ({"schedule": "critical-path"}, {"kernels": "vendor"}):
+        with pytest.raises(ParagraphError, match="start plan"):
+            search_plan(g, "llvm", options=SearchOptions(method="greedy", seconds=5),
+                        **{"schedule": "sequential", **wrong}, db=db, start=start)

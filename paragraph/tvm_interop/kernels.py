@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ class KernelProgram:
     rewrites: tuple[str, ...] = ()  # library rules applied to the model (rule id: where)
     # input position -> the values it may hold (an embedding's ids), `paragraph.inputs`
     input_ranges: dict[int, IndexRange] = field(default_factory=dict)
+    build_seconds: float = 0.0  # what `build` took: lowering, dispatch and compilation
 
     @classmethod
     def build(cls, mod: tvm.IRModule | Graph, target: tvm.target.Target | str | None = None, *,
@@ -64,6 +66,7 @@ class KernelProgram:
         names the library rules that made ``mod`` from the model, for reports and tolerances.
         """
         check_kernel_source(kernels)
+        start = time.perf_counter()
         target = resolve_target(target)
         device = device or default_device(target)
         opgraph, lowered, graph, kernel_operators = _lower(mod, target, device, tuning_db,
@@ -71,7 +74,8 @@ class KernelProgram:
         executable = tvm.compile(lowered, target=target)
         program = cls(lowered, graph, target, device, executable, operator_graph=opgraph,
                       kernel_operators=kernel_operators, kernel_source=kernels, source=mod,
-                      rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph))
+                      rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph),
+                      build_seconds=time.perf_counter() - start)
         program._link()
         return program
 
