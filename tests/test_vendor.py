@@ -499,6 +499,42 @@ def test_products_sharing_a_weight_share_its_packed_form_and_stay_exact():
                 np.testing.assert_allclose(ex.run(*inputs)[0], want[0], rtol=1e-4, atol=1e-5)
 
 
+def test_a_weight_is_packed_once_per_thread_count():
+    """oneDNN blocks a weight for the threads that run it: two products by one matrix (an
+    RNN's steps share it) in one executor, one of them capped at one thread
+    (`Schedule.kernel_threads`), get a packing each, for their own thread counts."""
+    from dataclasses import replace
+
+    from paragraph.graph import GraphBuilder
+    from paragraph.tvm_interop.relax_graph import to_relax
+    from paragraph.tvm_interop.vendor import native as native_vendor
+
+    if native_vendor.module() is None:
+        pytest.skip(f"C++ vendor kernels unavailable: {native_vendor.reason()}")
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input((4, 64), "float32", name="x")
+    w = b.weight(rng.standard_normal((64, 64)).astype("float32") / 8)
+    h = b.op("tanh", [b.op("matmul", [x, w]).out]).out
+    mod = to_relax(b.build([b.op("tanh", [b.op("matmul", [h, w]).out]).out]))
+    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    products = [n.id for n in program.kernels if n.attrs.get("source") == "vendor"]
+    assert len(products) == 2
+    schedule = make_schedule("sequential", program.graph, cores=2)
+    schedule = replace(schedule, kernel_threads={products[0]: 1})
+    keys = native_vendor.module()["paragraph_vendor_packed_keys"]
+    inputs = random_inputs(mod, seed=6)
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    with make_executor(program, schedule) as ex:
+        for _ in range(12):  # both forms tried on both thread counts
+            np.testing.assert_allclose(ex.run(*inputs)[0], want[0], rtol=1e-4, atol=1e-5)
+        by_weight: dict[str, set[str]] = {}
+        for k in map(str, keys()):
+            weight, _, threads = k.rpartition("@")
+            by_weight.setdefault(weight, set()).add(threads)
+        assert {"1", "2"} in by_weight.values()
+
+
 def test_each_stream_thread_gets_its_schedule_thread_count():
     """torch.set_num_threads is per calling thread (OpenMP/MKL), so a vendor call sizes torch's
     pool from the thread count the executor gave its stream, without touching other threads."""

@@ -61,11 +61,15 @@ using Form = std::function<void()>;
 std::mutex packed_mutex;
 std::map<std::string, std::pair<at::Tensor, at::Tensor>> packed_weights;  // packed, source
 
+// The key also holds the calling thread's thread count: oneDNN blocks a weight for the threads
+// that will run it (the Python kernels saw 1-thread calls on a 2-thread blocking run 3x
+// slower), and two kernels sharing a weight may run on different counts (`kernel_threads`).
 template <typename Make>
 at::Tensor shared_packed(const at::Tensor& w, const std::string& packing, Make make) {
   std::string key = std::to_string(reinterpret_cast<uintptr_t>(w.data_ptr())) + packing;
   for (int64_t d : w.sizes()) key += "," + std::to_string(d);
   for (int64_t d : w.strides()) key += ";" + std::to_string(d);
+  key += "@" + std::to_string(at::get_num_threads());
   std::lock_guard<std::mutex> lock(packed_mutex);
   for (auto it = packed_weights.begin(); it != packed_weights.end();) {
     if (it->second.first.use_count() == 1) {
@@ -402,8 +406,18 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
   });
 }
 
+// the keys of the packed weights held now (address, packing, shape, strides, @threads): for
+// tests of what is shared
+ffi::Array<ffi::String> PackedKeys() {
+  std::lock_guard<std::mutex> lock(packed_mutex);
+  ffi::Array<ffi::String> keys;
+  for (const auto& entry : packed_weights) keys.push_back(ffi::String(entry.first));
+  return keys;
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_packed_keys, PackedKeys);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_conv2d, Conv2d);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_linear, Linear);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_product, Product);
