@@ -17,8 +17,9 @@ demo: $(STAMP)
 	$(BIN)/paragraph models
 	$(BIN)/paragraph run squeezenet1_1 --kernels vendor --schedule ios --repeat 20
 
+# the slowest tests are listed at the end: the whole run must stay under 20 minutes on 2 cores
 test: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check paragraph tests benchmarks tutorials
