@@ -541,10 +541,12 @@ MIN_GAIN = 0.02
 def required_gain(best_s: float, twin_s: float) -> float:
     """The fraction by which a candidate must run faster than the best graph so far, given
     one timing of the best (``best_s``) and of a second build of the same graph beside it
-    (``twin_s``): `MIN_GAIN`, or how far the two builds differ if that is more. Two builds of
-    one graph differ where their buffers and packed weights land: on this 2-core host
-    identical programs ran up to 7% apart, more than a gain that `MIN_GAIN` alone accepts."""
+    (``twin_s``): `MIN_GAIN`, or how far the two builds differ if that is more. On this 2-core
+    host two builds of one graph timed in one run differed by up to 7% (whether from the build
+    or from bursts of other work on the host is not known), more than `MIN_GAIN` alone
+    refuses."""
     return max(MIN_GAIN, abs(best_s - twin_s) / max(best_s, twin_s))
+
 
 HELD_PER_WEIGHT_BYTE = 8  # bytes a built and bound candidate holds per byte of its weights
 
