@@ -27,7 +27,7 @@ from paragraph.passes.schedule import (
     wavefront,
 )
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop import native, random_inputs, threads
+from paragraph.tvm_interop import compiled, native, random_inputs, threads
 from paragraph.tvm_interop.executor import (
     CPUExecutor,
     InputError,
@@ -499,6 +499,41 @@ def test_profile_timeline_covers_every_kernel(stream_runner):
             for b in kernels:
                 if stage_of[a] < stage_of[b]:
                     assert ex.timeline[a][2] <= ex.timeline[b][1]
+
+
+def _two_kernels(second) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            total = bb.emit(relax.op.sum(x, axis=1))
+            other = bb.emit(second(x))
+            out = bb.emit_output(relax.Tuple([total, other]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_programs_share_the_compiled_kernels_they_have_in_common():
+    """A kernel is compiled once per process: a second program with one kernel of its own
+    compiles that one, takes the other from the first, and both run right (the VM, compiled
+    on first use, agrees)."""
+    first = KernelProgram.build(_two_kernels(relax.op.nn.relu), "llvm")
+    held = compiled.cached_kernel_count()
+    again = KernelProgram.build(_two_kernels(relax.op.nn.relu), "llvm")
+    assert compiled.cached_kernel_count() == held
+    assert set(again.functions.values()) == set(first.functions.values())
+    second = KernelProgram.build(_two_kernels(relax.op.sigmoid), "llvm")
+    assert compiled.cached_kernel_count() == held + 1
+    assert len(set(second.functions.values()) & set(first.functions.values())) == 1
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
+    for program, want in ((first, np.maximum(x, 0)), (second, 1 / (1 + np.exp(-x)))):
+        assert program._executable is None  # the VM's module is not built for the executor
+        with make_executor(program, make_schedule("sequential", program.graph)) as ex:
+            got = ex.run(x)
+        np.testing.assert_allclose(got[0], x.sum(axis=1), rtol=1e-5)
+        np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-6)
+        for g, v in zip(got, run_vm(program.vm(), [x]), strict=True):
+            np.testing.assert_allclose(g, v, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- CUDA

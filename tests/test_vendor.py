@@ -284,6 +284,28 @@ def test_a_concat_read_elsewhere_too_is_not_flattened():
     np.testing.assert_allclose(got[0], vm_outputs(KernelProgram.build(mod, "llvm"), inputs)[0])
 
 
+def test_a_recomputed_activation_is_merged_and_absorbed():
+    """NASNet-A applies one ReLU to a tensor several times: the copies become one, which has
+    the convolution as its only input and is absorbed into it; the two readers read it."""
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, const(4, 8, 1, 1)))
+        a, b = (bb.emit(relax.op.nn.relu(y)) for _ in range(2))
+        pa = bb.emit(relax.op.nn.max_pool2d(a, (3, 3), padding=(1, 1)))
+        pb = bb.emit(relax.op.nn.max_pool2d(b, (3, 3), padding=(1, 1)))
+        return bb.emit(relax.op.add(pa, pb))
+    mod = module((1, 8, 5, 5), body)
+    dispatched = dispatch_to_vendor(mod, local_cpu_target())
+    assert [cost_name(n) for n in vendor_names(dispatched)] == [
+        "paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu"]
+    ops = [b.value.op.name for b in dispatched["main"].body.blocks[0].bindings
+           if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+    assert ops.count("relax.nn.relu") == 0 and ops.count("relax.nn.max_pool2d") == 1
+    inputs = random_inputs(mod, seed=6)
+    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
+    np.testing.assert_allclose(got[0], vm_outputs(KernelProgram.build(mod, "llvm"), inputs)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
 def _profiled(fn, *args):
     from torch.profiler import ProfilerActivity, profile
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from paragraph.errors import ParagraphError
 from paragraph.graph import Graph, Node
 from paragraph.inputs import IndexRange, index_ranges
 from paragraph.schedule import Schedule
+from paragraph.tvm_interop.compiled import compiled_kernels
 from paragraph.tvm_interop.lowering import (
     Dispatch,
     default_device,
@@ -41,7 +43,9 @@ class KernelProgram:
     graph: Graph
     target: tvm.target.Target
     device: tvm.runtime.Device
-    executable: relax.VMExecutable
+    # the TVM VM's executable of ``lowered``; on a CPU compiled when first asked for
+    # (`executable`): the program's own kernels come from `compiled_kernels`
+    _executable: relax.VMExecutable | None
     functions: dict[str, object] = field(default_factory=dict)
     operator_graph: Graph | None = None  # the operator graph the kernels were fused from
     kernel_operators: dict[int, tuple[int, ...]] | None = None  # kernel -> its operators
@@ -71,7 +75,7 @@ class KernelProgram:
         device = device or default_device(target)
         opgraph, lowered, graph, kernel_operators = _lower(mod, target, device, tuning_db,
                                                            kernels)
-        executable = tvm.compile(lowered, target=target)
+        executable = None if _shares_kernels(target) else tvm.compile(lowered, target=target)
         program = cls(lowered, graph, target, device, executable, operator_graph=opgraph,
                       kernel_operators=kernel_operators, kernel_source=kernels, source=mod,
                       rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph),
@@ -111,8 +115,9 @@ class KernelProgram:
                                                          "func": n.attrs["func"]})
                            if n.id in views else n for n in graph.nodes], graph.outputs,
                           graph.meta)
-        program = cls(lowered, graph, target, device or default_device(target),
-                      executable or tvm.compile(lowered, target=target),
+        if executable is None and not _shares_kernels(target):
+            executable = tvm.compile(lowered, target=target)
+        program = cls(lowered, graph, target, device or default_device(target), executable,
                       kernel_source=kernels,
                       rewrites=tuple(str(r) for r in info.get("rewrites", ())),
                       input_ranges=ranges)
@@ -120,13 +125,15 @@ class KernelProgram:
         return program
 
     def _link(self) -> None:
-        lib = self.executable.mod
+        own = (compiled_kernels(self.lowered, self.target) if self._executable is None
+               else None)
         for n in self.graph.nodes:
             if n.kind != "kernel" or n.attrs["func"] in self.functions:
                 continue
             name = n.attrs["func"]
             if n.attrs["source"] == "tvm":
-                fn = lib.get_function(name, query_imports=True)
+                fn = (own.get(name) if own is not None
+                      else self.executable.mod.get_function(name, query_imports=True))
             else:
                 if is_vendor_name(name):  # e.g. a program loaded in a fresh process
                     ensure_registered(name)
@@ -134,6 +141,18 @@ class KernelProgram:
             if fn is None:
                 raise ParagraphError(f"kernel {name!r} is missing from the compiled module")
             self.functions[name] = fn
+
+    @property
+    def executable(self) -> relax.VMExecutable:
+        """The TVM VM's executable of ``lowered`` (every kernel in one module: the VM baseline
+        and an exported library use it), compiled on first use where the program's kernels
+        came from `compiled_kernels`."""
+        with _EXECUTABLE_LOCK:
+            if self._executable is None:
+                object.__setattr__(self, "_executable", tvm.compile(self.lowered,
+                                                                    target=self.target))
+        assert self._executable is not None
+        return self._executable
 
     @property
     def kernels(self) -> list[Node]:
@@ -155,6 +174,16 @@ class KernelProgram:
             if n.kind == "kernel":
                 counts[n.attrs["source"]] = counts.get(n.attrs["source"], 0) + 1
         return counts
+
+
+_EXECUTABLE_LOCK = threading.Lock()
+
+
+def _shares_kernels(target: tvm.target.Target) -> bool:
+    """Whether programs for ``target`` take their TVM kernels from `compiled_kernels`: on a
+    CPU; a GPU program keeps one module of its own (host and device code), which no GPU
+    here could check the shared path against."""
+    return target.kind.name == "llvm"
 
 
 def _lower(mod: tvm.IRModule | Graph, target: tvm.target.Target, device: tvm.runtime.Device,
