@@ -306,6 +306,27 @@ def test_a_recomputed_activation_is_merged_and_absorbed():
                                rtol=1e-4, atol=1e-4)
 
 
+def test_a_recomputed_split_is_merged_and_its_items_read_the_one_left():
+    """The merged copy's readers are renamed wherever they read it: here tuple items of a
+    split computed twice (a rewritten graph's), and a tuple the function returns."""
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, const(4, 8, 1, 1)))
+        first, second = (bb.emit(relax.op.split(y, 2, axis=1)) for _ in range(2))
+        a = bb.emit(relax.op.nn.relu(bb.emit(relax.TupleGetItem(first, 0))))
+        b = bb.emit(relax.op.exp(bb.emit(relax.TupleGetItem(second, 1))))
+        return bb.emit(relax.Tuple([a, b, bb.emit(relax.TupleGetItem(second, 0))]))
+    mod = module((1, 8, 5, 5), body)
+    dispatched = dispatch_to_vendor(mod, local_cpu_target())
+    splits = [b for b in dispatched["main"].body.blocks[0].bindings
+              if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+              and b.value.op.name == "relax.split"]
+    assert len(splits) == 1
+    inputs = random_inputs(mod, seed=7)
+    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
+    for g, w in zip(got, vm_outputs(KernelProgram.build(mod, "llvm"), inputs), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 def _profiled(fn, *args):
     from torch.profiler import ProfilerActivity, profile
 

@@ -407,18 +407,22 @@ def _merge_duplicates(func: relax.Function) -> relax.Function:
     """``func`` with each dataflow binding that recomputes an earlier one (the same operator,
     attributes and arguments) read from the earlier one instead. NASNet-A's cells apply one
     ReLU or pooling to a tensor up to five times (78 such bindings in the mobile model); with
-    one left, the activation has a single reader and is absorbed into the kernel before it."""
+    one left, the activation has a single reader and is absorbed into the kernel before it.
+    ``func`` is returned as it is where a renamed variable is read by a kind of expression
+    that `_renamed` does not look into (none is after `prepare`)."""
     alias: dict[relax.Var, relax.Var] = {}
     first: dict[tuple, list[relax.VarBinding]] = {}
     blocks = []
     for block in func.body.blocks:
         bindings = []
         for b in block.bindings:
-            value = b.value
-            if alias and isinstance(b, relax.VarBinding) and isinstance(value, relax.Call):
-                value = _substituted(value, alias)
-                if not value.same_as(b.value):
-                    b = relax.VarBinding(b.var, value, b.span)
+            if not isinstance(b, relax.VarBinding):
+                return func
+            value = _renamed(b.value, alias)
+            if value is None:
+                return func
+            if not value.same_as(b.value):
+                b = relax.VarBinding(b.var, value, b.span)
             key = _call_key(value) if isinstance(block, relax.DataflowBlock) else None
             if key is not None and isinstance(b.var, relax.DataflowVar):
                 same = next((e for e in first.get(key, ())
@@ -429,10 +433,11 @@ def _merge_duplicates(func: relax.Function) -> relax.Function:
                 first.setdefault(key, []).append(b)
             bindings.append(b)
         blocks.append(type(block)(bindings, block.span))
-    if not alias:
+    body = _renamed(func.body.body, alias)
+    if not alias or body is None:
         return func
-    body = relax.SeqExpr(blocks, func.body.body, func.body.span)
-    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+    return relax.Function(func.params, relax.SeqExpr(blocks, body, func.body.span),
+                          func.ret_ty, func.is_pure, func.attrs, func.span)
 
 
 def _call_key(value: relax.Expr) -> tuple | None:
@@ -448,20 +453,33 @@ def _call_key(value: relax.Expr) -> tuple | None:
     return (value.op.name, tuple(args))
 
 
-def _substituted(call: relax.Call, alias: dict[relax.Var, relax.Var]) -> relax.Call:
-    """``call`` with its variable arguments (and tuple fields) renamed by ``alias``."""
-    def sub(a: relax.Expr) -> relax.Expr:
-        if isinstance(a, relax.Var):
-            return alias.get(a, a)
-        if isinstance(a, relax.Tuple):
-            fields = [sub(f) for f in a.fields]
-            return a if all(f.same_as(g) for f, g in zip(fields, a.fields, strict=True)) \
-                else relax.Tuple(fields, a.span)
-        return a
-    args = [sub(a) for a in call.args]
-    if all(a.same_as(b) for a, b in zip(args, call.args, strict=True)):
-        return call
-    return relax.Call(call.op, args, call.attrs, call.ty_args, call.span, ret_ty=call.ty)
+def _renamed(expr: relax.Expr, alias: dict[relax.Var, relax.Var]) -> relax.Expr | None:
+    """``expr`` with the variables it reads renamed by ``alias`` (through tuples, tuple items
+    and calls); None where it would have to look into another kind of expression."""
+    if isinstance(expr, relax.Var):
+        return alias.get(expr, expr)
+    if isinstance(expr, relax.TupleGetItem):
+        inner = _renamed(expr.tuple_value, alias)
+        return None if inner is None else (
+            expr if inner.same_as(expr.tuple_value) else
+            relax.TupleGetItem(inner, expr.index, expr.span))
+    if isinstance(expr, (relax.Tuple, relax.Call)):
+        parts = list(expr.fields if isinstance(expr, relax.Tuple) else expr.args)
+        new = [_renamed(a, alias) for a in parts]
+        if any(a is None for a in new):
+            return None
+        if all(a.same_as(b) for a, b in zip(new, parts, strict=True)):  # type: ignore[union-attr]
+            return expr
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple(new, expr.span)
+        return relax.Call(expr.op, new, expr.attrs, expr.ty_args, expr.span, ret_ty=expr.ty)
+    if isinstance(expr, Constant):
+        return expr
+    try:  # anything else is kept as it is if it reads no renamed variable
+        reads = relax.analysis.free_vars(expr)
+    except Exception:  # noqa: BLE001 - not an expression the analysis knows
+        return None
+    return None if any(v in alias for v in reads) else expr
 
 
 def _tag_weight(call: relax.Call, matchings: dict) -> relax.Expr:
