@@ -202,9 +202,7 @@ def _one_stream_if_faster(plan: Plan, db: CostDB, tuning: str, cores: int,
     if len(plan.schedule.streams) < 2:
         return plan
     program = plan.program
-    one = Schedule.build(program.graph, [kernel_ids(program.graph)], threads=cores,
-                         name="critical-path", info=plan.schedule.info)
-    one = fewer_threads_where_faster(program, one, db, tuning, log, remote)
+    one = _one_stream(plan, db, tuning, cores, log, remote)
     streams_s, one_s = end_to_end([(program, plan.schedule), (program, one)], db, tuning,
                                   remote=remote)
     keep = one_s < streams_s
@@ -215,6 +213,46 @@ def _one_stream_if_faster(plan: Plan, db: CostDB, tuning: str, cores: int,
     report = {**plan.report, "streams_ms": streams_s * 1e3, "one_stream_ms": one_s * 1e3,
               "one_stream_kernels_on_fewer_threads": len(one.kernel_threads)}
     return Plan(program, one if keep else plan.schedule, report)
+
+
+def _one_stream(plan: Plan, db: CostDB, tuning: str, cores: int, log: Log | None,
+                remote: Remote | None) -> Schedule:
+    """One stream of ``cores`` threads over ``plan``'s kernels, in its critical-path order,
+    with the vendor kernels that run faster on one thread capped to it."""
+    program = plan.program
+    one = Schedule.build(program.graph, [kernel_ids(program.graph)], threads=cores,
+                         name="critical-path", info=plan.schedule.info)
+    return fewer_threads_where_faster(program, one, db, tuning, log, remote)
+
+
+def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
+              rewrites: Sequence[str] = (), tuning_db: str | None = None,
+              db: CostDB | None = None, cores: int | None = None,
+              remote: Remote | None = None) -> Plan:
+    """``graph`` (an operator graph rewritten from ``reference``'s) built with ``kernels`` and
+    given a critical-path schedule with the choices that timing whole runs made for
+    ``reference`` (`plan_schedule`): its lone convolutions split if ``reference``'s were,
+    and one stream of every core if ``reference`` kept one. The kernel times are still
+    measured (or taken from the cache); what is saved are the two end-to-end comparisons and
+    the second build that make those choices: on NASNet-A large most of a minute a
+    candidate of the substitution search, whose rewrites are local and do not turn them."""
+    db = CostDB() if db is None else db
+    target = resolve_target(target)
+    on_cpu = target.kind.name == "llvm"
+    streams = (cores or cpu_count()) if on_cpu else None
+    done: Sequence[str] = ()
+    if reference.report.get("split") and streams is not None:
+        graph, done = split_lone_convs(from_relax(prepare(to_relax(graph))),
+                                       4 if streams >= 4 else 2)
+    program = KernelProgram.build(to_relax(graph), target, tuning_db=tuning_db, kernels=kernels,
+                                  rewrites=(*rewrites, *done))
+    tuning = tuning_id(tuning_db)
+    plan = _measured_critical_path(program, db, tuning, streams, cores, None, remote)
+    if (len(reference.schedule.streams) == 1 and len(plan.schedule.streams) > 1
+            and streams is not None):
+        plan = Plan(program, _one_stream(plan, db, tuning, streams, None, remote), plan.report)
+    return Plan(program, plan.schedule, {**plan.report, "split": list(done),
+                                         "planned_like": "reference"})
 
 
 def fewer_threads_where_faster(program: KernelProgram, schedule: Schedule, db: CostDB,
@@ -591,10 +629,11 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     improves, ``rounds`` are done or the search budget is spent. The input graph is always a
     candidate, so the result is never slower than it as measured. ``start``, a plan of
     ``graph`` under ``schedule`` with these ``kernels`` built already (`plan_schedule` of
-    `KernelProgram.build` of it), saves building the input again. The budget covers the
-    whole loop: the search leaves ``top_k`` candidate builds of it (at the mean build time
-    seen so far) to the loop, and candidates are built while a build still fits (at least
-    one per round), so the loop ends within about one build of the budget.
+    `KernelProgram.build` of it), saves building the input again. Under ``critical-path``
+    each candidate is planned with the choices timed for the input (`plan_like`). The budget
+    covers the whole loop: the search leaves ``top_k`` candidate builds of it (at the mean
+    build time seen so far) to the loop, and candidates are built while a build still fits
+    (at least one per round), so the loop ends within about one build of the budget.
 
     The cost model prices each kernel of a candidate (`paragraph.passes.cost.kernels_of`) by
     its signature's seconds on one thread with this kernel source, measured once and cached in
@@ -631,6 +670,9 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
                         meter.wide)
 
         def build(g: Graph, applied: Sequence[str]) -> Plan:
+            if schedule == "critical-path" and like is not None:
+                return plan_like(like, g, target, kernels=kernels, rewrites=applied,
+                                 tuning_db=tuning_db, db=db, cores=cores, remote=remote)
             program = KernelProgram.build(to_relax(g), target, tuning_db=tuning_db,
                                           kernels=kernels, rewrites=tuple(applied))
             return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores,
@@ -644,6 +686,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         # seconds to build and plan one candidate: the input's at first, then the mean of the
         # candidates' own (planning a candidate also times it end to end, once per schedule
         # choice, which the input may have found cached)
+        like: Plan | None = None  # the input's plan: candidates take its timed choices
         if start is None:
             t_build = time.perf_counter()
             best = build(graph, ())
@@ -651,6 +694,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         else:
             _check_start(start, schedule, kernels)
             best, build_s = start, start.program.build_seconds
+        like = best
         build_times: list[float] = []
         best_graph: Graph = graph
         best_applied: tuple[Applied, ...] = ()

@@ -193,3 +193,39 @@ def test_the_search_starts_from_a_plan_of_its_input_built_already(tmp_path):
         with pytest.raises(ParagraphError, match="start plan"):
             search_plan(g, "llvm", options=SearchOptions(method="greedy", seconds=5),
                         **{"schedule": "sequential", **wrong}, db=db, start=start)
+
+
+def cell_then_conv():
+    """Two convolutions reading one tensor, concatenated, then a lone convolution (nothing
+    runs beside it: critical-path splits it)."""
+    b = GraphBuilder()
+    x = b.input((1, 8, 8, 8))
+    outs = []
+    for k in (1, 3):
+        y = b.op("conv2d", [x, b.weight(w(8, 8, k, k))], {"padding": k // 2})
+        outs.append(b.op("relu", [y.out]).out)
+    joined = b.op("concat", outs, {"axis": 1}).out
+    return b.build([b.op("conv2d", [joined, b.weight(w(32, 16, 3, 3))], {"padding": 1}).out])
+
+
+@pytest.mark.parametrize("one_stream, split", [(True, True), (False, False)])
+def test_a_candidate_is_planned_with_the_choices_timed_for_the_input(tmp_path, one_stream,
+                                                                      split):
+    """`plan_like`: a candidate gets the stream layout and the convolution split that timing
+    chose for the input, without timing them again, and still computes the model."""
+    from paragraph.planner import Plan, plan_like
+    from paragraph.schedule import Schedule, kernel_ids
+
+    g = cell_then_conv()
+    db = CostDB(tmp_path / "costs.sqlite")
+    program = KernelProgram.build(to_relax(g), "llvm")
+    streams = ([kernel_ids(program.graph)] if one_stream else
+               [[k] for k in kernel_ids(program.graph)])  # any layout of several streams
+    reference = Plan(program, Schedule.build(program.graph, streams, threads=2 if one_stream
+                                             else 1),
+                     {"split": ["split-conv-2 at %9"] if split else []})
+    plan = plan_like(reference, g, "llvm", kernels="tvm", db=db, cores=2)
+    assert (len(plan.schedule.streams) == 1) == one_stream
+    assert any(r.startswith("split-conv-2") for r in plan.program.rewrites) == split
+    assert plan.report["split"] == list(plan.program.rewrites)
+    assert_runs_the_model(g, plan)
