@@ -4,7 +4,7 @@ in one process on this machine's CPU.
 Usage: python benchmarks/peers.py [--models a,b] [--blocks N] [--block N] [--reduced]
                                   [--schedules sequential,critical-path,opara,wavefront]
                                   [--search greedy --search-budget S --top-k K]
-                                  [--json benchmarks/results/peers-cpu.json]
+                                  [--json benchmarks/results/peers-cpu.json] [--merge]
 
 Per model: ONNX Runtime's sequential executor (2 intra-op threads, its default optimisations),
 ONNX Runtime's parallel executor (2 inter-op x 1 intra-op threads), PyTorch eager (2 threads,
@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 from kernels import to_onnx  # noqa: E402  (benchmarks/ is on the path when run as a script)
 
 from paragraph import models  # noqa: E402
-from paragraph.bench import executor_config, vm_config  # noqa: E402
+from paragraph.bench import executor_config, kept_models, vm_config  # noqa: E402
 from paragraph.files import atomic_write_json  # noqa: E402
 from paragraph.machine import (  # noqa: E402
     cpu_contention,
@@ -447,6 +447,9 @@ def main() -> None:
     parser.add_argument("--search-budget", type=float, default=120.0)
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the models of an existing --json file that this run does "
+                             "not time (each model records its own date and load)")
     args = parser.parse_args()
     out = args.json or f"benchmarks/results/peers-cpu{'-reduced' * args.reduced}.json"
 
@@ -455,14 +458,21 @@ def main() -> None:
 
     db = CostDB(Path(tempfile.mkdtemp(prefix="paragraph-peers-")) / "costs.sqlite")
     load_before = os.getloadavg()
+    names = args.models.split(",")
+    kept = kept_models(out, names) if args.merge else []
     results = []
-    for m in args.models.split(","):  # written after each model: a long run keeps its part
-        results.append(bench_model(m, args, db, log))
+    for m in names:  # written after each model: a long run keeps its part
+        row = bench_model(m, args, db, log)
+        row.update(date=describe_machine()["date"], load_average=os.getloadavg())
+        results.append(row)
+        order = {n: i for i, n in enumerate(MODELS)}
         atomic_write_json(out, {"benchmark": "peers", "machine": describe_machine(),
                                 "blocks": args.blocks, "block": args.block,
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                                 "load_average_before": load_before,
-                                "load_average": os.getloadavg(), "models": results})
+                                "load_average": os.getloadavg(),
+                                "models": sorted(kept + results,
+                                                 key=lambda r: order.get(r["model"], 99))})
         log(f"wrote {out}")
 
 

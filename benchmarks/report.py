@@ -21,7 +21,7 @@ def _date(result: dict) -> str:
 
 def _dates(result: dict) -> str:
     """The run's date, or the first and last of its models' where they were timed apart
-    (``search.py --merge``)."""
+    (``--merge``)."""
     days = sorted({m.get("date", result["machine"]["date"])[:10] for m in result["models"]})
     return days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
 
@@ -111,7 +111,7 @@ def peers_table(r: dict) -> list[str]:
     names = ["onnxruntime", "onnxruntime:parallel", "pytorch", "tvm_vm"]
     lines = [f"Peers, side by side in one process ({r['models'][0]['kernels']} kernels for the "
              f"TVM VM and paragraph; {r['blocks']} alternating blocks of {r['block']} runs, "
-             f"median ms with p10-p90; {_date(r)}; `benchmarks/peers.py`). paragraph's best is "
+             f"median ms with p10-p90; {_dates(r)}; `benchmarks/peers.py`). paragraph's best is "
              "the fastest of its schedules; the bound, for schedules of 1-thread streams, is "
              "the larger of the 1-thread kernel time over the cores and its critical path (one "
              "stream of multi-thread kernels can beat it):", "",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import tempfile
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 
 from paragraph import models
-from paragraph.bench import check_and_time, executor_config, vm_config
+from paragraph.bench import check_and_time, executor_config, kept_models, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import (
     cpu_contention,
@@ -151,7 +150,7 @@ def main() -> None:
     db = CostDB(Path(tempfile.mkdtemp(prefix="paragraph-search-")) / "costs.sqlite")
     load_before = os.getloadavg()
     names = args.models.split(",")
-    kept = _kept_models(out, names) if args.merge else []
+    kept = kept_models(out, names) if args.merge else []
     results = []
     for m in names:  # written after each model: a long run keeps its part
         row = bench_model(m, args, db, log)
@@ -164,17 +163,6 @@ def main() -> None:
                                 "load_average_before": load_before,
                                 "load_average": os.getloadavg(), "models": kept + results})
         log(f"wrote {out}")
-
-
-def _kept_models(path: str, rerun: list[str]) -> list[dict]:
-    """The models of an earlier results file that this run does not time again, each given
-    the date and load average of the run that timed it (if it lacks its own)."""
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        old = json.load(f)
-    return [{"date": old["machine"]["date"], "load_average": old["load_average"], **m}
-            for m in old["models"] if m["model"] not in rerun]
 
 
 if __name__ == "__main__":

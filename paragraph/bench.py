@@ -9,6 +9,8 @@ run of each configuration per round), so that drift on a shared machine hits all
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -156,3 +158,16 @@ def format_table(result: dict) -> str:
         lines.append(f"{r['config']:28} {r.get('kernels', 'tvm'):>8} {r['median_ms']:10.3f} "
                      f"{r['p10_ms']:9.3f} {r['p90_ms']:9.3f} {speed:8.2f}x")
     return "\n".join(lines)
+
+
+def kept_models(path: str | os.PathLike, rerun: Sequence[str]) -> list[dict]:
+    """The per-model rows of an earlier benchmark results file (``{"machine": {"date"},
+    "load_average", "models": [{"model", ...}]}``) that a run of the models ``rerun`` does
+    not time again, each given the date and load average of the run that timed it where it
+    lacks its own: a benchmark run with ``--merge`` keeps them beside its own rows."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        old = json.load(f)
+    return [{"date": old["machine"]["date"], "load_average": old["load_average"], **m}
+            for m in old["models"] if m["model"] not in rerun]
