@@ -177,7 +177,8 @@ Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<
   return [=]() {
     at::Tensor xp = pre_pad.empty() ? x : at::constant_pad_nd(x, pre_pad);
     if (res) {
-      out.copy_(*res);
+      // the memory plan may give the output the residual's buffer (written in place)
+      if (res->data_ptr() != out.data_ptr()) out.copy_(*res);
     } else {
       memset_zero(out_buffer);
     }
@@ -202,9 +203,18 @@ Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<
 
 void activate(at::Tensor& o, const std::string& act);
 
-// rows @ weight (+ bias) into out2, then the residual and the activation, in place (MKL)
+// rows @ weight (+ bias) into out2, then the residual and the activation, in place (MKL);
+// where out2 is the residual's own buffer, the product is added to it (GEMM's beta = 1)
 Form gemm(at::Tensor out2, at::Tensor rows, at::Tensor weight, c10::optional<at::Tensor> bias,
           c10::optional<at::Tensor> res2, std::string act) {
+  if (res2 && res2->data_ptr() == out2.data_ptr()) {
+    return [=]() {
+      at::Tensor o = out2;
+      o.addmm_(rows, weight);
+      if (bias) o.add_(*bias);
+      activate(o, act);
+    };
+  }
   return [=]() {
     at::Tensor o = out2;
     if (bias) {
@@ -284,6 +294,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   fastest->threads = threads;
   fastest->key = "conv2d" + std::to_string(threads) + a +
                  shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
+                 (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
                  (bias ? "b" : "");
   return wrap([fastest]() { (*fastest)(); });
 }

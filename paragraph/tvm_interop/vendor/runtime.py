@@ -165,6 +165,15 @@ def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] |
     weight = w.reshape(cout, cin).t()
     res2 = None if res is None else res.reshape(-1, cout)
 
+    if res2 is not None and res2.data_ptr() == out2.data_ptr():  # the residual's buffer
+        def accumulate() -> None:
+            out2.addmm_(rows, weight)
+            if bias is not None:
+                out2.add_(bias)
+            if op.act == "relu":
+                out2.relu_()
+        return accumulate
+
     def call() -> None:
         if bias is not None:
             torch.addmm(bias, rows, weight, out=out2)
@@ -231,7 +240,8 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
             # oneDNN computes out = act(conv(x) + bias + out) in place: out starts as 0 or
             # the residual
             if res is not None:
-                out.copy_(res)
+                if res.data_ptr() != out.data_ptr():  # else the plan wrote over it in place
+                    out.copy_(res)
             else:
                 zero()
             in_place_add(out, xp, cpu_weight(w, xp), bias, padding, stride, dilation,
@@ -239,8 +249,10 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
 
         gemm = None if out.is_cuda else _gemm_1x1(
             torch, op, ts[0], ts[1], bias, None if res is None else ts[2 + op.bias], ts[-1])
+        in_place = res is not None and res.data_ptr() == out.data_ptr()
         return call if gemm is None else _Fastest(torch, [call, gemm], threads,
-                                                  (op.name, *(tuple(t.shape) for t in ts)))
+                                                  (op.name, *(tuple(t.shape) for t in ts),
+                                                   in_place))
 
     return bind
 
