@@ -460,12 +460,12 @@ def main() -> None:
     load_before = os.getloadavg()
     names = args.models.split(",")
     kept = kept_models(out, names) if args.merge else []
+    order = {n: i for i, n in enumerate(MODELS)}
     results = []
     for m in names:  # written after each model: a long run keeps its part
         row = bench_model(m, args, db, log)
         row.update(date=describe_machine()["date"], load_average=os.getloadavg())
         results.append(row)
-        order = {n: i for i, n in enumerate(MODELS)}
         atomic_write_json(out, {"benchmark": "peers", "machine": describe_machine(),
                                 "blocks": args.blocks, "block": args.block,
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

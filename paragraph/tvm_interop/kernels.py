@@ -43,8 +43,8 @@ class KernelProgram:
     graph: Graph
     target: tvm.target.Target
     device: tvm.runtime.Device
-    # the TVM VM's executable of ``lowered``; on a CPU compiled when first asked for
-    # (`executable`): the program's own kernels come from `compiled_kernels`
+    # the TVM VM's executable of ``lowered``, compiled when first asked for (`executable`):
+    # on a CPU the program's own kernels come from `compiled_kernels`
     _executable: relax.VMExecutable | None
     functions: dict[str, object] = field(default_factory=dict)
     operator_graph: Graph | None = None  # the operator graph the kernels were fused from
@@ -75,12 +75,11 @@ class KernelProgram:
         device = device or default_device(target)
         opgraph, lowered, graph, kernel_operators = _lower(mod, target, device, tuning_db,
                                                            kernels)
-        executable = None if _shares_kernels(target) else tvm.compile(lowered, target=target)
-        program = cls(lowered, graph, target, device, executable, operator_graph=opgraph,
+        program = cls(lowered, graph, target, device, None, operator_graph=opgraph,
                       kernel_operators=kernel_operators, kernel_source=kernels, source=mod,
-                      rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph),
-                      build_seconds=time.perf_counter() - start)
-        program._link()
+                      rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph))
+        program._link()  # compiles the kernels: part of the build's time
+        object.__setattr__(program, "build_seconds", time.perf_counter() - start)
         return program
 
     @classmethod
@@ -115,8 +114,6 @@ class KernelProgram:
                                                          "func": n.attrs["func"]})
                            if n.id in views else n for n in graph.nodes], graph.outputs,
                           graph.meta)
-        if executable is None and not _shares_kernels(target):
-            executable = tvm.compile(lowered, target=target)
         program = cls(lowered, graph, target, device or default_device(target), executable,
                       kernel_source=kernels,
                       rewrites=tuple(str(r) for r in info.get("rewrites", ())),
@@ -125,8 +122,9 @@ class KernelProgram:
         return program
 
     def _link(self) -> None:
-        own = (compiled_kernels(self.lowered, self.target) if self._executable is None
-               else None)
+        # a GPU program (or one given its executable) links to the VM's module instead
+        own = (compiled_kernels(self.lowered, self.target)
+               if self._executable is None and _shares_kernels(self.target) else None)
         for n in self.graph.nodes:
             if n.kind != "kernel" or n.attrs["func"] in self.functions:
                 continue
@@ -144,9 +142,8 @@ class KernelProgram:
 
     @property
     def executable(self) -> relax.VMExecutable:
-        """The TVM VM's executable of ``lowered`` (every kernel in one module: the VM baseline
-        and an exported library use it), compiled on first use where the program's kernels
-        came from `compiled_kernels`."""
+        """The TVM VM's executable of ``lowered`` (every kernel in one module: the VM baseline,
+        an exported library and a GPU program's kernels use it), compiled on first use."""
         with _EXECUTABLE_LOCK:
             if self._executable is None:
                 object.__setattr__(self, "_executable", tvm.compile(self.lowered,

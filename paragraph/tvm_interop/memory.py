@@ -122,8 +122,9 @@ def plan_memory(graph: Graph, schedule: Schedule) -> MemoryPlan:
             ref = TensorRef(k, i)
             size = nbytes(graph, ref)
             total += size
-            over = block_of.get(in_place[k]) if k in in_place and in_place[k] in root \
-                and root[in_place[k]] == in_place[k] else None
+            operand = in_place.get(k)  # written over where it owns its block (not a view)
+            over = block_of.get(operand) if operand is not None and root.get(operand) == operand \
+                else None
             if ref in pinned:
                 chosen = _new_block(blocks, size, dedicated=True)
             elif over is not None and not blocks[over].dedicated \

@@ -76,7 +76,7 @@ class _Rewriter:
         return _unpack(value)
 
     # -- conv2d
-    def conv(self, call: relax.Call, m: dict) -> relax.Expr:
+    def conv(self, call: relax.Call) -> relax.Expr:
         a = call.attrs
         layout = str(a.data_layout)
         kernel_layout = {"NCHW": "OIHW", "NHWC": "OHWI"}.get(layout)
@@ -93,7 +93,7 @@ class _Rewriter:
                       (dh, dw), int(a.groups))
         return _vendor_call(op, [x, w], call.ty)
 
-    def absorb_affine(self, call: relax.Call, m: dict) -> relax.Expr:
+    def absorb_affine(self, call: relax.Call) -> relax.Expr:
         """``op(vendor conv, c)`` with a per-output-channel constant -> a new weight and bias."""
         inner, const = call.args
         if _is_const(inner):
@@ -124,7 +124,7 @@ class _Rewriter:
         new_args = [args[0], relax.const(w.astype(dtype)), relax.const(b.astype(dtype))]
         return _vendor_call(replace(op, bias=True), new_args, call.ty)
 
-    def absorb_residual(self, call: relax.Call, m: dict) -> relax.Expr:
+    def absorb_residual(self, call: relax.Call) -> relax.Expr:
         """``add(vendor conv, y)`` with ``y`` a tensor of the same type -> conv + residual."""
         for inner, other in (call.args, call.args[::-1]):
             op, args = self.vendor(inner)
@@ -134,7 +134,7 @@ class _Rewriter:
                 return _vendor_call(replace(op, residual=True), args + [other], call.ty)
         return call
 
-    def absorb_activation(self, call: relax.Call, m: dict) -> relax.Expr:
+    def absorb_activation(self, call: relax.Call) -> relax.Expr:
         act = ACTIVATIONS[call.op.name]
         op, args = self.vendor(call.args[0])
         if (op is None or op.act or op.kind in ("bmm", "softmax")
@@ -142,7 +142,7 @@ class _Rewriter:
             return call
         return _vendor_call(replace(op, act=act), args, call.ty)
 
-    def absorb_erf_gelu(self, call: relax.Call, m: dict) -> relax.Expr:
+    def absorb_erf_gelu(self, call: relax.Call) -> relax.Expr:
         """``x * (1 + erf(x / sqrt 2)) * 0.5`` (any order of the products) after a vendor matmul
         -> that matmul with its exact GELU: PyTorch exports GELU as this chain to ONNX before
         opset 20, and TVM runs it as an untuned kernel of its own (5 of 18.5 ms of a BERT
@@ -200,7 +200,7 @@ class _Rewriter:
         return None
 
     # -- matmul
-    def matmul(self, call: relax.Call, m: dict) -> relax.Expr:
+    def matmul(self, call: relax.Call) -> relax.Expr:
         a, b = call.args
         sa, sb, so = _shape(a), _shape(b), _shape(call)
         if (sa is None or sb is None or so is None or _dtype(call) not in self.dtypes
@@ -215,7 +215,7 @@ class _Rewriter:
         return _vendor_call(VendorOp(kind), [a, b], call.ty)
 
     # -- concat
-    def concat(self, call: relax.Call, m: dict) -> relax.Expr:
+    def concat(self, call: relax.Call) -> relax.Expr:
         """``concat`` of static tensors, with any concat it reads only once along the same
         axis flattened into it."""
         shape = _shape(call)
@@ -238,7 +238,7 @@ class _Rewriter:
         return _vendor_call(VendorOp("concat", axis=axis), parts, call.ty)
 
     # -- softmax
-    def softmax(self, call: relax.Call, m: dict) -> relax.Expr:
+    def softmax(self, call: relax.Call) -> relax.Expr:
         """``softmax`` of a static float32 tensor (CPU): PyTorch's vectorised kernel ran an
         attention's 12x128x128 scores in 0.13 ms, TVM's untuned kernel in 0.7 ms."""
         shape = _shape(call)
@@ -249,7 +249,7 @@ class _Rewriter:
         return _vendor_call(VendorOp("softmax", axis=axis), [call.args[0]], call.ty)
 
     # -- layer norm
-    def layer_norm(self, call: relax.Call, m: dict) -> relax.Expr:
+    def layer_norm(self, call: relax.Call) -> relax.Expr:
         """``layer_norm`` over the last axis of a static float32 tensor (CPU), with the
         residual add it normalises absorbed (a BERT layer's ``layer_norm(x + f(x))``): TVM's
         CPU kernel for it is an unscheduled loop nest on one thread, PyTorch's is vectorised
@@ -270,7 +270,7 @@ class _Rewriter:
             op, args = replace(op, residual=True), [add.args[0], gamma, beta, add.args[1]]
         return _vendor_call(op, args, call.ty)
 
-    def absorb_bias(self, call: relax.Call, m: dict) -> relax.Expr:
+    def absorb_bias(self, call: relax.Call) -> relax.Expr:
         for inner, const in (call.args, call.args[::-1]):
             op, args = self.vendor(inner)
             if (op is None or op.kind != "matmul" or op.bias or op.act
@@ -374,7 +374,7 @@ def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Functio
 
 
 def _rewrite_calls(func: relax.Function, ops: tuple[str, ...], arity: int,
-                   rewrite: Callable[[relax.Call, dict], relax.Expr],
+                   rewrite: Callable[[relax.Call], relax.Expr],
                    ) -> tuple[relax.Function, bool]:
     """``func`` with each binding to a call of one of ``ops`` (with ``arity`` arguments) bound
     to what ``rewrite`` makes of it instead, and the bindings left unread removed; and whether
@@ -390,17 +390,20 @@ def _rewrite_calls(func: relax.Function, ops: tuple[str, ...], arity: int,
             if (isinstance(b, relax.VarBinding) and isinstance(value, relax.Call)
                     and isinstance(value.op, tvm.ir.Op) and value.op.name in ops
                     and len(value.args) == arity):
-                new = rewrite(value, {})
+                new = rewrite(value)
                 if not new.same_as(value):
                     b, changed = relax.VarBinding(b.var, new, b.span), True
             bindings.append(b)
         blocks.append(type(block)(bindings, block.span))
     if not changed:
         return func, False
-    body = relax.SeqExpr(blocks, func.body.body, func.body.span)
-    new_func = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs,
-                              func.span)
-    return relax.analysis.remove_all_unused(new_func), True
+    return relax.analysis.remove_all_unused(_with_body(func, blocks, func.body.body)), True
+
+
+def _with_body(func: relax.Function, blocks: list, result: relax.Expr) -> relax.Function:
+    """``func`` with these binding blocks and this result."""
+    return relax.Function(func.params, relax.SeqExpr(blocks, result, func.body.span),
+                          func.ret_ty, func.is_pure, func.attrs, func.span)
 
 
 def _merge_duplicates(func: relax.Function) -> relax.Function:
@@ -436,8 +439,7 @@ def _merge_duplicates(func: relax.Function) -> relax.Function:
     body = _renamed(func.body.body, alias)
     if not alias or body is None:
         return func
-    return relax.Function(func.params, relax.SeqExpr(blocks, body, func.body.span),
-                          func.ret_ty, func.is_pure, func.attrs, func.span)
+    return _with_body(func, blocks, body)
 
 
 def _call_key(value: relax.Expr) -> tuple | None:
@@ -482,7 +484,7 @@ def _renamed(expr: relax.Expr, alias: dict[relax.Var, relax.Var]) -> relax.Expr 
     return None if any(v in alias for v in reads) else expr
 
 
-def _tag_weight(call: relax.Call, matchings: dict) -> relax.Expr:
+def _tag_weight(call: relax.Call) -> relax.Expr:
     op, args = _unpack(call)
     if op is None or op.kind not in ("conv2d", "matmul") or op.weight or not _is_const(args[1]):
         return call
