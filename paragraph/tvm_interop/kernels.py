@@ -77,9 +77,9 @@ class KernelProgram:
                                                            kernels)
         program = cls(lowered, graph, target, device, None, operator_graph=opgraph,
                       kernel_operators=kernel_operators, kernel_source=kernels, source=mod,
-                      rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph))
-        program._link()  # compiles the kernels: part of the build's time
-        object.__setattr__(program, "build_seconds", time.perf_counter() - start)
+                      rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph),
+                      build_seconds=time.perf_counter() - start)
+        program._link()
         return program
 
     @classmethod
