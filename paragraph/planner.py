@@ -776,7 +776,8 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             say(f"  round {r + 1}: {timed} candidates built"
                 f"{f' (batches of {batch})' if batch < timed else ''}, best {cand_s * 1e3:.3f} "
                 f"ms against {base_s * 1e3:.3f} ms")
-            best_s = base_s
+            if best_s is None:  # the input's time where it was first timed, until a
+                best_s = first_s  # candidate is kept (another batch's differs by noise)
             if ratio >= 1.0 - MIN_GAIN:
                 break
             # a gain is confirmed by a second, fresh timing (uncached) beside the best and a
