@@ -240,6 +240,7 @@ def main() -> None:
                             "machine": describe_machine(), "repeat": args.repeat,
                             "kernels": kernels,
                             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                             # the CPU executor's stream runner (native: C++ without the GIL)
                             "stream_runner": "python" if native.runner() is None else "native",
                             "load_average": os.getloadavg(),

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 
-# libgomp reads this when torch loads: see paragraph/__init__.py
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp reads this when torch loads (importing TVM loads torch): paragraph's default spin,
+# see paragraph/__init__.py
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -165,6 +167,7 @@ def main() -> None:
             "benchmark": "kernel-classes", "kernels": "vendor", "schedule": "sequential",
             "machine": describe_machine(), "blocks": args.blocks, "runs": args.runs,
             "reduced": args.reduced, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "load_average_before": load_before, "load_average": os.getloadavg(),
             "models": results})
         log(f"wrote {args.json}")

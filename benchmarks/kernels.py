@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 
-# libgomp reads this when torch loads (importing TVM loads torch): its spinning barriers made
-# 2-thread oneDNN convolutions 100x slower whenever another process held a core of this machine
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp reads this when torch loads (importing TVM loads torch): paragraph's default spin,
+# see paragraph/__init__.py
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
@@ -176,7 +177,7 @@ def ort_config(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int,
                spinning: bool = True) -> Config:
     """ONNX Runtime, sequential executor, all graph optimizations, ``threads`` intra-op; its
     pool threads spin between kernels unless ``spinning`` is off (which, like
-    OMP_WAIT_POLICY=PASSIVE for oneDNN, is faster when the machine is shared)."""
+    a short OpenMP spin for oneDNN, is faster when the machine is shared)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -326,6 +327,7 @@ def main() -> None:
     atomic_write_json(out, {"benchmark": "kernels", "target": str(target),
                             "machine": describe_machine(), "repeat": args.repeat,
                             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                             "untuned_repeat": args.untuned_repeat, "sources": list(kinds),
                             "tuning_db": str(db) if db else None,
                             "goal": "vendor within 1.5x of ONNX Runtime on inception_v3",

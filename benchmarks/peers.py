@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import os
 
-# libgomp reads this when torch loads: see paragraph/__init__.py
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp reads this when torch loads (importing TVM loads torch): paragraph's default spin,
+# see paragraph/__init__.py
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 import argparse  # noqa: E402
 import statistics  # noqa: E402
@@ -469,6 +471,7 @@ def main() -> None:
         atomic_write_json(out, {"benchmark": "peers", "machine": describe_machine(),
                                 "blocks": args.blocks, "block": args.block,
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                                 "load_average_before": load_before,
                                 "load_average": os.getloadavg(),
                                 "models": sorted(kept + results,

@@ -124,6 +124,7 @@ def main() -> None:
                             "repeat": args.repeat, "ios_protocol": args.ios_protocol,
                             "ios_budget_s": args.budget,
                             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                             "load_average": os.getloadavg(),
                             "models": results})
     log(f"wrote {out}")

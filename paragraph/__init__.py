@@ -13,9 +13,16 @@ os.environ.setdefault("TVM_NUM_THREADS", str(cpu_count()))
 # pool per stream they took half of the cores from concurrent streams (two 1-thread streams
 # ran no faster than one). Sleep at once; a wake-up costs microseconds.
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-# The same for libgomp's (PyTorch's, so vendor kernels') idle threads; read when torch loads,
-# so it takes effect if paragraph is imported before torch or TVM.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp's (PyTorch's, so vendor kernels') idle workers spin this many times (about 30 us)
+# before they sleep, unless the user chose a policy; read when torch loads, so it takes effect
+# if paragraph is imported before torch or TVM. A sleeping worker costs every multi-thread
+# vendor call a wake-up (45-80 us here); 3000 spans the gap between one stream's calls, so
+# ResNet-50 on one 2-thread stream ran 40.6-40.9 ms against 42.6-44.0 asleep (alternating
+# processes, idle cores). The spin has a price when another process holds a core (77 -> 84-87
+# ms there, where ONNX Runtime's spinning pool went 42 -> 79), and libgomp's default (about
+# 3 ms) and ACTIVE cost far more: 2-thread convolutions 100x slower on a busy core.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "3000"
 
 from paragraph.errors import GraphError, ModelLoadError, ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType

@@ -17,7 +17,7 @@ from tvm import relax
 from paragraph import models
 from paragraph.errors import ParagraphError
 from paragraph.graph import TensorRef
-from paragraph.machine import process_cpus
+from paragraph.machine import cpu_count, process_cpus
 from paragraph.passes.schedule import (
     ALGORITHMS,
     critical_path,
@@ -380,6 +380,41 @@ def test_stream_threads_follow_the_schedule(stream_runner):
         # every stream runs on a worker: the caller's own TVM pool keeps its size
         assert next(iter(seen)).startswith("paragraph-worker-")
         assert num_threads() == caller
+
+
+def test_one_stream_on_every_core_runs_on_the_caller(sigint_raises, stream_runner):
+    """The caller's OpenMP team is then the process's only one (libgomp spins only while the
+    teams fit the cores): the stream runs on the calling thread, other schedules on workers,
+    and Ctrl+C there stops the run and leaves the executor usable."""
+    seen, interrupt = [], []
+
+    def probe(x, out):
+        seen.append(threading.current_thread())
+        if interrupt:
+            interrupt.clear()
+            _thread.interrupt_main()
+            time.sleep(0.2)
+        out.copyfrom(x.numpy())
+
+    tvm_ffi.register_global_func("paragraph_test.probe_caller", probe, override=True)
+    program = packed_program("paragraph_test.probe_caller")
+    s = make_schedule("sequential", program.graph)
+    assert s.num_streams == 1 and s.threads == (cpu_count(),)
+    x = np.ones((4, 8), "float32")
+    before = threading.active_count()
+    with CPUExecutor(program, s) as ex:
+        np.testing.assert_array_equal(ex.run(x)[0][:, 8:], x)
+        assert seen == [threading.current_thread()]
+        interrupt.append(1)
+        with pytest.raises(KeyboardInterrupt):
+            ex.run(x)
+        np.testing.assert_array_equal(ex.run(x)[0][:, 8:], x)
+    assert threading.active_count() == before  # no worker was needed
+    if cpu_count() > 1:  # a stream on fewer cores than the machine's keeps to a worker
+        seen.clear()
+        with CPUExecutor(program, Schedule.build(program.graph, s.streams, threads=1)) as ex:
+            ex.run(x)
+        assert seen[0].name.startswith("paragraph-worker-")
 
 
 needs_two_cores = pytest.mark.skipif(

@@ -2,10 +2,17 @@
 
 * CPU: one worker thread per stream, each waiting for its cross-stream producers; each worker's
   TVM thread pool (and torch's thread count, for vendor kernels) is sized by the schedule
-  (``runtime.config_threadpool``). Every stream runs on a worker the executor holds for its
-  lifetime, none on the calling thread: a thread's pool size sticks (the caller's TVM VM would
+  (``runtime.config_threadpool``). A stream runs on a worker the executor holds for its
+  lifetime, not on the calling thread: a thread's pool size sticks (the caller's TVM VM would
   inherit a 1-thread stream's), and changing torch's thread count clears oneDNN's primitive
-  cache, so each thread keeps one count. A worker runs its stream in the native runner
+  cache, so each thread keeps one count. The exception is one stream on every core (the
+  sequential schedule, critical-path's one-stream choice): it runs on the calling thread, whose
+  counts are already the machine's. libgomp spins an idle OpenMP worker (and so saves a
+  wake-up of 45-80 us a multi-thread vendor call) only while the process's OpenMP teams fit the
+  cores, and every thread that ran a multi-thread region keeps a team for life; the caller's
+  own (its vendor binding, the TVM VM, torch) is then the only one, and a run saves the two
+  thread hand-offs. ResNet-50 on one 2-thread stream: 42.7 -> 40.0-40.8 ms (see
+  ``paragraph/__init__.py`` on the spin count). A worker runs its stream in the native runner
   (`native`: C++, no GIL, a wait spins on an atomic flag before it sleeps, while the streams'
   threads fit the cores) or, without a C++ compiler, in Python (waits on ``threading.Event``;
   TVM releases the GIL inside kernels). Vendor kernels are Python functions and take the GIL.
@@ -22,11 +29,14 @@ run only copies inputs in, launches prebound kernels, and copies outputs out.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,6 +53,7 @@ from paragraph.tvm_interop.threads import (
     acquire_workers,
     config_threads,
     fits_cores,
+    on_caller,
     pinned,
     release_workers,
     stream_cores,
@@ -214,12 +225,15 @@ class CPUExecutor(_Base):
         self._abort = False
         self._crash: tuple[int, BaseException] | None = None  # a stream failed outside kernels
         self._closed = False
+        # one stream on every core runs on the calling thread (module docstring)
+        self._on_caller = on_caller(schedule.threads)
+        self._interrupts: list[bool] = []  # a Ctrl+C during the caller's stream
         self.native = None if native is False else self._native_program()
         if native and self.native is None:
             raise ParagraphError("the native stream runner is unavailable: "
                                  f"{_native.unavailable_reason()}")
-        self._workers = acquire_workers(schedule.num_streams)
-        self._done = [threading.Event() for _ in self._workers]
+        self._workers = acquire_workers(schedule.num_streams - self._on_caller)
+        self._done = [threading.Event() for _ in range(schedule.num_streams)]
         self.cores = stream_cores(schedule.threads)  # per stream, or None: unbound
 
     def _native_program(self) -> _native.StreamProgram | None:
@@ -251,8 +265,16 @@ class CPUExecutor(_Base):
         self._error, self._abort, self._crash = None, False, None
         self.timeline = {} if profile else None
         try:
-            for s, (w, done) in enumerate(zip(self._workers, self._done, strict=True)):
-                w.submit(partial(self._stream_task, s, done))
+            if self._on_caller:
+                with _noting_interrupts(self._interrupts):
+                    self._stream_task(0, self._done[0])
+                if self._crash is not None and isinstance(self._crash[1], KeyboardInterrupt):
+                    raise self._crash[1]
+                if self._interrupts:
+                    self._interrupts.clear()
+                    raise KeyboardInterrupt
+            for s, w in enumerate(self._workers, start=int(self._on_caller)):
+                w.submit(partial(self._stream_task, s, self._done[s]))
             for done in self._done:
                 while not done.wait(0.05):  # short waits keep Ctrl+C responsive
                     pass
@@ -450,6 +472,27 @@ class CUDAExecutor(_Base):
             self.close()
         except Exception:
             pass
+
+
+@contextmanager
+def _noting_interrupts(interrupts: list[bool]) -> Iterator[None]:
+    """Note in ``interrupts`` a Ctrl+C during the block (Python's own handler still raises):
+    one landing inside a Python kernel reaches the caller as that kernel's failure (TVM FFI
+    turns it into an empty RuntimeError), and `run` raises KeyboardInterrupt after all. Only on
+    the main thread, where the handler is Python's default."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        interrupts.append(True)
+        signal.default_int_handler(signum, frame)
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_executor(program: KernelProgram, schedule: Schedule, *, use_cuda_graph: bool = True,

@@ -55,6 +55,16 @@ def fits_cores(threads: Sequence[int]) -> bool:
     return sum(threads) <= cpu_count()
 
 
+def on_caller(threads: Sequence[int]) -> bool:
+    """Whether work with these per-stream thread counts runs on the calling thread: one
+    stream on every core. libgomp spins an idle OpenMP worker (saving a multi-thread vendor
+    call its wake-up) only while the process's OpenMP teams fit the cores, and every thread
+    that ran a multi-thread region keeps its team for life; the caller's (its vendor binding,
+    the TVM VM, torch) is then the only team, and its thread counts are the machine's
+    already."""
+    return len(threads) == 1 and threads[0] >= cpu_count()
+
+
 def stream_cores(threads: Sequence[int]) -> list[frozenset[int]] | None:
     """Disjoint cores for each stream, as many as its threads, or None: for one stream (the OS
     may move it off a busy core), where the threads do not fit the process's cores, off Linux,
@@ -138,9 +148,14 @@ def release_workers(workers: list[Worker]) -> None:
         _IDLE.extend(workers)
 
 
-def on_workers(tasks: Sequence[Callable[[], None]]) -> None:
+def on_workers(tasks: Sequence[Callable[[], None]], threads: Sequence[int] | None = None
+               ) -> None:
     """Run each task on its own borrowed worker (none on the caller: a thread's pool size
-    sticks, see the module docstring), wait for all, and re-raise the first error."""
+    sticks, see the module docstring), wait for all, and re-raise the first error; one task
+    on every core (``threads``, per task) runs on the caller (`on_caller`)."""
+    if threads is not None and on_caller(threads):
+        tasks[0]()
+        return
     errors: list[BaseException] = []
     done = [threading.Event() for _ in tasks]
 

@@ -105,8 +105,8 @@ def _tvm_stream(torch, tensor):
 
 def _zero_fill(t) -> Callable[[], object]:
     """A call that zeroes the CPU tensor ``t`` on the calling thread: ``Tensor.zero_`` on two
-    threads is an OpenMP parallel region that wakes a sleeping worker (about 45 us here, with
-    ``OMP_WAIT_POLICY=PASSIVE``), 5-20x the memset itself for the buffers of a convolution."""
+    threads is an OpenMP parallel region that may wake a sleeping worker (about 45 us here),
+    5-20x the memset itself for the buffers of a convolution."""
     if t.is_cuda or not t.is_contiguous():
         return t.zero_
     return partial(ctypes.memset, t.data_ptr(), 0, t.numel() * t.element_size())
