@@ -11,11 +11,11 @@
   wake-up of 45-80 us a multi-thread vendor call) only while the process's OpenMP teams fit the
   cores, and every thread that ran a multi-thread region keeps a team for life; the caller's
   own (its vendor binding, the TVM VM, torch) is then the only one, and a run saves the two
-  thread hand-offs. ResNet-50 on one 2-thread stream: 42.7 -> 40.0-40.8 ms (see
+  thread hand-offs. ResNet-50 on one 2-thread stream: 42.6-44.0 -> 40.0-40.9 ms (see
   ``paragraph/__init__.py`` on the spin count). A worker runs its stream in the native runner
   (`native`: C++, no GIL, a wait spins on an atomic flag before it sleeps, while the streams'
   threads fit the cores) or, without a C++ compiler, in Python (waits on ``threading.Event``;
-  TVM releases the GIL inside kernels). Vendor kernels are Python functions and take the GIL.
+  TVM releases the GIL inside kernels). Vendor kernels bound in Python take the GIL.
   While the streams' threads fit the cores, each worker is bound to cores of its own for the
   run (`stream_cores`; ``PARAGRAPH_PIN=0`` turns that off).
 * CUDA: one stream per schedule stream, a persistent event per cross-stream producer, and the
