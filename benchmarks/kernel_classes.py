@@ -19,15 +19,13 @@ core is flagged.
 
 from __future__ import annotations
 
-import os
+# first, before TVM loads torch: paragraph sets libgomp's spin count (paragraph/__init__.py)
+import paragraph  # noqa: F401
 
-# libgomp reads this when torch loads (importing TVM loads torch): paragraph's default spin,
-# see paragraph/__init__.py
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-
+# isort: split
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -167,7 +165,7 @@ def main() -> None:
             "benchmark": "kernel-classes", "kernels": "vendor", "schedule": "sequential",
             "machine": describe_machine(), "blocks": args.blocks, "runs": args.runs,
             "reduced": args.reduced, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "load_average_before": load_before, "load_average": os.getloadavg(),
             "models": results})
         log(f"wrote {args.json}")

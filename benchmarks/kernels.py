@@ -16,14 +16,12 @@ timed in its own round with fewer repeats.
 
 from __future__ import annotations
 
-import os
+# first, before TVM loads torch: paragraph sets libgomp's spin count (paragraph/__init__.py)
+import paragraph  # noqa: F401
 
-# libgomp reads this when torch loads (importing TVM loads torch): paragraph's default spin,
-# see paragraph/__init__.py
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-
+# isort: split
 import argparse  # noqa: E402
+import os
 import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -130,6 +130,7 @@ class _Base:
         waits = sync_points(schedule)
         signalled = {p for ps in waits.values() for p in ps}
         self.steps: dict[int, Step] = {}
+        self.python_kernels = False  # whether a kernel may be a Python function
         stream_of = schedule.stream_of
         for k in schedule.kernels:
             node = self.graph[k]
@@ -145,6 +146,7 @@ class _Base:
                     # in C++ where it can (no GIL on the stream's thread), else in Python
                     bound = native_vendor.bind(node.attrs["func"], args, threads)
                     if bound is None:
+                        self.python_kernels = True  # Python's, or an extern packed function
                         bound = vendor.bind(node.attrs["func"], args, cap)
                     fn, args = (fn, args) if bound is None else (bound, ())
             self.steps[k] = Step(k, node.attrs.get("func") or node.name or node.kind, fn, args,
@@ -266,7 +268,7 @@ class CPUExecutor(_Base):
         self.timeline = {} if profile else None
         try:
             if self._on_caller:
-                with _noting_interrupts(self._interrupts):
+                with _noting_interrupts(self._interrupts, self.python_kernels):
                     self._stream_task(0, self._done[0])
                 if self._crash is not None and isinstance(self._crash[1], KeyboardInterrupt):
                     raise self._crash[1]
@@ -475,12 +477,14 @@ class CUDAExecutor(_Base):
 
 
 @contextmanager
-def _noting_interrupts(interrupts: list[bool]) -> Iterator[None]:
+def _noting_interrupts(interrupts: list[bool], python_kernels: bool) -> Iterator[None]:
     """Note in ``interrupts`` a Ctrl+C during the block (Python's own handler still raises):
     one landing inside a Python kernel reaches the caller as that kernel's failure (TVM FFI
-    turns it into an empty RuntimeError), and `run` raises KeyboardInterrupt after all. Only on
-    the main thread, where the handler is Python's default."""
-    if (threading.current_thread() is not threading.main_thread()
+    turns it into an empty RuntimeError), and `run` raises KeyboardInterrupt after all. Only
+    where kernels may be Python functions (swapping the handler costs ~8 us a run), on the
+    main thread, where the handler is Python's default: elsewhere a Ctrl+C lands in the
+    executor's own Python code after a kernel returns."""
+    if (not python_kernels or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
         return

@@ -154,21 +154,17 @@ def time_steps(groups: Sequence[Sequence[Step]], *, repeat: int = 10, warmup: in
         finally:
             done.set()
 
-    if on_caller(threads):  # as the executor runs it
-        def alone() -> None:
-            done = threading.Event()
-            run_group(0, done)
-            if errors:
-                raise errors[0]
-            if sync is not None:
-                sync()
-        return time_calls(alone, repeat, warmup)
-    workers = acquire_workers(len(groups))  # none on the caller: see `executor` on threads
-    done = [threading.Event() for _ in workers]
+    caller = on_caller(threads)  # one group on every core: as the executor runs it
+    # none on the caller otherwise: see `executor` on threads
+    workers = [] if caller else acquire_workers(len(groups))
+    done = [threading.Event() for _ in groups]
 
     def once():
-        for i, (w, ev) in enumerate(zip(workers, done, strict=True)):
-            w.submit(partial(run_group, i, ev))
+        if caller:
+            run_group(0, done[0])
+        else:
+            for i, (w, ev) in enumerate(zip(workers, done, strict=True)):
+                w.submit(partial(run_group, i, ev))
         for ev in done:
             ev.wait()
             ev.clear()
