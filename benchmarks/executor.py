@@ -29,6 +29,7 @@ from tvm import relax
 
 from paragraph import models
 from paragraph.bench import check_outputs, executor_config, format_table, vm_config
+from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.passes.schedule import ALGORITHMS, make_schedule, sequential
@@ -234,18 +235,30 @@ def main() -> None:
     log(f"dispatch: {overhead}")
     chains = two_chains(target, kernels)
     log(f"two chains: {chains}")
-    results = [bench_model(m, target, args.repeat, args.reduced, log, kernels)
-               for m in args.models.split(",")]
-    atomic_write_json(out, {"benchmark": "executor", "target": str(target),
-                            "machine": describe_machine(), "repeat": args.repeat,
-                            "kernels": kernels,
-                            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
-                            # the CPU executor's stream runner (native: C++ without the GIL)
-                            "stream_runner": "python" if native.runner() is None else "native",
-                            "load_average": os.getloadavg(),
-                            "dispatch": overhead, "two_chains": chains, "models": results})
-    log(f"wrote {out}")
+    results = []
+    failed = []
+    for m in args.models.split(","):
+        # written after each model, and a model that fails is recorded, not fatal: a run on a
+        # borrowed GPU machine keeps what it measured
+        try:
+            results.append(bench_model(m, target, args.repeat, args.reduced, log, kernels))
+        except ParagraphError as exc:
+            log(f"{m}: FAILED: {exc}")
+            failed.append({"model": m, "error": str(exc)})
+        atomic_write_json(out, {"benchmark": "executor", "target": str(target),
+                                "machine": describe_machine(), "repeat": args.repeat,
+                                "kernels": kernels,
+                                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+                                # the CPU executor's stream runner (native: C++ without the GIL)
+                                "stream_runner": "python" if native.runner() is None
+                                else "native",
+                                "load_average": os.getloadavg(),
+                                "dispatch": overhead, "two_chains": chains, "models": results,
+                                "failed": failed})
+        log(f"wrote {out}")
+    if failed:
+        raise SystemExit(f"{len(failed)} model(s) failed: {', '.join(f['model'] for f in failed)}")
 
 
 if __name__ == "__main__":

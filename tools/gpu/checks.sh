@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine after install.sh 2: `checks.sh gpu` runs the CUDA tests, a CLI run and the
+# GPU benchmarks; `checks.sh cpu` the peers benchmark on the machine's 16 cores. Each step has its
+# own time limit and goes on after a failure; the log and JSON results land in $OUT.
+set -u
+cd "$(dirname "$0")/../.."
+source tools/gpu/env.sh
+out=${OUT:-/tmp/paragraph-gpu}
+mkdir -p "$out"
+log=$out/log-${1:-gpu}.txt
+step() {  # step SECONDS NAME COMMAND...
+  local limit=$1 name=$2; shift 2
+  echo "== $name: $* ($(date +%T))" | tee -a "$log"
+  timeout -k 5 "$limit" "$@" >> "$log" 2>&1
+  echo "== $name rc=$? ($(date +%T))" | tee -a "$log"
+}
+case "${1:-gpu}" in
+  gpu)
+    { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc;
+      python3 -c "import torch, onnxruntime, cuda.bindings; print(torch.__version__, \
+onnxruntime.__version__, torch.cuda.is_available())"; } >> "$log" 2>&1
+    step 100 tests python3 -m pytest -q -p no:cacheprovider -rs -k cuda \
+      tests/test_executor.py tests/test_vendor.py
+    step 40 cli python3 -m paragraph run inception_v3 --target cuda --kernels vendor \
+      --schedule opara --repeat 5
+    step 140 search python3 benchmarks/search.py --target cuda --models nasnet_a_mobile \
+      --budget 15 --top-k 2 --repeat 10 --json "$out/gpu-search.json"
+    step 100 executor python3 benchmarks/executor.py --target cuda --kernels vendor \
+      --models inception_v3,nasnet_a_mobile --json "$out/gpu-executor.json" ;;
+  cpu)
+    step "${2:-240}" peers python3 benchmarks/peers.py --models inception_v3,nasnet_a_mobile,randwire \
+      --blocks 5 --json "$out/peers-cpu-16core.json" ;;
+esac
+tail -c 9000 "$log"
