@@ -25,6 +25,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from paragraph.errors import ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, Node, TensorRef
+from paragraph.tvm_interop.cpu_schedules import default_schedules
 from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.tuning_db import applied_dir
@@ -112,6 +113,8 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
         rest.append(dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(),
                                             dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
                                             dl.gpu.Fallback()))
+    elif target.kind.name == "llvm":  # pools fused and vectorised (cpu_schedules)
+        rest.append(default_schedules())
     rest += [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()]
     constants: dict[int, object] = {}
     with target:

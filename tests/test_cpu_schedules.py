@@ -1,0 +1,85 @@
+"""The default CPU schedules for TVM's own kernels (`paragraph.tvm_interop.cpu_schedules`): each
+scheduled pool computes what LegalizeOps' unscheduled kernel computes, on shapes that break its
+assumptions (channels no vector width divides, padding, ceil mode, epilogues); other kernels
+are left alone."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from paragraph import models
+from paragraph.tvm_interop.cpu_schedules import default_schedules
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.lowering import resolve_target
+
+TARGET = resolve_target("cpu")
+
+
+def legalized(shape, body):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(),
+                                     relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+
+
+def run(mod, x):
+    vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def scheduled(mod):
+    with TARGET:
+        out = default_schedules()(mod)
+    return out, [gv.name_hint for gv in out.functions if isinstance(out[gv], tirx.PrimFunc)
+                 and "tirx.is_scheduled" in (out[gv].attrs or {})]
+
+
+NN = relax.op.nn
+CASES = {
+    "max_3x3_s2": ((1, 15, 15, 64), lambda bb, x: NN.max_pool2d(x, 3, 2, layout="NHWC")),
+    "max_padded_11_channels": ((1, 9, 9, 11), lambda bb, x: NN.max_pool2d(
+        x, 3, 1, padding=1, layout="NHWC")),
+    "max_ceil_mode": ((2, 10, 10, 24), lambda bb, x: NN.max_pool2d(
+        x, 3, 2, ceil_mode=True, layout="NHWC")),
+    "avg_counting_padding": ((1, 8, 8, 48), lambda bb, x: NN.avg_pool2d(
+        x, 3, 1, padding=1, count_include_pad=True, layout="NHWC")),
+    "avg_uncounted_asymmetric_44": ((1, 11, 11, 44), lambda bb, x: NN.avg_pool2d(
+        x, 3, 2, padding=(0, 0, 1, 1), count_include_pad=False, layout="NHWC")),
+    "avg_then_relu_add": ((1, 7, 7, 32), lambda bb, x: relax.op.add(
+        bb.emit(NN.relu(bb.emit(NN.avg_pool2d(x, 3, 1, padding=1, layout="NHWC")))), x)),
+    "global_avg": ((1, 5, 5, 80), lambda bb, x: NN.adaptive_avg_pool2d(
+        x, (1, 1), layout="NHWC")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_scheduled_pools_compute_what_tvm_computes(case):
+    shape, body = CASES[case]
+    mod = legalized(shape, body)
+    out, names = scheduled(mod)
+    assert names, f"no pool kernel of {case} was scheduled"
+    x = np.random.default_rng(7).standard_normal(shape, dtype="float32")
+    np.testing.assert_allclose(run(out, x), run(mod, x), rtol=1e-6, atol=1e-6)
+
+
+def test_other_kernels_are_left_alone():
+    mod = legalized((4, 33), lambda bb, x: NN.softmax(x))
+    assert scheduled(mod)[1] == []
+    mod = legalized((1, 8, 8, 16), lambda bb, x: relax.op.sum(x, axis=[1, 2]))
+    assert scheduled(mod)[1] == []
+
+
+def test_every_pool_of_the_zoo_is_scheduled():
+    """NASNet-A's pools come fused with adds and padding: the rule takes them all."""
+    for name in ("inception_v3", "nasnet_a_mobile"):
+        program = KernelProgram.build(models.get(name, reduced=True), TARGET, kernels="vendor")
+        pools = {gv.name_hint: "tirx.is_scheduled" in (program.lowered[gv].attrs or {})
+                 for gv in program.lowered.functions
+                 if isinstance(program.lowered[gv], tirx.PrimFunc) and "pool" in gv.name_hint}
+        assert pools and all(pools.values()), (name, pools)
