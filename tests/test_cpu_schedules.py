@@ -92,6 +92,9 @@ def test_other_kernels_are_left_alone():
     assert scheduled(mod)[1] == []
     mod = legalized((1, 8, 8, 16), lambda bb, x: relax.op.sum(x, axis=[1, 2]))
     assert scheduled(mod)[1] == []
+    # two outputs: the first nest cannot be inlined, and the refusal is not an error
+    mod = legalized((4, 32), lambda bb, x: relax.op.split(x, 2, axis=1))
+    assert scheduled(mod)[1] == []
     # a transpose whose rows no vector width divides
     mod = legalized((5, 7, 3), lambda bb, x: relax.op.permute_dims(
         bb.emit(relax.op.reshape(x, (7, 5, 3))), (2, 0, 1)))

@@ -13,6 +13,9 @@ scheduled already; a function the rule does not recognise is left as it is.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
@@ -22,6 +25,20 @@ LANES = (16, 8, 4, 2)  # float32 lanes of an AVX-512 register, or fewer where C 
 
 def _lanes(channels: int) -> int:
     return next((n for n in LANES if channels % n == 0), 1)
+
+
+def _attempt(schedule: Callable[[tirx.PrimFunc], s_tir.Schedule | None],
+             func: tirx.PrimFunc) -> s_tir.Schedule | None:
+    """``schedule(func)``, or None where a primitive refuses it (a kernel of another form than
+    the rule expects: TVM's default stays). The primitives check their own legality, so a
+    schedule that does come back computes what ``func`` computes."""
+    try:
+        return schedule(func)
+    except (RuntimeError, ValueError, IndexError, TypeError, AttributeError) as exc:
+        if os.environ.get("PARAGRAPH_DEBUG_SCHEDULES"):
+            print(f"cpu_schedules: {schedule.__qualname__} left a kernel as it is: "
+                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return None
 
 
 def _dom_kind(block: tirx.SBlock) -> str:
@@ -37,10 +54,7 @@ class Pool(dl.cpu.base.CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _: bool):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        try:
-            return self._schedule(func)
-        except (tvm.TVMError, s_tir.ScheduleError, ValueError, IndexError):
-            return None  # a kernel of another shape than expected: TVM's default stays
+        return _attempt(self._schedule, func)
 
     @staticmethod
     def _schedule(func: tirx.PrimFunc):
@@ -96,10 +110,7 @@ class Injective(dl.cpu.base.CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _: bool):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        try:
-            return self._schedule(func)
-        except (tvm.TVMError, s_tir.ScheduleError, ValueError, IndexError):
-            return None
+        return _attempt(self._schedule, func)
 
     @staticmethod
     def _schedule(func: tirx.PrimFunc):
