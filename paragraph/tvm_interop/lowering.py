@@ -1,8 +1,9 @@
 """Lowering: a Relax module through TVM's own legalization and fusion, to the kernel graph.
 
 ``lower`` runs what ``relax.get_default_pipeline`` runs before memory planning (LegalizeOps,
-AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR; dlight default schedules on GPU; a
-MetaSchedule database when given; RewriteDataflowReshape so reshapes become views), and
+AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR; a MetaSchedule database when given;
+then dlight default schedules on GPU, `cpu_schedules` on CPU for what no record scheduled;
+RewriteDataflowReshape so reshapes become views), and
 ``kernel_graph`` turns the fused ``main`` into a `paragraph.Graph` whose operator nodes are
 ``kernel`` (one ``call_tir`` or ``call_dps_packed``) and ``view`` (a reshape that moves no data).
 Schedules and costs are about these fused kernels, because they are what runs;
