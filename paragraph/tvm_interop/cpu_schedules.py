@@ -46,15 +46,23 @@ def _dom_kind(block: tirx.SBlock) -> str:
                    for iv in block.iter_vars)
 
 
-class Pool(dl.cpu.base.CPUScheduleRule):
-    """Pooling in NHWC (max, average, global average; padded or not, with any element-wise
-    epilogue FuseOps put after it): padding and division inlined, the window's sum computed per
-    output pixel and channel block, channels innermost and vectorised."""
+class _Rule(dl.cpu.base.CPUScheduleRule):
+    """A CPU rule whose ``_schedule`` returns a schedule, or None to leave the function."""
 
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _: bool):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         return _attempt(self._schedule, func)
+
+    @staticmethod
+    def _schedule(func: tirx.PrimFunc) -> s_tir.Schedule | None:
+        raise NotImplementedError
+
+
+class Pool(_Rule):
+    """Pooling in NHWC (max, average, global average; padded or not, with any element-wise
+    epilogue FuseOps put after it): padding and division inlined, the window's sum computed per
+    output pixel and channel block, channels innermost and vectorised."""
 
     @staticmethod
     def _schedule(func: tirx.PrimFunc):
@@ -66,12 +74,9 @@ class Pool(dl.cpu.base.CPUScheduleRule):
         if len(reductions) != 1 or kinds[reductions[0]] != "SSSSRR":
             return None
         red = blocks[reductions[0]]
-        rule = sch.get(red).annotations.get("schedule_rule")
-        names = {sch.get(b).annotations.get("schedule_rule") for b in blocks}
-        if not ({str(rule), *map(str, names)} & {"meta_schedule.pool_max",
-                                                 "meta_schedule.pool_avg",
-                                                 "meta_schedule.adaptive_pool_avg",
-                                                 "meta_schedule.adaptive_pool_max"}):
+        rules = {str(sch.get(b).annotations.get("schedule_rule")) for b in blocks}
+        if not rules & {"meta_schedule.pool_max", "meta_schedule.pool_avg",
+                        "meta_schedule.adaptive_pool_avg", "meta_schedule.adaptive_pool_max"}:
             return None
         if any(k != "SSSS" for i, k in enumerate(kinds) if i != reductions[0]):
             return None
@@ -100,17 +105,12 @@ class Pool(dl.cpu.base.CPUScheduleRule):
         return sch
 
 
-class Injective(dl.cpu.base.CPUScheduleRule):
+class Injective(_Rule):
     """Data movement (reshapes, transposes, their fusions; BERT's attention heads): the loop
     nests inlined into the last one, which either copies rows (the output's innermost axis is
     the input's: vectorised along it) or transposes (tiled 16x16 so that each tile's reads and
     writes stay in a few cache lines, vectorised along the output's rows). BERT's key
     transpose (64x1024 into 16x64x64, transposed) took 190 us in the model, 49 scheduled."""
-
-    def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _: bool):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        return _attempt(self._schedule, func)
 
     @staticmethod
     def _schedule(func: tirx.PrimFunc):
