@@ -28,6 +28,7 @@ from pathlib import Path
 
 from paragraph import models
 from paragraph.bench import check_and_time, executor_config, kept_models, vm_config
+from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_json
 from paragraph.machine import (
     cpu_contention,
@@ -152,17 +153,28 @@ def main() -> None:
     names = args.models.split(",")
     kept = kept_models(out, names) if args.merge else []
     results = []
-    for m in names:  # written after each model: a long run keeps its part
-        row = bench_model(m, args, db, log)
-        row.update(date=describe_machine()["date"], load_average=os.getloadavg())
-        results.append(row)
+    failed = []
+    for m in names:
+        # written after each model, and a model that fails is recorded, not fatal: a long run
+        # (or one on a borrowed GPU machine) keeps what it measured
+        try:
+            row = bench_model(m, args, db, log)
+        except ParagraphError as exc:
+            log(f"{m}: FAILED: {exc}")
+            failed.append({"model": m, "error": str(exc)})
+        else:
+            row.update(date=describe_machine()["date"], load_average=os.getloadavg())
+            results.append(row)
         atomic_write_json(out, {"benchmark": "search", "kernels": args.kernels,
                                 "target": args.target, "machine": describe_machine(),
                                 "repeat": args.repeat, "budget_s": args.budget,
                                 "top_k": args.top_k, "reduced": args.reduced,
                                 "load_average_before": load_before,
-                                "load_average": os.getloadavg(), "models": kept + results})
+                                "load_average": os.getloadavg(), "models": kept + results,
+                                "failed": failed})
         log(f"wrote {out}")
+    if failed:
+        raise SystemExit(f"{len(failed)} model(s) failed: {', '.join(f['model'] for f in failed)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine after install.sh 2: `checks.sh gpu` runs the CUDA tests, a CLI run and the
-# GPU benchmarks; `checks.sh cpu` the peers benchmark on the machine's 16 cores. Each step has its
-# own time limit and goes on after a failure; the log and JSON results land in $OUT.
+# On the GPU machine after install.sh 2: `checks.sh gpu [SECONDS MODELS]` runs the CUDA tests and
+# the GPU executor and search benchmarks (the search limited to SECONDS, over MODELS);
+# `checks.sh search SECONDS MODELS` more of the search table; `checks.sh cpu` the peers benchmark
+# on the machine's 16 cores. Each step has its own time limit and goes on after a failure; the log
+# and JSON results land in $OUT.
 set -u
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -21,12 +23,14 @@ case "${1:-gpu}" in
 onnxruntime.__version__, torch.cuda.is_available())"; } >> "$log" 2>&1
     step 100 tests python3 -m pytest -q -p no:cacheprovider -rs -k cuda \
       tests/test_executor.py tests/test_vendor.py
-    step 40 cli python3 -m paragraph run inception_v3 --target cuda --kernels vendor \
-      --schedule opara --repeat 5
-    step 140 search python3 benchmarks/search.py --target cuda --models nasnet_a_mobile \
-      --budget 15 --top-k 2 --repeat 10 --json "$out/gpu-search.json"
     step 100 executor python3 benchmarks/executor.py --target cuda --kernels vendor \
-      --models inception_v3,nasnet_a_mobile --json "$out/gpu-executor.json" ;;
+      --models inception_v3,nasnet_a_mobile --json "$out/gpu-executor.json"
+    step "${2:-320}" search python3 benchmarks/search.py --target cuda \
+      --models "${3:-nasnet_a_mobile,inception_v3,resnext50_32x4d}" \
+      --budget 15 --top-k 2 --repeat 10 --json "$out/gpu-search.json" ;;
+  search)  # more models for the GPU search table: checks.sh search SECONDS MODELS
+    step "${2:-300}" search python3 benchmarks/search.py --target cuda --models "$3" \
+      --budget 15 --top-k 2 --repeat 10 --json "$out/gpu-search-more.json" ;;
   cpu)
     step "${2:-240}" peers python3 benchmarks/peers.py --models inception_v3,nasnet_a_mobile,randwire \
       --blocks 5 --json "$out/peers-cpu-16core.json" ;;

@@ -5,7 +5,7 @@
 # with xz (without the CUTLASS headers, which nothing here compiles against) are 62 MB.
 #   call 1: carry .devwheels/p1, run `bash tools/gpu/install.sh 1`
 #   call 2 (within the 30 s the machine stays warm): carry .devwheels/p2, run
-#           `bash tools/gpu/install.sh 2 && bash tools/gpu/checks.sh`
+#           `bash tools/gpu/install.sh 2 && bash tools/gpu/checks.sh gpu`
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
