@@ -76,6 +76,33 @@ def executor_table(r: dict) -> list[str]:
     return lines
 
 
+def gpu_executor_table(r: dict) -> list[str]:
+    d = r["dispatch"]
+    c = r["two_chains"]
+    lines = [f"Executor on the GPU ({r['kernels']} kernels, median of {r['repeat']} round-robin "
+             f"runs, {_date(r)}; `benchmarks/executor.py --target cuda`), ms:", "",
+             "| model | TVM VM | tvm.compile default | sequential CUDA Graph | best multi-stream "
+             "CUDA Graph (vs sequential) | best without CUDA Graph |", "|---|---|---|---|---|---|"]
+    for m in r["models"]:
+        rows = {x["config"]: x["median_ms"] for x in m["configs"]}
+        seq = rows["executor:sequential"]
+        graphs = [(v, k) for k, v in rows.items()
+                  if k.startswith("executor:") and not k.endswith("nograph")
+                  and k != "executor:sequential"]
+        best = min(graphs)
+        nograph = min((v, k) for k, v in rows.items() if k.endswith("+nograph"))
+        lines.append(f"| {m['model']} | {rows['tvm_vm']:.2f} | {rows['tvm_compile_default']:.2f}"
+                     f" | {seq:.2f} | {best[0]:.2f} ({best[1].split(':')[1]}, "
+                     f"{seq / best[0]:.2f}x) | {nograph[0]:.2f} |")
+    for f in r.get("failed", []):
+        lines.append(f"| {f['model']} | failed: {f['error'][:80]} | | | | |")
+    lines += ["", f"Dispatch: a CUDA Graph replays a trivial kernel in "
+              f"{d['executor_us_per_kernel']:.1f} us (a bare launch {d['bare_kernel_us']:.1f} "
+              f"us). Two independent chains of six 3x3 convolutions: {c['one_stream_ms']:.2f} ms "
+              f"on one stream, {c['two_streams_ms']:.2f} ms on two ({c['speedup']:.2f}x)."]
+    return lines
+
+
 def schedules_table(r: dict) -> list[str]:
     names = ["sequential", "wavefront", "opara", "nimble", "critical-path", "ios-parallel",
              "ios-merge", "ios-both"]
@@ -155,6 +182,8 @@ def search_table(r: dict) -> list[str]:
             cells.append(f"{x['median_ms']:.2f}{extra}")
         flag = " (contended)" if m.get("contended") else ""
         lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {m['fastest']} |")
+    for f in r.get("failed", []):
+        lines.append(f"| {f['model']} | failed: {f['error'][:100]} |" + " |" * len(names))
     return lines
 
 
@@ -165,9 +194,16 @@ def main() -> None:
                         ("schedules-cpu.json", schedules_table),
                         ("kernels-cpu.json", kernels_table),
                         ("peers-cpu.json", peers_table),
-                        ("search-cpu.json", search_table)):
+                        ("search-cpu.json", search_table),
+                        # the lent GPU machine's runs (`tools/gpu/checks.sh`)
+                        ("gpu-h100-executor.json", gpu_executor_table),
+                        ("gpu-h100-search.json", search_table)):
         result = _load(folder, name)
         if result is not None:
+            if name.startswith("gpu-"):
+                out.append(f"On the lent GPU machine (one H100, {result['machine']['cpu']} "
+                           f"x{result['machine']['cores']}; `{name}`):")
+                out.append("")
             out += table(result) + [""]
     for name, key in (("roundtrip-cpu.json", "roundtrip_s"),
                       ("rules-match-cpu.json", "match_s")):

@@ -94,6 +94,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         report = plan.report["search"]
         searches[label] = {"search_s": time.perf_counter() - t,
                            "candidates_built": report["candidates_built"],
+                           "build_failures": report["build_failures"],
                            "rewrites": len(report["applied"]),
                            "rules": sorted({a.split(" at ")[0] for a in report["applied"]}),
                            "cost_before_ms": report["cost_before_ms"],

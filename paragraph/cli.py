@@ -189,6 +189,9 @@ def _say_search(report: dict) -> None:
          f"({report['cost']}); measured {report['measured_before_ms']:.3f} -> "
          f"{report['measured_after_ms']:.3f} ms ({report['speedup']:.2f}x); "
          f"{report['candidates_built']} candidates built in {report['seconds']:.0f} s")
+    if report.get("build_failures"):
+        _say(f"  warning: {len(report['build_failures'])} candidates could not be built and "
+             f"were skipped (a bug to report; first: {report['build_failures'][0]})")
 
 
 def _ios_options(args: argparse.Namespace):

@@ -703,6 +703,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             best, build_s = start, start.program.build_seconds
         like = best
         build_times: list[float] = []
+        build_failures: list[str] = []
         best_graph: Graph = graph
         best_applied: tuple[Applied, ...] = ()
         # the input is timed beside the candidates (a lone first timing in a fresh process
@@ -751,8 +752,15 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
                 else:
                     seen.add(c.graph.structural_hash())
                     t_build = time.perf_counter()
-                    plans.append((build(c.graph, [a.rule for a in (*best_applied,
-                                                                   *c.applied)]), c))
+                    try:
+                        plans.append((build(c.graph, [a.rule for a in (*best_applied,
+                                                                       *c.applied)]), c))
+                    except (ParagraphError, RuntimeError) as e:
+                        # a candidate TVM cannot build is a bug to report, not a reason to
+                        # lose the search: the input (and the other candidates) still stand
+                        build_failures.append(f"{type(e).__name__}: {e}")
+                        say(f"  round {r + 1}: a candidate could not be built and is "
+                            f"skipped ({build_failures[-1]})")
                     build_times.append(time.perf_counter() - t_build)
                     build_s = sum(build_times) / len(build_times)
                 if plans and (spent or len(plans) >= batch or k + 1 == len(fresh)):
@@ -814,7 +822,8 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             "cost_before_ms": cost_before * 1e3, "cost_after_ms": cost(best_graph) * 1e3,
             "measured_before_ms": first_s * 1e3, "measured_after_ms": best_s * 1e3,
             "speedup": first_s / best_s if best_s > 0 else 1.0,
-            "candidates_built": built, "kernels_priced_by_measurement": len(model.measured),
+            "candidates_built": built, "build_failures": build_failures,
+            "kernels_priced_by_measurement": len(model.measured),
             "kernels_measured_now": meter.measured, "seconds": time.perf_counter() - began}}
         return Plan(best.program, best.schedule, report, graph=best_graph)
     finally:

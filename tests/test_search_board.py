@@ -229,3 +229,42 @@ def test_a_candidate_is_planned_with_the_choices_timed_for_the_input(tmp_path, o
     assert any(r.startswith("split-conv-2") for r in plan.program.rewrites) == split
     assert plan.report["split"] == list(plan.program.rewrites)
     assert_runs_the_model(g, plan)
+
+
+def test_a_candidate_that_cannot_be_built_is_skipped_and_reported(tmp_path, monkeypatch):
+    """On a GPU one of Inception-v3's candidates failed to link (a kernel missing from
+    tvm.compile's module) and the whole search stopped: a candidate that fails to build is
+    now skipped, said and counted, and the search keeps its input or another candidate."""
+    from paragraph.errors import ParagraphError
+
+    real = KernelProgram.build
+    g = cell()
+
+    def build(mod, *args, **kwargs):
+        if kwargs.get("rewrites"):  # a candidate (the input has no rewrites)
+            raise ParagraphError("kernel 'fused_x' is missing from the module")
+        return real(mod, *args, **kwargs)
+
+    monkeypatch.setattr(KernelProgram, "build", build)
+    lines: list[str] = []
+    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=20),
+                       schedule="sequential", top_k=2, rounds=1, cores=1,
+                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    report = plan.report["search"]
+    assert report["build_failures"] and "fused_x" in report["build_failures"][0]
+    assert any("could not be built and is skipped" in line for line in lines)
+    assert not report["applied"]
+    assert_runs_the_model(g, plan)
+
+
+def test_a_kernel_missing_from_the_vm_module_is_a_clear_error():
+    """tvm-ffi raises AttributeError for a name its module lacks; the program says which
+    kernel and whether the lowered module had it."""
+    from paragraph.errors import ParagraphError
+
+    program = KernelProgram.build(to_relax(cell()), "llvm")
+    name = next(n.attrs["func"] for n in program.graph.nodes
+                if n.kind == "kernel" and n.attrs["source"] == "tvm")
+    assert program._exported(name) is not None
+    with pytest.raises(ParagraphError, match="'no_such_kernel' is missing .* does not have it"):
+        program._exported("no_such_kernel")

@@ -130,8 +130,7 @@ class KernelProgram:
                 continue
             name = n.attrs["func"]
             if n.attrs["source"] == "tvm":
-                fn = (own.get(name) if own is not None
-                      else self.executable.mod.get_function(name, query_imports=True))
+                fn = own.get(name) if own is not None else self._exported(name)
             else:
                 if is_vendor_name(name):  # e.g. a program loaded in a fresh process
                     ensure_registered(name)
@@ -139,6 +138,18 @@ class KernelProgram:
             if fn is None:
                 raise ParagraphError(f"kernel {name!r} is missing from the compiled module")
             self.functions[name] = fn
+
+    def _exported(self, name: str):
+        """A TVM kernel of the VM's executable, or None (tvm-ffi raises for a name that is
+        missing: say which kernel, and whether the lowered module had it, instead)."""
+        try:
+            return self.executable.mod.get_function(name, query_imports=True)
+        except AttributeError:
+            had = any(gv.name_hint == name for gv in self.lowered.functions)
+            raise ParagraphError(
+                f"kernel {name!r} is missing from the module tvm.compile built for "
+                f"{self.target.kind.name} (the lowered module "
+                f"{'has' if had else 'does not have'} it)") from None
 
     @property
     def executable(self) -> relax.VMExecutable:
