@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -470,6 +471,11 @@ def plan_digest(schedule: Schedule) -> str:
 # process disturbed (ResNet-50's critical-path planner chose two 1-thread streams, 69 ms, over
 # one stream of two threads, 43 ms, while a test suite ran beside it)
 QUIET_WAIT_S = 30.0
+# a timed block lasts at least this long (at most MAX_BLOCK runs): blocks of five runs of a
+# 0.3 ms encoder gave 0.52 against 0.43 ms where 200 runs back to back gave 0.39 against 0.25,
+# and the slower schedule was kept
+MIN_BLOCK_S = 0.01
+MAX_BLOCK = 200
 
 
 def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB | None,
@@ -477,8 +483,9 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
                block: int = 5, remote: Remote | None = None) -> list[float]:
     """Median seconds of whole runs of each ``(program, schedule)`` on the executor: after a
     warm-up block each, ``repeat`` rounds (in forward, then reverse order) running every
-    candidate once untimed and then ``block`` times timed (a candidate's steady state, which
-    strict alternation disturbs: `paragraph.timing.time_in_blocks`), cached in ``db`` (a
+    candidate once untimed and then ``block`` times timed, more where a block would last under
+    `MIN_BLOCK_S` (a candidate's steady state, which strict alternation disturbs:
+    `paragraph.timing.time_in_blocks`), cached in ``db`` (a
     `CostDB` or None) so that choices made from them are deterministic. With ``check``, the
     candidates' outputs on one random input must agree (`tolerance`), else `ParagraphError`:
     a rewrite that changed the model is a bug, not a slower choice. Timed while another
@@ -492,7 +499,7 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
         return remote_s
     keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{plan_digest(s)}",
                     tuning, ",".join(sorted(p.sources())),
-                    f"blocks={repeat}x{block}{vendor_tag(p.sources())}")
+                    f"blocks={repeat}x{block}>={MIN_BLOCK_S}s{vendor_tag(p.sources())}")
             for p, s in candidates]
     seconds = [db.get(k) if db is not None else None for k in keys]
     if None not in seconds and not check:
@@ -511,9 +518,13 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
         inputs = [np.zeros(graph[i].type.shape, graph[i].type.dtype) for i in graph.inputs]
         configs = [Config(str(i), partial(ex.run, *inputs, copy_outputs=False), samples=got)
                    for i, (ex, got) in enumerate(zip(executors, samples, strict=True))]
+        fastest = float("inf")
         for c in configs:  # a whole block each: a process's first runs are slow
             for _ in range(max(1, warmup, block)):
+                start = time.perf_counter()
                 c.run()
+                fastest = min(fastest, time.perf_counter() - start)
+        block = max(block, min(MAX_BLOCK, math.ceil(MIN_BLOCK_S / max(fastest, 1e-6))))
         for attempt in range(2):
             if attempt:  # another process held a core: once more when the cores are quiet
                 wait_for_quiet_cores(lambda _msg: None, QUIET_WAIT_S)

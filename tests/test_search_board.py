@@ -268,3 +268,25 @@ def test_a_kernel_missing_from_the_vm_module_is_a_clear_error():
     assert program._exported(name) is not None
     with pytest.raises(ParagraphError, match="'no_such_kernel' is missing .* does not have it"):
         program._exported("no_such_kernel")
+
+
+def test_end_to_end_blocks_of_a_fast_model_last_long_enough(monkeypatch):
+    """Blocks of five runs of a 0.3 ms encoder were too few to tell its schedules apart (the
+    slower kept): a block runs until it lasts `MIN_BLOCK_S`, at most `MAX_BLOCK` runs."""
+    from paragraph import planner
+
+    program = KernelProgram.build(to_relax(cell()), "llvm")
+    blocks: list[int] = []
+    real = planner.time_in_blocks
+
+    def spy(configs, blocks_n, block, settle=2):
+        blocks.append(block)
+        return real(configs, blocks_n, block, settle)
+
+    monkeypatch.setattr(planner, "time_in_blocks", spy)
+    seconds = planner.end_to_end([(program, sequential(program.graph))], None, "", repeat=3,
+                                 block=5)
+    assert len(seconds) == 1 and seconds[0] > 0
+    # a run of this cell takes well under a millisecond: each block is longer than 5 runs
+    assert blocks and all(b >= min(planner.MAX_BLOCK, planner.MIN_BLOCK_S / seconds[0]) * 0.5
+                          and 5 < b <= planner.MAX_BLOCK for b in blocks)
