@@ -28,8 +28,7 @@ import tvm
 from tvm import relax
 
 from paragraph import models
-from paragraph.bench import check_outputs, executor_config, format_table, vm_config
-from paragraph.errors import ParagraphError
+from paragraph.bench import check_outputs, each_model, executor_config, format_table, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.passes.schedule import ALGORITHMS, make_schedule, sequential
@@ -235,16 +234,7 @@ def main() -> None:
     log(f"dispatch: {overhead}")
     chains = two_chains(target, kernels)
     log(f"two chains: {chains}")
-    results = []
-    failed = []
-    for m in args.models.split(","):
-        # written after each model, and a model that fails is recorded, not fatal: a run on a
-        # borrowed GPU machine keeps what it measured
-        try:
-            results.append(bench_model(m, target, args.repeat, args.reduced, log, kernels))
-        except ParagraphError as exc:
-            log(f"{m}: FAILED: {exc}")
-            failed.append({"model": m, "error": str(exc)})
+    def write(results: list[dict], failed: list[dict]) -> None:
         atomic_write_json(out, {"benchmark": "executor", "target": str(target),
                                 "machine": describe_machine(), "repeat": args.repeat,
                                 "kernels": kernels,
@@ -257,8 +247,10 @@ def main() -> None:
                                 "dispatch": overhead, "two_chains": chains, "models": results,
                                 "failed": failed})
         log(f"wrote {out}")
-    if failed:
-        raise SystemExit(f"{len(failed)} model(s) failed: {', '.join(f['model'] for f in failed)}")
+
+    each_model(args.models.split(","),
+               lambda m: bench_model(m, target, args.repeat, args.reduced, log, kernels),
+               write, log)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 from kernels import to_onnx  # noqa: E402  (benchmarks/ is on the path when run as a script)
 
 from paragraph import models  # noqa: E402
-from paragraph.bench import executor_config, kept_models, vm_config  # noqa: E402
+from paragraph.bench import each_model, executor_config, kept_models, vm_config  # noqa: E402
 from paragraph.files import atomic_write_json  # noqa: E402
 from paragraph.machine import (  # noqa: E402
     cpu_contention,
@@ -461,11 +461,7 @@ def main() -> None:
     names = args.models.split(",")
     kept = kept_models(out, names) if args.merge else []
     order = {n: i for i, n in enumerate(MODELS)}
-    results = []
-    for m in names:  # written after each model: a long run keeps its part
-        row = bench_model(m, args, db, log)
-        row.update(date=describe_machine()["date"], load_average=os.getloadavg())
-        results.append(row)
+    def write(results: list[dict], failed: list[dict]) -> None:
         atomic_write_json(out, {"benchmark": "peers", "machine": describe_machine(),
                                 "blocks": args.blocks, "block": args.block,
                                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -473,8 +469,11 @@ def main() -> None:
                                 "load_average_before": load_before,
                                 "load_average": os.getloadavg(),
                                 "models": sorted(kept + results,
-                                                 key=lambda r: order.get(r["model"], 99))})
+                                                 key=lambda r: order.get(r["model"], 99)),
+                                "failed": failed})
         log(f"wrote {out}")
+
+    each_model(names, lambda m: bench_model(m, args, db, log), write, log)
 
 
 if __name__ == "__main__":

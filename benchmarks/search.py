@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 
 from paragraph import models
-from paragraph.bench import check_and_time, executor_config, kept_models, vm_config
-from paragraph.errors import ParagraphError
+from paragraph.bench import check_and_time, each_model, executor_config, kept_models, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import (
     cpu_contention,
@@ -153,19 +152,7 @@ def main() -> None:
     load_before = os.getloadavg()
     names = args.models.split(",")
     kept = kept_models(out, names) if args.merge else []
-    results = []
-    failed = []
-    for m in names:
-        # written after each model, and a model that fails is recorded, not fatal: a long run
-        # (or one on a borrowed GPU machine) keeps what it measured
-        try:
-            row = bench_model(m, args, db, log)
-        except ParagraphError as exc:
-            log(f"{m}: FAILED: {exc}")
-            failed.append({"model": m, "error": str(exc)})
-        else:
-            row.update(date=describe_machine()["date"], load_average=os.getloadavg())
-            results.append(row)
+    def write(results: list[dict], failed: list[dict]) -> None:
         atomic_write_json(out, {"benchmark": "search", "kernels": args.kernels,
                                 "target": args.target, "machine": describe_machine(),
                                 "repeat": args.repeat, "budget_s": args.budget,
@@ -174,8 +161,8 @@ def main() -> None:
                                 "load_average": os.getloadavg(), "models": kept + results,
                                 "failed": failed})
         log(f"wrote {out}")
-    if failed:
-        raise SystemExit(f"{len(failed)} model(s) failed: {', '.join(f['model'] for f in failed)}")
+
+    each_model(names, lambda m: bench_model(m, args, db, log), write, log)
 
 
 if __name__ == "__main__":

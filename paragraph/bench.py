@@ -160,6 +160,31 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def each_model(names: Sequence[str], bench_one: Callable[[str], dict],
+               write: Callable[[list[dict], list[dict]], None],
+               log: Callable[[str], None]) -> None:
+    """Benchmark ``names`` one at a time: ``bench_one(name)`` gives a model's row, which gets
+    the date and load average it was taken at, and ``write(rows, failed)`` runs after every
+    model, so a long run (or one on a borrowed GPU machine) keeps what it measured. A model
+    that fails with `ParagraphError` is logged and recorded in ``failed`` (``{"model",
+    "error"}``) and the run goes on; at the end `SystemExit` names the failed models."""
+    rows: list[dict] = []
+    failed: list[dict] = []
+    for name in names:
+        try:
+            row = bench_one(name)
+        except ParagraphError as exc:
+            log(f"{name}: FAILED: {exc}")
+            failed.append({"model": name, "error": str(exc)})
+        else:
+            row.update(date=describe_machine()["date"], load_average=os.getloadavg())
+            rows.append(row)
+        write(rows, failed)
+    if failed:
+        raise SystemExit(f"{len(failed)} model(s) failed: "
+                         f"{', '.join(f['model'] for f in failed)}")
+
+
 def kept_models(path: str | os.PathLike, rerun: Sequence[str]) -> list[dict]:
     """The per-model rows of an earlier benchmark results file (``{"machine": {"date"},
     "load_average", "models": [{"model", ...}]}``) that a run of the models ``rerun`` does
