@@ -35,7 +35,7 @@ from paragraph.tvm_interop.kernels import (
     replace_main,
     with_program_info,
 )
-from paragraph.tvm_interop.lowering import is_gpu, resolve_target
+from paragraph.tvm_interop.lowering import build_pipeline, resolve_target
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.vendor.names import check_kernel_source
 from paragraph.tvm_interop.vendor.runtime import default_kernels
@@ -187,11 +187,8 @@ class InterOperatorSchedule:
 @tvm.transform.module_pass(opt_level=0, name="paragraph.TVMBuildPasses")
 def _tvm_build_passes(mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
     """What ``tvm.compile``'s "default" pipeline runs for the current target, after paragraph
-    lowered the module: the generic build passes on a CPU, the target's pipeline on a GPU."""
-    target = _target(None)
-    if is_gpu(target):
-        return relax.get_default_pipeline(target)(mod)
-    return relax.pipeline.default_build_pipeline()(mod)
+    lowered the module, without fusing again (`build_pipeline`)."""
+    return build_pipeline(_target(None))(mod)
 
 
 def pipeline(target: tvm.target.Target | str | None = None, *, search: str = "none",

@@ -889,3 +889,55 @@ def test_cuda_dispatch_compiles_here(monkeypatch):
                              "paragraph.vendor.conv2d.NCHW.s2x2.p1x1.d1x1.g1.bias.res.relu"]
     program = KernelProgram.build(mod, target, kernels="vendor")
     assert program.sources() == {"vendor": 2}
+
+
+def _split_then_unfolded_batch_norm():
+    """A convolution whose output is split in two, each half through a batch norm that cannot
+    fold into it (subtract, divide, multiply, add) and a relu: what a search candidate that
+    merged two convolutions made of Inception-v3."""
+    from paragraph import GraphBuilder
+    from paragraph.graph import TensorRef
+
+    b = GraphBuilder()
+    x = b.input((1, 8, 8, 8))
+    y = b.op("conv2d", [x, b.weight(RNG.standard_normal((16, 8, 1, 1)).astype("float32"))])
+    parts = b.op("split", [y.out], {"indices_or_sections": 2, "axis": 1})
+    outs = []
+    for i in range(2):
+        r = TensorRef(parts.id, i)
+        for kind in ("subtract", "divide", "multiply", "add"):
+            r = b.op(kind, [r, b.weight(RNG.uniform(0.5, 1.5, (1, 8, 1, 1)).astype("float32"))]).out
+        outs.append(b.op("relu", [r]).out)
+    return b.build(outs)
+
+
+@pytest.mark.parametrize("where", ["cpu", "cuda"])
+def test_the_vm_module_keeps_every_kernel_of_the_graph(where, monkeypatch):
+    """TVM's whole default pipeline on a lowered module legalizes the split again and fuses it
+    into the kernels after it, under a new name: on an H100 a search candidate's kernel was
+    then missing from the VM's module. `build_pipeline` (what paragraph compiles a lowered
+    module with) keeps every kernel of the graph, on a CPU and for CUDA (compiled here without
+    a GPU), and the program links."""
+    from paragraph.tvm_interop.lowering import CUDA_COMPILE_ONLY, build_pipeline
+    from paragraph.tvm_interop.relax_graph import to_relax
+
+    if where == "cuda" and not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # compile only
+    target = tvm.target.Target(CUDA_COMPILE_ONLY if where == "cuda" else "llvm")
+    g = _split_then_unfolded_batch_norm()
+    for kernels in ("vendor", "tvm"):
+        program = KernelProgram.build(to_relax(g), target, kernels=kernels)
+        with target:
+            final = build_pipeline(target)(program.lowered)
+        compiled = {gv.name_hint for gv, f in final.functions.items()
+                    if isinstance(f, tvm.tirx.PrimFunc)}
+        ours = {n.attrs["func"] for n in program.graph.nodes
+                if n.kind == "kernel" and n.attrs["source"] == "tvm"}
+        assert any(name.startswith("fused_subtract") for name in ours)
+        assert ours <= compiled
+        if where == "cpu":  # the VM runs the very kernels the executor runs
+            inputs = random_inputs(to_relax(g))
+            got = make_executor(program, make_schedule("sequential", program.graph)).run(*inputs)
+            want = program.vm()["main"](*[tvm.runtime.tensor(a) for a in inputs])
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_allclose(np.asarray(a), b.numpy(), rtol=1e-5, atol=1e-5)

@@ -14,7 +14,8 @@ from collections import OrderedDict
 
 import tvm
 import tvm_ffi
-from tvm import relax
+
+from paragraph.tvm_interop.lowering import build_pipeline
 
 CAPACITY = 4096  # kernels kept; the oldest used goes first (its code stays while a program uses it)
 
@@ -32,7 +33,7 @@ def compiled_kernels(lowered: tvm.IRModule, target: tvm.target.Target) -> dict[s
     reused only when its TIR is structurally equal to the one compiled, so two programs share
     exactly the code TVM would have made for each."""
     with target:
-        final = relax.get_pipeline("default")(lowered)
+        final = build_pipeline(target)(lowered)
     found: dict[str, object] = {}
     missing: dict[str, tuple[tuple[str, int], tvm.tirx.PrimFunc]] = {}
     with _lock:

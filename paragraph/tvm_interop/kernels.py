@@ -22,6 +22,7 @@ from paragraph.schedule import Schedule
 from paragraph.tvm_interop.compiled import compiled_kernels
 from paragraph.tvm_interop.lowering import (
     Dispatch,
+    build_pipeline,
     default_device,
     is_gpu,
     kernel_graph,
@@ -157,8 +158,9 @@ class KernelProgram:
         an exported library and a GPU program's kernels use it), compiled on first use."""
         with _EXECUTABLE_LOCK:
             if self._executable is None:
-                object.__setattr__(self, "_executable", tvm.compile(self.lowered,
-                                                                    target=self.target))
+                object.__setattr__(self, "_executable", tvm.compile(
+                    self.lowered, target=self.target,
+                    relax_pipeline=build_pipeline(self.target)))
         assert self._executable is not None
         return self._executable
 

@@ -63,6 +63,36 @@ def default_device(target: tvm.target.Target) -> tvm.runtime.Device:
 
 Dispatch = Callable[[tvm.IRModule], tvm.IRModule]  # chooses kernel sources (vendor calls)
 
+# passes of a target's default pipeline that `lower` ran already and that must not run again
+_FUSION = ("FuseOps", "FuseTIR")
+
+
+def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+    """What ``tvm.compile`` runs on a module `lower` made, so that the VM's module holds
+    exactly the kernels of the kernel graph: on a CPU TVM's generic build passes (what
+    `compiled_kernels` compiles the executor's kernels with); on a GPU the target's default
+    pipeline without fusion. The whole default pipeline legalizes again (a reshape `lower`
+    left as a view becomes a kernel) and fuses again, so a kernel could merge with such a
+    reshape under a new name: one of Inception-v3's search candidates lost a kernel that way
+    on an H100 (`fused_subtract2_divide2_multiply2_add2_relu2` missing from the VM's
+    module), and the CPU VM baseline ran kernels the executor did not."""
+    if not is_gpu(target):
+        return relax.pipeline.default_build_pipeline()
+    backend = relax.backend.cuda.pipeline if target.kind.name == "cuda" else \
+        relax.backend.gpu_generic.pipeline
+    passes = [p for p in (backend.library_dispatch_passes(target)
+                          + backend.legalize_passes(target)
+                          + backend.dataflow_lower_passes(target)
+                          + backend.finalize_passes(target))
+              if p.info.name not in _FUSION]
+
+    @tvm.transform.module_pass(opt_level=0, name="paragraph.BuildPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: object) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
 
 def lower(mod: tvm.IRModule, target: tvm.target.Target,
           tuning_db: str | os.PathLike | None = None,
