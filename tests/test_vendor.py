@@ -941,3 +941,14 @@ def test_the_vm_module_keeps_every_kernel_of_the_graph(where, monkeypatch):
             want = program.vm()["main"](*[tvm.runtime.tensor(a) for a in inputs])
             for a, b in zip(got, want, strict=True):
                 np.testing.assert_allclose(np.asarray(a), b.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_randwire_compiles_for_cuda_with_tvm_kernels():
+    """dlight's GEMV rule failed with a bare AssertionError on one of RandWire's kernels (TVM
+    0.27), so `--target cuda --kernels tvm` crashed while lowering: rules that fail now decline
+    the kernel and the next rule schedules it. Compiled here without a GPU."""
+    from paragraph.tvm_interop.lowering import CUDA_COMPILE_ONLY
+
+    program = KernelProgram.build(models.get("randwire", reduced=True),
+                                  tvm.target.Target(CUDA_COMPILE_ONLY), kernels="tvm")
+    assert program.sources()["tvm"] > 100

@@ -34,7 +34,8 @@ from paragraph.tvm_interop.vendor.names import cost_name, is_vendor_name, vendor
 from paragraph.tvm_interop.vm import local_cpu_target
 
 # a GPU target that compiles here without a GPU (nvcc is present); H100/H200 are sm_90
-CUDA_COMPILE_ONLY = {"kind": "cuda", "arch": "sm_90"}
+CUDA_COMPILE_ONLY = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
+                     "max_threads_per_block": 1024}
 
 
 def resolve_target(target: tvm.target.Target | str | dict | None) -> tvm.target.Target:
@@ -67,6 +68,36 @@ Dispatch = Callable[[tvm.IRModule], tvm.IRModule]  # chooses kernel sources (ven
 _FUSION = ("FuseOps", "FuseTIR")
 
 
+class _Declining(dl.ScheduleRule):
+    """A dlight rule that leaves a function it fails on to the next rule instead of failing
+    the build: TVM 0.27's GEMV rule asserts on one of (reduced) RandWire's kernels for CUDA
+    where it should decline it."""
+
+    def __init__(self, rule: dl.ScheduleRule) -> None:
+        self.rule = rule
+
+    def apply(self, func, target, tunable):  # noqa: ANN001, ANN201 (dlight's signature)
+        try:
+            return self.rule.apply(func, target, tunable)
+        except (AssertionError, RuntimeError, ValueError, IndexError, TypeError,
+                AttributeError) as exc:
+            if os.environ.get("PARAGRAPH_DEBUG_SCHEDULES"):
+                print(f"gpu_schedules: {type(self.rule).__name__} declined a kernel: "
+                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return None
+
+    def is_target_available(self, target: tvm.target.Target) -> bool:
+        return self.rule.is_target_available(target)
+
+
+def gpu_schedules() -> tvm.transform.Pass:
+    """dlight's default GPU schedules (the ones TVM's CUDA pipeline applies), each rule that
+    fails on a kernel declining it so that the next (at the end `Fallback`) schedules it."""
+    return dl.ApplyDefaultSchedule(*(_Declining(r) for r in (
+        dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback())))
+
+
 def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     """What ``tvm.compile`` runs on a module `lower` made, so that the VM's module holds
     exactly the kernels of the kernel graph: on a CPU TVM's generic build passes (what
@@ -80,10 +111,12 @@ def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
         return relax.pipeline.default_build_pipeline()
     backend = relax.backend.cuda.pipeline if target.kind.name == "cuda" else \
         relax.backend.gpu_generic.pipeline
-    passes = [p for p in (backend.library_dispatch_passes(target)
-                          + backend.legalize_passes(target)
-                          + backend.dataflow_lower_passes(target)
-                          + backend.finalize_passes(target))
+    # dlight's schedules (for what legalization makes anew) with rules that decline
+    passes = [gpu_schedules() if p.info.name == "ApplyDefaultSchedule" else p
+              for p in (backend.library_dispatch_passes(target)
+                        + backend.legalize_passes(target)
+                        + backend.dataflow_lower_passes(target)
+                        + backend.finalize_passes(target))
               if p.info.name not in _FUSION]
 
     @tvm.transform.module_pass(opt_level=0, name="paragraph.BuildPipeline")
@@ -141,9 +174,7 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
             # only the records that measured faster than the untuned kernels
             rest.append(relax.transform.MetaScheduleApplyDatabase(str(applied_dir(tuning_db))))
     if is_gpu(target):
-        rest.append(dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(),
-                                            dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                                            dl.gpu.Fallback()))
+        rest.append(gpu_schedules())
     elif target.kind.name == "llvm":  # pools fused and vectorised (cpu_schedules)
         rest.append(default_schedules())
     rest += [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()]
