@@ -952,3 +952,32 @@ def test_randwire_compiles_for_cuda_with_tvm_kernels():
     program = KernelProgram.build(models.get("randwire", reduced=True),
                                   tvm.target.Target(CUDA_COMPILE_ONLY), kernels="tvm")
     assert program.sources()["tvm"] > 100
+
+
+@pytest.mark.parametrize("shape", [(64, 1024), (3, 37), (2, 5, 16)])
+@pytest.mark.parametrize("residual", [True, False])
+def test_native_layer_norm_forms_agree_with_torch(shape, residual):
+    """The C++ layer norm's two forms (ATen's add and norm; one AVX-512 pass, 2x faster on
+    BERT's rows) both run in its first calls, which time them: every call equals torch's,
+    rows of any length (a tail after the 16-wide vectors), with and without the residual."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=gen) * 3 + 1
+    res = torch.randn(*shape, generator=gen)
+    gamma, beta = torch.randn(shape[-1], generator=gen), torch.randn(shape[-1], generator=gen)
+    out = torch.empty_like(x)
+    fn = module["paragraph_vendor_layer_norm"](
+        *(tvm_ffi.from_dlpack(t) for t in (out, x, gamma, beta)),
+        tvm_ffi.from_dlpack(res) if residual else None, 1e-12, 1)
+    want = torch.nn.functional.layer_norm(x + res if residual else x, shape[-1:], gamma, beta,
+                                          1e-12)
+    for _ in range(12):  # both forms timed, then the faster
+        out.fill_(float("nan"))
+        fn()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

@@ -19,8 +19,13 @@
 #include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -408,8 +413,59 @@ ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, int64_t 
   });
 }
 
-// layer norm over the last axis of x (+ res) into out; the sum and the statistics in buffers
-// of their own, allocated once
+// Rows [0, rows) of out = layer_norm(x + res) over their n values (res may be null), in one
+// pass over the inputs: the sum is written to out and normalised there while the row is in
+// cache. AVX-512 (the caller checks the CPU has it); single-threaded, as this library is built
+// without OpenMP.
+#if defined(__x86_64__)
+#define PARAGRAPH_AVX512 1
+__attribute__((target("avx512f"))) void layer_norm_avx512(
+    const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ gamma,
+    const float* __restrict__ beta, float* __restrict__ out, int64_t rows, int64_t n,
+    float eps) {
+  const int64_t vec = n - n % 16;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict__ xr = x + r * n;
+    const float* __restrict__ rr = res ? res + r * n : nullptr;
+    float* __restrict__ o = out + r * n;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < vec; i += 16) {
+      __m512 v = _mm512_loadu_ps(xr + i);
+      if (rr) v = _mm512_add_ps(v, _mm512_loadu_ps(rr + i));
+      _mm512_storeu_ps(o + i, v);
+      acc = _mm512_add_ps(acc, v);
+    }
+    float sum = _mm512_reduce_add_ps(acc);
+    for (int64_t i = vec; i < n; ++i) {
+      o[i] = xr[i] + (rr ? rr[i] : 0.0f);
+      sum += o[i];
+    }
+    const float mean = sum / static_cast<float>(n);
+    const __m512 m = _mm512_set1_ps(mean);
+    __m512 sq = _mm512_setzero_ps();
+    for (int64_t i = 0; i < vec; i += 16) {
+      __m512 d = _mm512_sub_ps(_mm512_loadu_ps(o + i), m);
+      sq = _mm512_fmadd_ps(d, d, sq);
+    }
+    float var = _mm512_reduce_add_ps(sq);
+    for (int64_t i = vec; i < n; ++i) var += (o[i] - mean) * (o[i] - mean);
+    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+    const __m512 rs = _mm512_set1_ps(rstd);
+    for (int64_t i = 0; i < vec; i += 16) {
+      __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(o + i), m), rs);
+      _mm512_storeu_ps(o + i, _mm512_fmadd_ps(v, _mm512_loadu_ps(gamma + i),
+                                              _mm512_loadu_ps(beta + i)));
+    }
+    for (int64_t i = vec; i < n; ++i) o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
+  }
+}
+#endif
+
+// layer norm over the last axis of x (+ res) into out. Two forms, the faster chosen by
+// `Fastest`: ATen's add and norm (on the schedule's threads; the sum and the statistics in
+// buffers of their own, allocated once), and, for contiguous float32 tensors of one shape on
+// an AVX-512 CPU, `layer_norm_avx512` (one thread, one pass): BERT's 64 x 1024 residual norms
+// took 96 us each in the model with ATen's two kernels, where ONNX Runtime's fused one takes 37.
 ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
                         ffi::Tensor beta_t, ffi::Optional<ffi::Tensor> res_t, double eps,
                         int64_t threads) {
@@ -422,11 +478,44 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
   at::Tensor mean = at::empty(stat_shape, x.options()), rstd = at::empty(stat_shape, x.options());
   at::Tensor sum = res ? at::empty_like(x) : x;
   std::vector<int64_t> normalized{x.size(-1)};
-  return wrap([=]() mutable {
-    use_threads(threads);
+  Form aten = [=]() mutable {
     if (res) at::add_out(sum, x, *res);
     at::native_layer_norm_out(out, mean, rstd, sum, normalized, gamma, beta, eps);
-  });
+  };
+  auto plain = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
+  };
+#ifdef PARAGRAPH_AVX512
+  const bool fused_ok =
+      __builtin_cpu_supports("avx512f") && x.dim() >= 1 && x.size(-1) > 0 && plain(x) &&
+      plain(out) && plain(gamma) && plain(beta) && out.sizes() == x.sizes() &&
+      gamma.numel() == x.size(-1) && beta.numel() == x.size(-1) &&
+      (!res || (plain(*res) && res->sizes() == x.sizes()));
+#else
+  const bool fused_ok = false;
+#endif
+  if (!fused_ok) {
+    return wrap([aten, threads]() {
+      use_threads(threads);
+      aten();
+    });
+  }
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  const float feps = static_cast<float>(eps);
+  // the views hold TVM's buffers alive as long as the form
+  Form fused = [x, res, gamma, beta, out, rows, n, feps]() {
+#ifdef PARAGRAPH_AVX512
+    layer_norm_avx512(x.data_ptr<float>(), res ? res->data_ptr<float>() : nullptr,
+                      gamma.data_ptr<float>(), beta.data_ptr<float>(), out.data_ptr<float>(),
+                      rows, n, feps);
+#endif
+  };
+  auto fastest = std::make_shared<Fastest>();
+  fastest->forms = {fused, aten};
+  fastest->threads = threads;
+  fastest->key = "layer_norm" + std::to_string(threads) + (res ? "res" : "") +
+                 shape_key({x});
+  return wrap([fastest]() { (*fastest)(); });
 }
 
 // the keys of the packed weights held now (address, packing, shape, strides, @threads): for
