@@ -27,16 +27,21 @@ def _lanes(channels: int) -> int:
     return next((n for n in LANES if channels % n == 0), 1)
 
 
-def _attempt(schedule: Callable[[tirx.PrimFunc], s_tir.Schedule | None],
-             func: tirx.PrimFunc) -> s_tir.Schedule | None:
-    """``schedule(func)``, or None where a primitive refuses it (a kernel of another form than
-    the rule expects: TVM's default stays). The primitives check their own legality, so a
-    schedule that does come back computes what ``func`` computes."""
+# what a schedule primitive raises when it refuses a kernel
+REFUSED = (RuntimeError, ValueError, IndexError, TypeError, AttributeError)
+
+
+def attempt(label: str, schedule: Callable[..., s_tir.Schedule | None], *args: object,
+            refused: tuple[type[Exception], ...] = REFUSED) -> s_tir.Schedule | None:
+    """``schedule(*args)``, or None where it raises one of ``refused`` (a kernel of another
+    form than the rule expects: the next rule, or TVM's default, takes it). The primitives
+    check their own legality, so a schedule that does come back computes what the function
+    computes. ``PARAGRAPH_DEBUG_SCHEDULES=1`` prints ``label`` and the refusal."""
     try:
-        return schedule(func)
-    except (RuntimeError, ValueError, IndexError, TypeError, AttributeError) as exc:
+        return schedule(*args)
+    except refused as exc:
         if os.environ.get("PARAGRAPH_DEBUG_SCHEDULES"):
-            print(f"cpu_schedules: {schedule.__qualname__} left a kernel as it is: "
+            print(f"{label} left a kernel as it is: "
                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         return None
 
@@ -52,7 +57,7 @@ class _Rule(dl.cpu.base.CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: tvm.target.Target, _: bool):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        return _attempt(self._schedule, func)
+        return attempt(f"cpu_schedules: {type(self).__name__}", self._schedule, func)
 
     @staticmethod
     def _schedule(func: tirx.PrimFunc) -> s_tir.Schedule | None:

@@ -26,7 +26,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from paragraph.errors import ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, Node, TensorRef
-from paragraph.tvm_interop.cpu_schedules import default_schedules
+from paragraph.tvm_interop.cpu_schedules import REFUSED, attempt, default_schedules
 from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.tuning_db import applied_dir
@@ -77,14 +77,8 @@ class _Declining(dl.ScheduleRule):
         self.rule = rule
 
     def apply(self, func, target, tunable):  # noqa: ANN001, ANN201 (dlight's signature)
-        try:
-            return self.rule.apply(func, target, tunable)
-        except (AssertionError, RuntimeError, ValueError, IndexError, TypeError,
-                AttributeError) as exc:
-            if os.environ.get("PARAGRAPH_DEBUG_SCHEDULES"):
-                print(f"gpu_schedules: {type(self.rule).__name__} declined a kernel: "
-                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            return None
+        return attempt(f"gpu_schedules: {type(self.rule).__name__}", self.rule.apply, func,
+                       target, tunable, refused=(AssertionError, *REFUSED))
 
     def is_target_available(self, target: tvm.target.Target) -> bool:
         return self.rule.is_target_available(target)
@@ -102,10 +96,10 @@ def build_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     """What ``tvm.compile`` runs on a module `lower` made, so that the VM's module holds
     exactly the kernels of the kernel graph: on a CPU TVM's generic build passes (what
     `compiled_kernels` compiles the executor's kernels with); on a GPU the target's default
-    pipeline without fusion. The whole default pipeline legalizes again (a reshape `lower`
-    left as a view becomes a kernel) and fuses again, so a kernel could merge with such a
-    reshape under a new name: one of Inception-v3's search candidates lost a kernel that way
-    on an H100 (`fused_subtract2_divide2_multiply2_add2_relu2` missing from the VM's
+    pipeline without fusion. The whole default pipeline annotates and fuses again, so a
+    kernel `lower` left alone (a split) merged into the kernel after it (a batch norm that
+    could not fold) under a new name: one of Inception-v3's search candidates lost a kernel
+    that way on an H100 (`fused_subtract2_divide2_multiply2_add2_relu2` missing from the VM's
     module), and the CPU VM baseline ran kernels the executor did not."""
     if not is_gpu(target):
         return relax.pipeline.default_build_pipeline()
