@@ -981,3 +981,71 @@ def test_native_layer_norm_forms_agree_with_torch(shape, residual):
         out.fill_(float("nan"))
         fn()
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("rows", "k", "n", "residual", "act"), [
+    (49, 176, 176, "", "relu"),      # NASNet's: a 16-column tail panel, rows not a tile multiple
+    (30, 44, 44, "own", ""),         # residual in its own buffer
+    (12, 64, 96, "in place", "relu"),  # the memory plan's residual written over
+    (7, 33, 200, "", ""),
+])
+def test_native_gemm_forms_agree_with_torch(threads, rows, k, n, residual, act):
+    """A 1x1 convolution's three C++ forms (oneDNN's, MKL's, paragraph's own packed GEMM with
+    its epilogue in registers) each run in the first calls, which time them: every call equals
+    torch's, for columns that fill no whole panel, rows that fill no whole tile, a residual in
+    its own buffer or in the output's, and on one and two threads."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, 1, k, generator=gen)
+    w = torch.randn(n, 1, 1, k, generator=gen) / k ** 0.5
+    b = torch.randn(n, generator=gen)
+    res = torch.randn(1, rows, 1, n, generator=gen)
+    out = res.clone() if residual == "in place" else torch.empty(1, rows, 1, n)
+    want = torch.nn.functional.conv2d(x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2), b)
+    want = want.permute(0, 2, 3, 1) + (res if residual else 0)
+    want = {"relu": torch.relu, "gelu": torch.nn.functional.gelu}.get(act, lambda t: t)(want)
+    res_arg = out if residual == "in place" else res if residual else None
+    fn = module["paragraph_vendor_conv2d"](
+        *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
+        None if res_arg is None else tvm_ffi.from_dlpack(res_arg), [1, 1, 0, 0, 1, 1, 1], "NHWC",
+        act, threads)
+    for _ in range(16):  # every form timed five times, then the fastest
+        if residual == "in place":
+            out.copy_(res)
+        else:
+            out.fill_(float("nan"))
+        fn()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", ["", "relu", "gelu"])
+def test_native_linear_forms_agree_with_torch(threads, act):
+    """A product by a constant (K, N) matrix: the same three forms (the own GEMM packs the
+    matrix from its other orientation), GELU applied after the GEMM; every call equals
+    torch's."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(1)
+    a, w, b = (torch.randn(*s, generator=gen) for s in ((2, 13, 40), (40, 72), (72,)))
+    out = torch.empty(2, 13, 72)
+    want = {"relu": torch.relu, "gelu": torch.nn.functional.gelu}.get(act, lambda t: t)(
+        a @ w + b)
+    fn = module["paragraph_vendor_linear"](*(tvm_ffi.from_dlpack(t) for t in (out, a, w, b)),
+                                           act, threads)
+    for _ in range(16):
+        out.fill_(float("nan"))
+        fn()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

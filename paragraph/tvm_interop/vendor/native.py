@@ -1,10 +1,12 @@
 """The CPU vendor kernels in C++ (``native_kernels.cc``): convolutions, products (with a
 constant matrix or of two activations), concatenations, softmax and layer norm bound once to
-TVM's buffers as TVM FFI functions, which the native stream runner calls without the GIL. Built
-on first use with the system C++ compiler against PyTorch's and TVM FFI's headers (about 30 s),
-cached under `paragraph.files.cache_dir`. Without a compiler or PyTorch's headers, or with
-``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``, `bind` returns None and the executor
-binds the Python kernels of `runtime` (same results)."""
+TVM's buffers as TVM FFI functions (PyTorch's oneDNN and MKL calls, and paragraph's own GEMM
+and layer norm where those are faster, chosen per shape by timing), which the native stream
+runner calls without the GIL. Built on first use with the system C++ compiler against
+PyTorch's and TVM FFI's headers (about 30 s), cached under `paragraph.files.cache_dir`.
+Without a compiler or PyTorch's headers, or with ``PARAGRAPH_NATIVE=0`` or
+``PARAGRAPH_NATIVE_VENDOR=0``, `bind` returns None and the executor binds the Python kernels
+of `runtime` (same results)."""
 
 from __future__ import annotations
 
@@ -57,7 +59,9 @@ def _build(torch: Any, out: Path) -> None:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     build_library(SOURCE, out, includes=tuple(cpp_extension.include_paths()),
                   libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"),
-                  flags=(f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w"))
+                  # OpenMP for the own GEMM's threads: the runtime already loaded, PyTorch's
+                  # (same soname), so its kernels and torch's share one pool per thread
+                  flags=(f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", "-fopenmp"))
 
 
 def module() -> Any:
