@@ -1049,3 +1049,39 @@ def test_native_linear_forms_agree_with_torch(threads, rows, act):
         out.fill_(float("nan"))
         fn()
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeypatch, tmp_path):
+    """A compiler that refuses ``-fopenmp`` (clang without libomp) still builds the C++ vendor
+    kernels, with a warning: the own GEMM then runs its two-thread calls on one thread and
+    equals torch's."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop import native as native_runner
+    from paragraph.tvm_interop.vendor import native
+
+    cxx = native_runner._compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text("#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = -fopenmp ]; then\n"
+                       "    echo \"error: unsupported option '-fopenmp'\" >&2; exit 1\n  fi\n"
+                       f"done\nexec {cxx} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_state", {})
+    with pytest.warns(RuntimeWarning, match="without OpenMP"):
+        module = native.module()
+    assert module is not None, native.reason()
+    gen = torch.Generator().manual_seed(2)
+    x, w, b = (torch.randn(*s, generator=gen) for s in ((1, 30, 1, 40), (50, 1, 1, 40), (50,)))
+    out = torch.empty(1, 30, 1, 50)
+    want = torch.relu(torch.nn.functional.conv2d(x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2),
+                                                 b).permute(0, 2, 3, 1))
+    fn = module["paragraph_vendor_conv2d"](*(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
+                                           None, [1, 1, 0, 0, 1, 1, 1], "NHWC", "relu", 2)
+    for _ in range(16):
+        out.fill_(float("nan"))
+        fn()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -57,11 +57,21 @@ def _build(torch: Any, out: Path) -> None:
 
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    build_library(SOURCE, out, includes=tuple(cpp_extension.include_paths()),
-                  libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"),
-                  # OpenMP for the own GEMM's threads: the runtime already loaded, PyTorch's
-                  # (same soname), so its kernels and torch's share one pool per thread
-                  flags=(f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", "-fopenmp"))
+    flags = (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w")
+    build = functools.partial(build_library, SOURCE, out,
+                              includes=tuple(cpp_extension.include_paths()),
+                              libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"))
+    try:
+        # OpenMP for the own GEMM's threads: the runtime already loaded is PyTorch's libgomp
+        # (same soname), so its kernels and torch's share one pool per calling thread
+        build(flags=(*flags, "-fopenmp"))
+    except RuntimeError as exc:  # a compiler without OpenMP: the own GEMM runs on one thread
+        said = str(exc).partition("failed:\n")[2].lower()  # the compiler's words, not the command
+        if "openmp" not in said and "omp" not in said:
+            raise
+        warnings.warn(f"building paragraph's C++ vendor kernels without OpenMP ({exc}); their "
+                      "own GEMM runs on one thread", RuntimeWarning, stacklevel=2)
+        build(flags=flags)
 
 
 def module() -> Any:

@@ -25,7 +25,9 @@
 #include <immintrin.h>
 #define PARAGRAPH_AVX512 1
 #endif
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -350,7 +352,11 @@ struct PackedGemm {
 
   void operator()(int64_t threads) const {
     const int64_t panels = (n + kNR - 1) / kNR;
+#ifndef _OPENMP
+    threads = 1;  // built without OpenMP (`vendor.native` warned)
+#endif
     if (threads <= 1) return range(0, m, 0, panels);
+#ifdef _OPENMP
     const bool by_panel = n % (kNR * threads) == 0 || panels >= 4 * threads;
     const int64_t blocks = (m + kMR - 1) / kMR;
 #pragma omp parallel num_threads(static_cast<int>(threads))
@@ -362,6 +368,7 @@ struct PackedGemm {
         range(blocks * t / nt * kMR, std::min(m, blocks * (t + 1) / nt * kMR), 0, panels);
       }
     }
+#endif
   }
 };
 
