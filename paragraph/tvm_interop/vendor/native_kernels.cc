@@ -309,9 +309,9 @@ __attribute__((target("avx512f,fma"))) void gemm_tile(
       v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res + r * ldr));
       v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + r * ldr + 16));
     }
-    if (relu) {
-      v0 = _mm512_max_ps(v0, zero);
-      v1 = _mm512_max_ps(v1, zero);
+    if (relu) {  // max(0, v) returns v where v is NaN: NaN stays NaN, as in torch's relu
+      v0 = _mm512_max_ps(zero, v0);
+      v1 = _mm512_max_ps(zero, v1);
     }
     _mm512_mask_storeu_ps(c + r * ldc, m0, v0);
     if (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, v1);
