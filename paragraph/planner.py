@@ -476,6 +476,11 @@ QUIET_WAIT_S = 30.0
 # and the slower schedule was kept
 MIN_BLOCK_S = 0.01
 MAX_BLOCK = 200
+# warm-up runs before a candidate is timed: the C++ vendor kernels time each of their forms
+# (up to three) in their first five calls per new shape before settling on one, so fewer
+# warm-ups timed a rewritten candidate's new shapes partly on their slower forms, against an
+# input whose shapes had settled
+SETTLE_RUNS = 16
 
 
 def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB | None,
@@ -499,7 +504,8 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
         return remote_s
     keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{plan_digest(s)}",
                     tuning, ",".join(sorted(p.sources())),
-                    f"blocks={repeat}x{block}>={MIN_BLOCK_S}s{vendor_tag(p.sources())}")
+                    f"blocks={repeat}x{block}>={MIN_BLOCK_S}s,w{SETTLE_RUNS}"
+                    f"{vendor_tag(p.sources())}")
             for p, s in candidates]
     seconds = [db.get(k) if db is not None else None for k in keys]
     if None not in seconds and not check:
@@ -520,7 +526,7 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
                    for i, (ex, got) in enumerate(zip(executors, samples, strict=True))]
         fastest = float("inf")
         for c in configs:  # a whole block each: a process's first runs are slow
-            for _ in range(max(1, warmup, block)):
+            for _ in range(max(1, warmup, block, SETTLE_RUNS)):
                 start = time.perf_counter()
                 c.run()
                 fastest = min(fastest, time.perf_counter() - start)

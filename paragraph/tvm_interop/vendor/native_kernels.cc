@@ -46,7 +46,9 @@ namespace ffi = tvm::ffi;
 
 namespace {
 
-constexpr int kTrials = 4;  // timed calls per form before choosing (the first is discarded)
+// timed calls per form before choosing (the first is discarded); `planner.SETTLE_RUNS` warms a
+// program up past them (up to three forms: 15 calls)
+constexpr int kTrials = 4;
 constexpr double kMargin = 0.97;  // a later form's median against the earlier best's
 
 at::Tensor to_aten(const ffi::Tensor& t) {
