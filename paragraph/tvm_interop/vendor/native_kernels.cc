@@ -258,6 +258,11 @@ Form gemm(at::Tensor out2, at::Tensor rows, at::Tensor weight, c10::optional<at:
   };
 }
 
+// a contiguous float32 CPU tensor: what the AVX-512 kernels read and write
+bool plain_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
+}
+
 #ifdef PARAGRAPH_AVX512
 // paragraph's own GEMM for a product by a constant matrix (an NHWC 1x1 convolution, a linear
 // layer): out = act(a @ W + bias + res), the epilogue applied to each 12 x 32 tile while it is
@@ -373,10 +378,6 @@ struct PackedGemm {
 #endif
   }
 };
-
-bool plain_float(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
-}
 
 // the packed form of out2 = act(rows @ W + bias + res2), W's element (n, k) at
 // w[n * sn + k * sk]; None where the CPU or the tensors do not allow it
@@ -656,15 +657,12 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
     if (res) at::add_out(sum, x, *res);
     at::native_layer_norm_out(out, mean, rstd, sum, normalized, gamma, beta, eps);
   };
-  auto plain = [](const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
-  };
 #ifdef PARAGRAPH_AVX512
   const bool fused_ok =
-      __builtin_cpu_supports("avx512f") && x.dim() >= 1 && x.size(-1) > 0 && plain(x) &&
-      plain(out) && plain(gamma) && plain(beta) && out.sizes() == x.sizes() &&
+      __builtin_cpu_supports("avx512f") && x.dim() >= 1 && x.size(-1) > 0 && plain_float(x) &&
+      plain_float(out) && plain_float(gamma) && plain_float(beta) && out.sizes() == x.sizes() &&
       gamma.numel() == x.size(-1) && beta.numel() == x.size(-1) &&
-      (!res || (plain(*res) && res->sizes() == x.sizes()));
+      (!res || (plain_float(*res) && res->sizes() == x.sizes()));
 #else
   const bool fused_ok = false;
 #endif
