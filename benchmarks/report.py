@@ -161,12 +161,15 @@ def peers_table(r: dict) -> list[str]:
 
 def search_table(r: dict) -> list[str]:
     names = ["tvm_vm", "none+sequential", "none+best", "greedy+best", "taso+sequential",
-             "taso+best", "autograph+best", "simulated+best"]
+             "taso+best", "taso+loop+best", "autograph+best", "simulated+best"]
     lines = [f"Substitution search, AutoGraph's table 2 ({r['kernels']} kernels, budget "
              f"{r['budget_s']:.0f} s and top-k {r['top_k']} per search, median of "
              f"{r['repeat']} round-robin runs, {_dates(r)}; `benchmarks/search.py`), ms "
              "(search s / candidates built; \"= row\": the same program as that row, timed "
-             "once):", "",
+             "once). taso: TASO as published, its cheapest graph by the sum cost kept "
+             "unconfirmed (one search for both schedules); taso+loop: TASO's cost in "
+             "AutoGraph's on-board loop; \"-\": a model timed before the taso columns "
+             "existed:", "",
              "| model | " + " | ".join(names) + " | fastest |", "|---" * (len(names) + 2) + "|"]
     for m in r["models"]:
         rows = {x["config"]: x for x in m["configs"]}
@@ -181,7 +184,8 @@ def search_table(r: dict) -> list[str]:
                      if "search_s" in x else f" ({same[:-2]})" if same else "")
             cells.append(f"{x['median_ms']:.2f}{extra}")
         flag = " (contended)" if m.get("contended") else ""
-        lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {m['fastest']} |")
+        fastest = " = ".join([m["fastest"], *m.get("tied_with_fastest", [])])
+        lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {fastest} |")
     for f in r.get("failed", []):
         lines.append(f"| {f['model']} | failed: {f['error'][:100]} |" + " |" * len(names))
     return lines

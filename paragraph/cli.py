@@ -599,8 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--beta", "--alpha", type=float, default=None, dest="beta",
                        help="keep candidates within beta of the best (AutoGraph's beta, "
                        "TASO's alpha; default 1.1, 1.05 for taso)")
-        g.add_argument("--top-k", type=_positive, default=20,
-                       help="candidates built and timed per on-board round (default 20)")
+        g.add_argument("--top-k", type=_non_negative, default=20,
+                       help="candidates built and timed per on-board round (default 20); 0: "
+                       "no on-board loop, the cheapest graph by the cost is kept unconfirmed, "
+                       "as TASO does (fast, and it may run slower than the input)")
         g.add_argument("--search-budget", type=float, default=300.0, metavar="SECONDS",
                        help="seconds for the whole search, builds included (default 300)")
 
@@ -674,6 +676,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_rules(sub)
     return parser
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
 
 
 def _positive(text: str) -> int:

@@ -637,6 +637,41 @@ def candidates_in_memory(graph: Graph, share: float = 0.5) -> int:
     return max(1, int(share * free / (HELD_PER_WEIGHT_BYTE * weights)))
 
 
+UNCONFIRMED_MEASURED = 8  # top_k 0: candidates whose new kernels are measured before ranking
+
+
+def _cheapest(graph: Graph, start: Plan, rules: Sequence[AnyRule], cost: Callable[[Graph], float],
+              options: SearchOptions, began: float, build_s: float,
+              learn: Callable[[Graph], None], build: Callable[[Graph, Sequence[str]], Plan],
+              tuning_db: str | None, db: CostDB, remote: Remote | None, say: Log
+              ) -> tuple[Plan, Graph, tuple[Applied, ...], float, float, int]:
+    """`search_plan` without its on-board loop (``top_k`` 0), as TASO and MetaFlow work: one
+    search, the `UNCONFIRMED_MEASURED` cheapest candidates' new kernels measured, and the
+    cheapest of them by the cost built, whatever it measures. Its outputs are checked against
+    the input's and both are timed once, for the report only. Returns the plan, its graph,
+    the rewrites, the input's and the plan's seconds and the number of programs built."""
+    left = options.seconds - (time.perf_counter() - began)
+    result = substitution_search(graph, rules, cost,
+                                 replace(options, seconds=max(left - 1.2 * build_s, left / 4)),
+                                 progress=say)
+    ranked = list(result.candidates[:UNCONFIRMED_MEASURED])
+    for c in ranked:
+        learn(c.graph)
+    chosen = min(ranked, key=lambda c: cost(c.graph))
+    if chosen.graph.structural_hash() == graph.structural_hash():
+        say("  no on-board loop: the input is the cheapest graph by the cost")
+        alone = end_to_end([(start.program, start.schedule)], db, tuning_id(tuning_db),
+                           remote=remote)[0]
+        return start, graph, (), alone, alone, 1
+    plan = build(chosen.graph, [a.rule for a in chosen.applied])
+    first_s, best_s = end_to_end([(start.program, start.schedule),
+                                  (plan.program, plan.schedule)], db, tuning_id(tuning_db),
+                                 check=True, remote=remote)
+    say(f"  no on-board loop: the cheapest graph by the cost ({len(chosen.applied)} rewrites) "
+        f"kept unconfirmed: {best_s * 1e3:.3f} ms against the input's {first_s * 1e3:.3f} ms")
+    return plan, chosen.graph, chosen.applied, first_s, best_s, 2
+
+
 def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOptions(),
                 schedule: str = "critical-path", kernels: str = "tvm",
                 tuning_db: str | None = None, top_k: int = 20, rounds: int = 4,
@@ -670,7 +705,13 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     returned plan's ``graph`` is the chosen operator graph. With ``remote`` everything is
     measured on that device: the kernel signatures (built here for its target, uncached), the
     candidates' schedules (`plan_schedule`) and their end-to-end times (`end_to_end`); only
-    the estimate for kernels left unmeasured uses this machine's peaks."""
+    the estimate for kernels left unmeasured uses this machine's peaks.
+
+    ``top_k`` 0 turns the on-board loop off (`_cheapest`): the search's cheapest graph by its
+    cost is returned unconfirmed, as TASO and MetaFlow return theirs; it may run slower than
+    the input."""
+    if top_k < 0:
+        raise ParagraphError(f"top_k must be at least 0, got {top_k}")
     say = log or (lambda _m: None)
     began = time.perf_counter()
     deadline = time.monotonic() + options.seconds
@@ -730,6 +771,11 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         built, cost_before = 1, cost(graph)
         say(f"  input: cost {cost_before * 1e3:.3f} ms ({options.cost})")
         seen = {graph.structural_hash()}
+        if top_k == 0:  # no on-board loop: the cheapest graph by the cost, as TASO returns it
+            best, best_graph, best_applied, first_s, best_s, built = _cheapest(
+                graph, best, rules, cost, options, began, build_s, learn, build, tuning_db,
+                db, remote, say)
+            rounds = 0
         for r in range(rounds):
             left = options.seconds - (time.perf_counter() - began)
             if left <= 0:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from paragraph import GraphBuilder
+from paragraph.errors import ParagraphError
 from paragraph.interpret import run_graph
 from paragraph.passes.cost import VIEWS, kernels_of
 from paragraph.passes.schedule import sequential
@@ -173,6 +174,37 @@ def test_the_on_board_loop_confirms_a_gain_beside_a_second_build_of_the_best(
         assert not applied and any("not confirmed" in line and "10.0% needed" in line
                                    for line in lines)
     assert_runs_the_model(g, plan)
+
+
+def test_without_the_on_board_loop_the_cheapest_graph_is_kept_even_if_slower(tmp_path,
+                                                                           monkeypatch):
+    """``top_k`` 0, TASO's way: one search, and its cheapest graph by the cost is the result
+    whatever it measures (here, as the test says, twice the input's time); its outputs are
+    still checked against the input's, and the candidates are neither built nor timed."""
+    from paragraph import planner
+
+    real = planner.end_to_end
+    calls: list[tuple[int, bool]] = []
+
+    def timings(candidates, db, tuning, *args, check=False, **kwargs):
+        calls.append((len(candidates), check))
+        seconds = real(candidates, db, tuning, *args, check=check, **kwargs)
+        return seconds[:1] + [2 * seconds[0]] * (len(candidates) - 1)
+
+    monkeypatch.setattr(planner, "end_to_end", timings)
+    g = cell()
+    lines: list[str] = []
+    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=20),
+                       schedule="sequential", top_k=0, cores=1,
+                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    report = plan.report["search"]
+    assert report["applied"] and report["cost_after_ms"] < report["cost_before_ms"]
+    assert report["measured_after_ms"] == pytest.approx(2 * report["measured_before_ms"])
+    assert report["candidates_built"] == 2 and calls == [(2, True)]
+    assert any("kept unconfirmed" in line for line in lines)
+    assert_runs_the_model(g, plan)
+    with pytest.raises(ParagraphError, match="top_k"):
+        search_plan(g, "llvm", top_k=-1)
 
 
 def test_the_search_starts_from_a_plan_of_its_input_built_already(tmp_path):
