@@ -169,7 +169,7 @@ def search_table(r: dict) -> list[str]:
              "once). taso: TASO as published, its cheapest graph by the sum cost kept "
              "unconfirmed (one search for both schedules); taso+loop: TASO's cost in "
              "AutoGraph's on-board loop; \"-\": a model timed before the taso columns "
-             "existed:", "",
+             "existed; fastest: with the parallel searches that ran its very program:", "",
              "| model | " + " | ".join(names) + " | fastest |", "|---" * (len(names) + 2) + "|"]
     for m in r["models"]:
         rows = {x["config"]: x for x in m["configs"]}
@@ -182,9 +182,15 @@ def search_table(r: dict) -> list[str]:
             same = f"= {x['same_as']}; " if "same_as" in x else ""
             extra = (f" ({same}{x['search_s']:.0f} s / {x['candidates_built']})"
                      if "search_s" in x else f" ({same[:-2]})" if same else "")
+            shared = x.get("search_shared_with")
+            if shared:
+                extra = (f" (= {shared})" if x.get("same_as") == shared
+                         else f" ({same}the graph of {shared})")
             cells.append(f"{x['median_ms']:.2f}{extra}")
         flag = " (contended)" if m.get("contended") else ""
-        fastest = " = ".join([m["fastest"], *m.get("tied_with_fastest", [])])
+        # the parallel searches that ran the fastest row's very program (kept their input)
+        fastest = " = ".join([m["fastest"], *(c for c in m.get("tied_with_fastest", [])
+                                                 if c in ("autograph+best", "simulated+best"))])
         lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {fastest} |")
     for f in r.get("failed", []):
         lines.append(f"| {f['model']} | failed: {f['error'][:100]} |" + " |" * len(names))
