@@ -188,6 +188,9 @@ def test_argument_errors_exit_cleanly():
     with pytest.raises(SystemExit) as info:
         main(["run", "squeezenet1_1", "--repeat", "0"])
     assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:  # 0 is allowed: the search without its loop
+        main(["run", "squeezenet1_1", "--search", "taso", "--top-k", "-1"])
+    assert info.value.code == 2
 
 
 def test_search_rewrites_checks_and_is_never_slower(capsys, tmp_path, monkeypatch):
