@@ -374,6 +374,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     configs.append(vm)
     plans = [(f"paragraph:{schedule}", plan_schedule(schedule, program, db=db))
              for schedule in args.schedules.split(",")]
+    same_as: dict[str, str] = {}
     if args.search != "none":  # the graph the substitution search picks, critical-path
         start = time.perf_counter()
         searched = search_plan(from_relax(mod), target, options=SearchOptions.of(
@@ -382,7 +383,16 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         log(f"{name}: {args.search} search {time.perf_counter() - start:.0f} s, "
             f"{len(searched.report['search']['rules'])} rewrites")
         plans.append((f"paragraph:{args.search}+critical-path", searched))
+        # a search that kept its input runs the critical-path row's very program: that row's
+        # timing stands for it, so the best row is not the luckier of two timings of one
+        # program (ResNet-50 once: 48.4 against 43.6 ms, the same program)
+        start_plan = dict(plans).get("paragraph:critical-path")
+        if start_plan is not None and searched.program is start_plan.program:
+            same_as[plans[-1][0]] = "paragraph:critical-path"
+    searched_report = {name: plan.report.get("search") for name, plan in plans}
     for config_name, plan in plans:
+        if config_name in same_as:
+            continue
         c = executor_config(plan.program, plan.schedule, inputs)
         c.name = config_name
         c.info.update(runtime="paragraph", kernels=args.kernels)
@@ -417,7 +427,13 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         row["max_diff_vs_onnxruntime"] = diffs.get(c.name, 0.0)
         rows.append(row)
         log(f"  {c.name:26} {row['median_ms']:9.3f} ms  ({row['speed_vs_onnxruntime']:.2f}x ORT)")
-    ours = [r for r in rows if r["config"].startswith("paragraph:")]
+    for name, other in same_as.items():
+        report = searched_report[name] or {}
+        rows.append({**next(r for r in rows if r["config"] == other), "config": name,
+                     "same_as": other, "search": {k: report.get(k) for k in (
+                         "method", "cost", "rules", "seconds", "candidates_built")}})
+        log(f"  {name:26} = {other}")
+    ours = [r for r in rows if r["config"].startswith("paragraph:") and "same_as" not in r]
     best = min(ours, key=lambda r: r["median_ms"])
     contended = is_contended(before, after)
     if contended:
