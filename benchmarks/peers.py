@@ -389,7 +389,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         start_plan = dict(plans).get("paragraph:critical-path")
         if start_plan is not None and searched.program is start_plan.program:
             same_as[plans[-1][0]] = "paragraph:critical-path"
-    searched_report = {name: plan.report.get("search") for name, plan in plans}
+    searched_report = {label: plan.report.get("search") for label, plan in plans}
     for config_name, plan in plans:
         if config_name in same_as:
             continue
@@ -427,12 +427,12 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         row["max_diff_vs_onnxruntime"] = diffs.get(c.name, 0.0)
         rows.append(row)
         log(f"  {c.name:26} {row['median_ms']:9.3f} ms  ({row['speed_vs_onnxruntime']:.2f}x ORT)")
-    for name, other in same_as.items():
-        report = searched_report[name] or {}
-        rows.append({**next(r for r in rows if r["config"] == other), "config": name,
+    for label, other in same_as.items():
+        report = searched_report[label] or {}
+        rows.append({**next(r for r in rows if r["config"] == other), "config": label,
                      "same_as": other, "search": {k: report.get(k) for k in (
                          "method", "cost", "rules", "seconds", "candidates_built")}})
-        log(f"  {name:26} = {other}")
+        log(f"  {label:26} = {other}")
     ours = [r for r in rows if r["config"].startswith("paragraph:") and "same_as" not in r]
     best = min(ours, key=lambda r: r["median_ms"])
     contended = is_contended(before, after)
