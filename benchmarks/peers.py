@@ -350,6 +350,12 @@ def kernel_bound(program: KernelProgram, inputs: list[np.ndarray], runs: int = 1
             "bound_ms": max(total / cpu_count(), critical)}
 
 
+def _search_info(plan) -> dict:
+    """What a row reports of the search behind ``plan``."""
+    return {k: plan.report["search"][k] for k in ("method", "cost", "rules", "seconds",
+                                                  "candidates_built")}
+
+
 def bench_model(name: str, args, db: CostDB, log) -> dict:
     """All peers and paragraph's schedules on one model, checked, then timed side by side."""
     workdir = Path(tempfile.mkdtemp(prefix="paragraph-peers-"))
@@ -389,7 +395,6 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         start_plan = dict(plans).get("paragraph:critical-path")
         if start_plan is not None and searched.program is start_plan.program:
             same_as[plans[-1][0]] = "paragraph:critical-path"
-    searched_report = {label: plan.report.get("search") for label, plan in plans}
     for config_name, plan in plans:
         if config_name in same_as:
             continue
@@ -397,8 +402,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         c.name = config_name
         c.info.update(runtime="paragraph", kernels=args.kernels)
         if plan.report.get("search"):
-            c.info.update(search={k: plan.report["search"][k] for k in (
-                "method", "cost", "rules", "seconds", "candidates_built")})
+            c.info.update(search=_search_info(plan))
         configs.append(c)
     expected = [np.asarray(a) for a in ort.run()]
     diffs = {}
@@ -428,10 +432,8 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         rows.append(row)
         log(f"  {c.name:26} {row['median_ms']:9.3f} ms  ({row['speed_vs_onnxruntime']:.2f}x ORT)")
     for label, other in same_as.items():
-        report = searched_report[label] or {}
         rows.append({**next(r for r in rows if r["config"] == other), "config": label,
-                     "same_as": other, "search": {k: report.get(k) for k in (
-                         "method", "cost", "rules", "seconds", "candidates_built")}})
+                     "same_as": other, "search": _search_info(dict(plans)[label])})
         log(f"  {label:26} = {other}")
     ours = [r for r in rows if r["config"].startswith("paragraph:") and "same_as" not in r]
     best = min(ours, key=lambda r: r["median_ms"])

@@ -658,10 +658,9 @@ def _cheapest(graph: Graph, start: Plan, rules: Sequence[AnyRule], cost: Callabl
     for c in ranked:
         learn(c.graph)
     chosen = min(ranked, key=lambda c: cost(c.graph))
-    # never costlier than the input by the cost, as TASO's result (the input may have been
+    # never costlier than the input by the cost, as TASO's result (the input itself, or
     # ranked out of the measured few by its estimate)
-    if (chosen.graph.structural_hash() == graph.structural_hash()
-            or cost(chosen.graph) >= cost(graph)):
+    if cost(chosen.graph) >= cost(graph):
         say("  no on-board loop: the input is the cheapest graph by the cost")
         alone = end_to_end([(start.program, start.schedule)], db, tuning_id(tuning_db),
                            remote=remote)[0]
