@@ -1051,6 +1051,43 @@ def test_native_linear_forms_agree_with_torch(threads, rows, act):
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("shapes", "axis", "act", "dtype"), [
+    ([(1, 35, 35, 64), (1, 35, 35, 96), (1, 35, 35, 32)], 3, "", torch.float32),  # Inception's
+    ([(1, 17, 17, 192), (1, 17, 17, 192)], 3, "relu", torch.float32),
+    ([(2, 3, 5), (2, 1, 5), (2, 4, 5)], 1, "", torch.float32),  # along a middle axis
+    ([(3, 4), (5, 4)], 0, "relu", torch.float32),               # one row: whole parts
+    ([(1, 9, 9, 7), (1, 9, 9, 1)], 3, "", torch.int64),         # another element size
+    ([(4, 0, 3), (4, 2, 3)], 1, "", torch.float32),             # an empty part
+])
+def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype):
+    """A concat's two C++ forms (PyTorch's cat_out, paragraph's own row-by-row copy with the
+    relu applied in the same pass, rows split over the threads) each run in the first calls,
+    which time them: every call equals torch.cat, negative and NaN values included (relu keeps
+    NaN, as torch's does), for channel joins, middle and first axes and integer tensors."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(len(shapes))
+    parts = [(torch.randn(*s, generator=gen) * 100).to(dtype) for s in shapes]
+    if dtype == torch.float32:
+        parts[0].view(-1)[:1] = float("nan")
+    want = torch.cat(parts, dim=axis)
+    want = torch.relu(want) if act == "relu" else want
+    out = torch.empty_like(want)
+    fn = module["paragraph_vendor_concat"](tvm_ffi.from_dlpack(out),
+                                           [tvm_ffi.from_dlpack(p) for p in parts], axis, act,
+                                           threads)
+    for _ in range(12):  # both forms timed five times, then the faster
+        out.fill_(7)
+        fn()
+        torch.testing.assert_close(out, want, equal_nan=True, rtol=0, atol=0)
+
+
 def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeypatch, tmp_path):
     """A compiler that refuses ``-fopenmp`` (clang without libomp) still builds the C++ vendor
     kernels, with a warning: the own GEMM then runs its two-thread calls on one thread and
