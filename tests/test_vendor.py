@@ -130,6 +130,15 @@ def conv_branches_concat(bb, x):
     return bb.emit(relax.op.concat([wide, narrow], axis=1))
 
 
+def conv_pools(bb, x):
+    """A convolution (NHWC after dispatch, and its pools with it), then Inception's two
+    average pools (padding counted and not) and a strided max pool."""
+    y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, const(20, 8, 3, 3), padding=1))))
+    with_pad = bb.emit(relax.op.nn.avg_pool2d(y, 3, 1, 1, count_include_pad=True))
+    without = bb.emit(relax.op.nn.avg_pool2d(y, 3, 1, 1, count_include_pad=False))
+    return bb.emit(relax.op.nn.max_pool2d(bb.emit(relax.op.add(with_pad, without)), 3, 2, 0))
+
+
 def erf_gelu(order):
     """PyTorch's ONNX export of GELU after a linear layer, with the products in ``order``."""
     def body(bb, x):
@@ -177,6 +186,9 @@ CONCATS = {
     "conv_branches_concat": (module((1, 8, 7, 7), conv_branches_concat),
                              ["conv2d.NHWC.s1x1.p1x1.d1x1.g1", "conv2d.NHWC.s1x1.p0x0.d1x1.g1",
                               "concat.a3"]),
+    "conv_pools": (module((1, 8, 9, 9), conv_pools),
+                   ["conv2d.NHWC.s1x1.p1x1.d1x1.g1.relu", "avg_pool2d.NHWC.k3x3.s1x1.p1x1.incpad",
+                    "avg_pool2d.NHWC.k3x3.s1x1.p1x1", "max_pool2d.NHWC.k3x3.s2x2.p0x0"]),
 }
 
 
@@ -226,6 +238,19 @@ def test_nchw_layout_and_what_is_not_dispatched():
     names = vendor_names(dispatch_to_vendor(module((1, 8, 5, 5), relu_then_scale),
                                             local_cpu_target()))
     assert [cost_name(n) for n in names] == ["paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu"]
+    # pools rounding up, dilated or padded unevenly stay with TVM (and so does relu after one)
+
+    def odd_pools(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, const(4, 8, 1, 1)))
+        up = bb.emit(relax.op.nn.max_pool2d(y, 3, 2, 0, ceil_mode=True))
+        dilated = bb.emit(relax.op.nn.max_pool2d(y, 3, 1, 2, dilation=2))
+        uneven = bb.emit(relax.op.nn.avg_pool2d(y, 3, 1, (0, 0, 1, 1)))
+        plain = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.max_pool2d(y, 2, 2, 0))))
+        return bb.emit(relax.Tuple([up, dilated, uneven, plain]))
+    names = vendor_names(dispatch_to_vendor(module((1, 8, 8, 8), odd_pools), local_cpu_target()))
+    assert sorted(cost_name(n) for n in names) == [
+        "paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1",
+        "paragraph.vendor.max_pool2d.NHWC.k2x2.s2x2.p0x0"]
 
 
 def test_vendor_op_names_round_trip():
@@ -243,7 +268,11 @@ def test_vendor_op_names_round_trip():
                 "paragraph.vendor.concat", "paragraph.vendor.concat.a1.w0123abcd",
                 "paragraph.vendor.softmax", "paragraph.vendor.softmax.a1.w0123abcd",
                 "paragraph.vendor.layer_norm", "paragraph.vendor.layer_norm.a1",
-                "paragraph.vendor.layer_norm.e1e-5.w0123abcd"]:
+                "paragraph.vendor.layer_norm.e1e-5.w0123abcd",
+                "paragraph.vendor.max_pool2d.NHWC.k3x3.s2x2",
+                "paragraph.vendor.max_pool2d.NCHW.k3x3.s2x2.p0x0",
+                "paragraph.vendor.max_pool2d.NHWC.k3x3.s2x2.p0x0.incpad",
+                "paragraph.vendor.avg_pool2d.NHWC.k3x3.s1x1.p1x1.relu"]:
         with pytest.raises(ParagraphError):
             VendorOp.from_name(bad)
 
@@ -295,11 +324,13 @@ def test_a_recomputed_activation_is_merged_and_absorbed():
         return bb.emit(relax.op.add(pa, pb))
     mod = module((1, 8, 5, 5), body)
     dispatched = dispatch_to_vendor(mod, local_cpu_target())
-    assert [cost_name(n) for n in vendor_names(dispatched)] == [
-        "paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu"]
+    # the two pools of the one ReLU are one pool too (a vendor kernel)
+    assert sorted(cost_name(n) for n in vendor_names(dispatched)) == [
+        "paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu",
+        "paragraph.vendor.max_pool2d.NHWC.k3x3.s1x1.p1x1"]
     ops = [b.value.op.name for b in dispatched["main"].body.blocks[0].bindings
            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
-    assert ops.count("relax.nn.relu") == 0 and ops.count("relax.nn.max_pool2d") == 1
+    assert ops.count("relax.nn.relu") == 0 and ops.count("relax.nn.max_pool2d") == 0
     inputs = random_inputs(mod, seed=6)
     got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
     np.testing.assert_allclose(got[0], vm_outputs(KernelProgram.build(mod, "llvm"), inputs)[0],
@@ -1086,6 +1117,45 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
         out.fill_(7)
         fn()
         torch.testing.assert_close(out, want, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("shape", "kind", "window", "stride", "pad", "include_pad"), [
+    ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), True),    # Inception's, a 24-channel tail
+    ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), False),   # NASNet's: padding not counted
+    ((2, 17, 17, 7), "max", 3, 2, (0, 0, 0, 0), False),    # fewer channels than a vector
+    ((1, 12, 11, 16), "max", 3, 2, (1, 1, 1, 1), False),
+    ((1, 9, 10, 20), "max", 2, 1, (0, 0, 1, 1), False),    # uneven padding (C++ only)
+])
+def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad, include_pad):
+    """The C++ pools on NHWC buffers equal PyTorch's: padding left out of a max and counted in
+    an average's divisor only where asked, channels that fill no whole vector, a NaN in a
+    max's window giving NaN, rows split over one thread or two."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(*shape, generator=gen) * 10
+    x[0, 3, 4, :3] = float("nan")
+    xn = x.permute(0, 3, 1, 2)
+    top, left, bottom, right = pad
+    if kind == "max":
+        padded = torch.nn.functional.pad(xn, (left, right, top, bottom), value=float("-inf"))
+        want = torch.nn.functional.max_pool2d(padded, window, stride)
+    else:
+        want = torch.nn.functional.avg_pool2d(xn, window, stride, top,
+                                              count_include_pad=include_pad)
+    want = want.permute(0, 2, 3, 1).contiguous()
+    out = torch.full(want.shape, 7.0)
+    fn = module["paragraph_vendor_pool2d"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(x),
+                                           [window, window, stride, stride, *pad],
+                                           kind == "max", include_pad, threads)
+    fn()
+    torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-5, atol=1e-5)
 
 
 def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeypatch, tmp_path):

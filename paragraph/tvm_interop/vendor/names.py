@@ -20,7 +20,9 @@ def check_kernel_source(kernels: str) -> None:
     if kernels not in KERNEL_SOURCES:
         raise ParagraphError(f"unknown kernel source {kernels!r}; choose from "
                              f"{', '.join(KERNEL_SOURCES)}")
-KINDS = ("conv2d", "matmul", "bmm", "concat", "softmax", "layer_norm")
+KINDS = ("conv2d", "matmul", "bmm", "concat", "softmax", "layer_norm", "max_pool2d",
+         "avg_pool2d")
+POOLS = ("max_pool2d", "avg_pool2d")
 ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
 
 
@@ -28,8 +30,8 @@ ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_
 class VendorOp:
     """Everything a vendor call needs besides its tensors; its `name` is the function name."""
 
-    kind: str  # conv2d | matmul | bmm | concat | softmax | layer_norm
-    layout: str = ""  # conv2d: NCHW (weights OIHW) or NHWC (weights OHWI)
+    kind: str  # conv2d | matmul | bmm | concat | softmax | layer_norm | max/avg_pool2d
+    layout: str = ""  # conv2d: NCHW (weights OIHW) or NHWC (weights OHWI); pools: NHWC
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, ...] = (0, 0)  # (top, left) if symmetric, else (top, left, bottom, right)
     dilation: tuple[int, int] = (1, 1)
@@ -40,6 +42,8 @@ class VendorOp:
     weight: str = ""  # CPU: digest of the constant weight, whose packed form is cached
     axis: int = 0  # concat: the axis joined along; softmax: the axis normalised
     eps: float = 0.0  # layer_norm (over the last axis): the epsilon
+    window: tuple[int, int] = (1, 1)  # pools: the window's height and width
+    include_pad: bool = False  # avg_pool2d: padding counts in the divisor
 
     @property
     def name(self) -> str:
@@ -52,6 +56,9 @@ class VendorOp:
         if self.kind == "conv2d":
             parts += [self.layout, _dims("s", self.stride), _dims("p", self.padding),
                       _dims("d", self.dilation), f"g{self.groups}"]
+        elif self.kind in POOLS:
+            parts += [self.layout, _dims("k", self.window), _dims("s", self.stride),
+                      _dims("p", self.padding)] + ["incpad"] * self.include_pad
         elif self.kind in ("concat", "softmax"):
             parts.append(f"a{self.axis}")
         elif self.kind == "layer_norm":  # no dots: names split on them
@@ -82,6 +89,19 @@ class VendorOp:
             op = replace(op, layout=rest[0], stride=s, padding=p, dilation=d,
                          groups=int(group[1]))
             rest = rest[5:]
+        elif op.kind in POOLS:
+            if len(rest) < 4 or rest[0] != "NHWC":
+                raise ParagraphError(f"malformed vendor pool name {name!r}")
+            found = [re.fullmatch(rf"{k}(\d+(?:x\d+)+)", p)
+                     for k, p in zip("ksp", rest[1:4], strict=True)]
+            if any(m is None for m in found):
+                raise ParagraphError(f"malformed vendor pool name {name!r}")
+            k, s, p = (tuple(int(v) for v in m[1].split("x")) for m in found if m is not None)
+            if len(k) != 2 or len(s) != 2 or len(p) not in (2, 4):
+                raise ParagraphError(f"malformed vendor pool name {name!r}")
+            op, rest = replace(op, layout=rest[0], window=k, stride=s, padding=p), rest[4:]
+            if op.kind == "avg_pool2d" and rest[:1] == ["incpad"]:
+                op, rest = replace(op, include_pad=True), rest[1:]
         elif op.kind in ("concat", "softmax"):
             axis = re.fullmatch(r"a(\d+)", rest[0]) if rest else None
             if axis is None:
@@ -97,6 +117,8 @@ class VendorOp:
                 raise ParagraphError(f"malformed vendor layer_norm name {name!r}")
             op, rest = replace(op, eps=value), rest[1:]
         for flag in rest:
+            if op.kind in POOLS:  # a pool takes no bias, residual, activation or weight
+                raise ParagraphError(f"unknown part {flag!r} in vendor kernel name {name!r}")
             if flag == "bias":
                 op = replace(op, bias=True)
             elif flag == "res":
@@ -129,7 +151,7 @@ def vendor_flops(name: str, in_shapes: list[tuple[int, ...]],
     """Multiply-adds x 2 of a vendor call (what ``estimate_tir_flops`` gives TVM kernels)."""
     op = VendorOp.from_name(name)
     out = out_shapes[0]
-    if op.kind in ("concat", "softmax", "layer_norm"):  # data movement, a few operations each
+    if op.kind in ("concat", "softmax", "layer_norm", *POOLS):  # data movement, a few ops each
         return 0.0
     if op.kind == "conv2d":
         w = in_shapes[1]  # OIHW or OHWI: the reduction is everything but O

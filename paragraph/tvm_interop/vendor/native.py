@@ -23,7 +23,7 @@ import tvm_ffi
 
 from paragraph.files import cache_dir
 from paragraph.tvm_interop.native import build_library
-from paragraph.tvm_interop.vendor.names import VendorOp, is_vendor_name
+from paragraph.tvm_interop.vendor.names import POOLS, VendorOp, is_vendor_name
 
 SOURCE = Path(__file__).with_name("native_kernels.cc")
 _lock = threading.Lock()
@@ -119,6 +119,10 @@ def bind(name: str, args: tuple, threads: int) -> Any:
         return m["paragraph_vendor_concat"](args[-1], list(args[:-1]), op.axis, act, threads)
     if op.kind == "softmax":
         return m["paragraph_vendor_softmax"](args[-1], args[0], op.axis, threads)
+    if op.kind in POOLS:
+        pad = op.padding if len(op.padding) == 4 else (*op.padding, *op.padding)
+        return m["paragraph_vendor_pool2d"](args[-1], args[0], [*op.window, *op.stride, *pad],
+                                            op.kind == "max_pool2d", op.include_pad, threads)
     if op.kind == "layer_norm":
         return m["paragraph_vendor_layer_norm"](args[-1], args[0], args[1], args[2],
                                                 args[3] if op.residual else None, op.eps,

@@ -645,6 +645,154 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
   return wrap([fastest]() { (*fastest)(); });
 }
 
+#ifdef PARAGRAPH_AVX512
+// one step of a window's reduction: acc = max(acc, v) or acc + v; for a max, a lane of ``nan``
+// turns NaN where v is NaN (max alone drops a NaN met before a number)
+template <bool MAX>
+__attribute__((target("avx512f"))) inline void pool_step(__m512& acc, __m512& nan, __m512 v) {
+  if (MAX) {
+    acc = _mm512_max_ps(acc, v);
+    nan = _mm512_mask_mov_ps(nan, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
+  } else {
+    acc = _mm512_add_ps(acc, v);
+  }
+}
+
+template <bool MAX>
+__attribute__((target("avx512f"))) inline __m512 pool_result(__m512 acc, __m512 nan,
+                                                             __m512 scale) {
+  return MAX ? _mm512_mask_mov_ps(acc, _mm512_cmp_ps_mask(nan, nan, _CMP_UNORD_Q), nan)
+             : _mm512_mul_ps(acc, scale);
+}
+
+// one output pixel: the window rows [h0, h1) x columns [w0, w1) of x (at the image's first
+// pixel) reduced over c channels into o; 64 channels at a time in four independent
+// accumulators (one at a time, each load waited on the previous add: slower than TVM's
+// kernels), then the rest a vector at a time, the last masked
+template <bool MAX>
+__attribute__((target("avx512f"))) void pool_pixel(const float* x, int64_t w, int64_t c,
+                                                   int64_t h0, int64_t h1, int64_t w0,
+                                                   int64_t w1, __m512 scale, float* o) {
+  const __m512 init = MAX ? _mm512_set1_ps(-INFINITY) : _mm512_setzero_ps();
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 64 <= c; k += 64) {
+    __m512 a0 = init, a1 = init, a2 = init, a3 = init;
+    __m512 n0 = zero, n1 = zero, n2 = zero, n3 = zero;
+    for (int64_t y = h0; y < h1; ++y) {
+      for (int64_t z = w0; z < w1; ++z) {
+        const float* p = x + (y * w + z) * c + k;
+        pool_step<MAX>(a0, n0, _mm512_loadu_ps(p));
+        pool_step<MAX>(a1, n1, _mm512_loadu_ps(p + 16));
+        pool_step<MAX>(a2, n2, _mm512_loadu_ps(p + 32));
+        pool_step<MAX>(a3, n3, _mm512_loadu_ps(p + 48));
+      }
+    }
+    _mm512_storeu_ps(o + k, pool_result<MAX>(a0, n0, scale));
+    _mm512_storeu_ps(o + k + 16, pool_result<MAX>(a1, n1, scale));
+    _mm512_storeu_ps(o + k + 32, pool_result<MAX>(a2, n2, scale));
+    _mm512_storeu_ps(o + k + 48, pool_result<MAX>(a3, n3, scale));
+  }
+  for (; k < c; k += 16) {
+    const __mmask16 m = c - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (c - k)) - 1);
+    __m512 a = init, n = zero;
+    for (int64_t y = h0; y < h1; ++y)
+      for (int64_t z = w0; z < w1; ++z)
+        pool_step<MAX>(a, n, _mm512_maskz_loadu_ps(m, x + (y * w + z) * c + k));
+    _mm512_mask_storeu_ps(o + k, m, pool_result<MAX>(a, n, scale));
+  }
+}
+#endif
+
+// paragraph's max and average pools of NHWC float32 tensors (AVX-512): each output pixel
+// reduces its window's valid input pixels, padding left out (max) or
+// counted in the divisor (average with include_pad, PyTorch's count_include_pad); a NaN in a
+// window gives NaN, as PyTorch's max pool. Rows of the output are split over the OpenMP
+// threads, so a pool runs on the team of the vendor kernels around it (TVM's pool kernels ran
+// on TVM's own thread pool, and the OpenMP workers fell asleep while they did).
+struct Pool {
+  const float* x;
+  float* out;
+  int64_t n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr;
+  bool is_max, include_pad;
+
+#ifdef PARAGRAPH_AVX512
+  __attribute__((target("avx512f"))) void rows(int64_t r0, int64_t r1) const {
+    for (int64_t r = r0; r < r1; ++r) {  // r = (image, output row)
+      const int64_t img = r / oh, hs = (r % oh) * sh - pt;
+      const int64_t h0 = std::max<int64_t>(hs, 0), h1 = std::min(hs + kh, h);
+      const float* image = x + img * h * w * c;
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t ws = j * sw - pl;
+        const int64_t w0 = std::max<int64_t>(ws, 0), w1 = std::min(ws + kw, w);
+        const int64_t count =
+            include_pad ? (std::min(hs + kh, h + pb) - hs) * (std::min(ws + kw, w + pr) - ws)
+                        : (h1 - h0) * (w1 - w0);
+        const __m512 scale = _mm512_set1_ps(count > 0 ? 1.0f / count : 0.0f);
+        float* o = out + (r * ow + j) * c;
+        (is_max ? pool_pixel<true> : pool_pixel<false>)(image, w, c, h0, h1, w0, w1, scale, o);
+      }
+    }
+  }
+#endif
+
+  void operator()(int64_t threads) const {
+#ifdef PARAGRAPH_AVX512
+    const int64_t total = n * oh;
+#ifdef _OPENMP
+    // below ~64 KB of output a parallel region costs more than it saves
+    if (threads > 1 && total >= threads && total * ow * c * 4 >= (int64_t{64} << 10)) {
+#pragma omp parallel num_threads(static_cast<int>(threads))
+      {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        rows(total * t / nt, total * (t + 1) / nt);
+      }
+      return;
+    }
+#endif
+    rows(0, total);
+#endif
+  }
+};
+
+// a max (is_max) or average pool on TVM's NHWC buffers; params: window (2), stride (2),
+// padding (top, left, bottom, right)
+ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> params,
+                     bool is_max, bool include_pad, int64_t threads) {
+  at::Tensor out_buffer = to_aten(out_t), x_buffer = to_aten(x_t);
+  std::vector<int64_t> p(params.begin(), params.end());
+  TVM_FFI_ICHECK(p.size() == 8) << "pool2d: 8 parameters";
+  TVM_FFI_ICHECK(x_buffer.dim() == 4 && out_buffer.dim() == 4) << "pool2d: NHWC tensors";
+  at::Tensor x = nchw(x_buffer), out = nchw(out_buffer);
+  Form aten = [=]() {  // PyTorch's pools (symmetric padding) on NCHW views of the NHWC buffers
+    at::Tensor o = out;
+    if (is_max) {
+      o.copy_(at::max_pool2d(x, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}));
+    } else {
+      o.copy_(at::avg_pool2d(x, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}, false, include_pad));
+    }
+  };
+#ifdef PARAGRAPH_AVX512
+  const bool own_ok = __builtin_cpu_supports("avx512f") && plain_float(x_buffer) &&
+                      plain_float(out_buffer) && x_buffer.size(0) == out_buffer.size(0) &&
+                      x_buffer.size(3) == out_buffer.size(3);
+#else
+  const bool own_ok = false;
+#endif
+  if (!own_ok) {
+    return wrap([aten, threads]() {
+      use_threads(threads);
+      aten();
+    });
+  }
+  Pool pool{x_buffer.data_ptr<float>(), out_buffer.data_ptr<float>(), x_buffer.size(0),
+            x_buffer.size(1), x_buffer.size(2), x_buffer.size(3), out_buffer.size(1),
+            out_buffer.size(2), p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], is_max,
+            include_pad};
+  // the views hold TVM's buffers alive as long as the function
+  return wrap([pool, x_buffer, out_buffer, threads]() { pool(threads); });
+}
+
 // softmax of x along ``axis`` into out
 ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, int64_t threads) {
   at::Tensor out = to_aten(out_t), x = to_aten(x_t);
@@ -773,4 +921,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_linear, Linear);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_product, Product);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_concat, Concat);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_softmax, Softmax);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_pool2d, Pool2d);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_layer_norm, LayerNorm);

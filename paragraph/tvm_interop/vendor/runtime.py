@@ -411,9 +411,31 @@ def _layer_norm_kernel(op: VendorOp) -> Callable:
     return bind
 
 
+def _pool_kernel(op: VendorOp) -> Callable:
+    torch = require_torch()
+    functional = torch.nn.functional
+
+    def bind(*args, threads: int | None = None) -> Callable[[], None]:
+        """The call on these tensors, with their torch views made once (NHWC as NCHW)."""
+        x, out = (torch.from_dlpack(a).permute(0, 3, 1, 2) for a in args)
+        kw = {"kernel_size": op.window, "stride": op.stride, "padding": op.padding[:2]}
+
+        def call() -> None:
+            _use_schedule_threads(torch, threads)
+            if op.kind == "max_pool2d":
+                y = functional.max_pool2d(x, **kw)
+            else:
+                y = functional.avg_pool2d(x, count_include_pad=op.include_pad, **kw)
+            out.copy_(y)
+        return call
+
+    return bind
+
+
 _KERNELS = {"conv2d": _conv2d_kernel, "matmul": _matmul_kernel, "bmm": _matmul_kernel,
             "concat": _concat_kernel, "softmax": _softmax_kernel,
-            "layer_norm": _layer_norm_kernel}
+            "layer_norm": _layer_norm_kernel, "max_pool2d": _pool_kernel,
+            "avg_pool2d": _pool_kernel}
 
 
 def ensure_registered(name: str) -> None:
