@@ -564,11 +564,35 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   });
 }
 
+// dst = relu(src) over n floats in one pass; NaN stays NaN, as in torch's relu (a lane is
+// zeroed only where it compares below zero). A scalar loop here, compiled without AVX, ran
+// 10x slower than PyTorch's cat and relu together.
+#ifdef PARAGRAPH_AVX512
+__attribute__((target("avx512f"))) void copy_relu_avx512(float* dst, const float* src,
+                                                         int64_t n) {
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, src + j);
+    _mm512_mask_storeu_ps(dst + j, m,
+                          _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), zero));
+  }
+}
+#endif
+
+void copy_relu(float* dst, const float* src, int64_t n) {
+#ifdef PARAGRAPH_AVX512
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) return copy_relu_avx512(dst, src, n);
+#endif
+  for (int64_t j = 0; j < n; ++j) dst[j] = src[j] < 0.f ? 0.f : src[j];
+}
+
 // paragraph's own concat of contiguous parts: each row of the output (its dimensions before
-// ``axis``) is its parts' rows one after another, copied with memcpy and the relu applied to
-// each copied chunk while it is in L1; rows split over the threads. PyTorch's cat_out copied
-// the channel slices of NHWC tensors (Inception-v3's eleven joins) 10-30% slower than ONNX
-// Runtime's concat on one thread and on two, and its relu was a second pass over the output.
+// ``axis``) is its parts' rows one after another, copied with memcpy (or through the relu, in
+// the same pass); rows split over the threads. PyTorch's cat_out copied the channel slices of
+// NHWC tensors (Inception-v3's eleven joins) 10-30% slower than ONNX Runtime's concat on one
+// thread and on two, and its relu was a second pass over the output (NASNet's joins: 2x).
 // None where a part is not contiguous or of another dtype (cat_out takes those).
 c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, int64_t axis,
                                bool relu, int64_t threads) {
@@ -594,10 +618,11 @@ c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, in
       for (int64_t r = r0; r < r1; ++r) {
         char* d = dst + r * row;
         for (const auto& [data, bytes] : src) {
-          std::memcpy(d, data + r * bytes, bytes);
           if (relu) {
-            float* f = reinterpret_cast<float*>(d);
-            for (int64_t j = 0, n = bytes / 4; j < n; ++j) f[j] = f[j] < 0.f ? 0.f : f[j];
+            copy_relu(reinterpret_cast<float*>(d),
+                      reinterpret_cast<const float*>(data + r * bytes), bytes / 4);
+          } else {
+            std::memcpy(d, data + r * bytes, bytes);
           }
           d += bytes;
         }
