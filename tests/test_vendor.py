@@ -1120,6 +1120,55 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("hw", "c", "k", "stride", "pad", "dilation", "residual", "act"), [
+    (11, 44, 3, 1, (1, 1), 1, "", "relu"),          # NASNet's: channels 2.75 vectors
+    (12, 20, 5, 2, (1, 2, 2, 1), 1, "", ""),        # TF-style uneven padding (no padded copy)
+    (9, 16, 7, 1, (3, 3), 1, "own", "relu"),        # residual in its own buffer
+    (10, 32, 3, 1, (2, 2), 2, "in place", ""),      # dilated, the residual written over
+    (3, 8, 5, 1, (2, 2), 1, "", "relu"),            # narrower than four pixels: every tap checked
+])
+def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad, dilation,
+                                                 residual, act):
+    """A depthwise convolution's two C++ forms (oneDNN's, paragraph's own with taps in the
+    padding skipped) each run in the first calls, which time them: every call equals torch's,
+    for channels that fill no whole vector, strides, dilation, TF-style uneven padding, a
+    residual in its own buffer or in the output's, a NaN in the input, 1 and 2 threads."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(hw * c)
+    x = torch.randn(1, hw, hw, c, generator=gen)
+    if not act:  # (oneDNN's fused relu turns a NaN into a number; its form is one of the two)
+        x[0, 1, 1, 0] = float("nan")
+    w = torch.randn(c, k, k, 1, generator=gen) / k
+    b = torch.randn(c, generator=gen)
+    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
+    xn = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
+    want = torch.nn.functional.conv2d(xn, w.permute(0, 3, 1, 2), b, stride, 0, dilation, c)
+    want = want.permute(0, 2, 3, 1).contiguous()
+    res = torch.randn(*want.shape, generator=gen)
+    want = want + res if residual else want
+    want = torch.relu(want) if act == "relu" else want
+    out = res.clone() if residual == "in place" else torch.empty(want.shape)
+    res_arg = out if residual == "in place" else res if residual else None
+    params = [stride, stride, *pad, dilation, dilation, c]
+    fn = module["paragraph_vendor_conv2d"](
+        *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
+        None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, "NHWC", act, threads)
+    for _ in range(12):  # both forms timed five times, then the faster
+        if residual == "in place":
+            out.copy_(res)
+        else:
+            out.fill_(7.0)
+        fn()
+        torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("shape", "kind", "window", "stride", "pad", "include_pad"), [
     ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), True),    # Inception's, a 24-channel tail
     ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), False),   # NASNet's: padding not counted
