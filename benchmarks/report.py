@@ -204,12 +204,18 @@ def main() -> None:
                         ("schedules-cpu.json", schedules_table),
                         ("kernels-cpu.json", kernels_table),
                         ("peers-cpu.json", peers_table),
+                        # the same benchmark on another 2-core host (an Intel Xeon VM)
+                        ("peers-cpu-xeon.json", peers_table),
                         ("search-cpu.json", search_table),
                         # the lent GPU machine's runs (`tools/gpu/checks.sh`)
                         ("gpu-h100-executor.json", gpu_executor_table),
                         ("gpu-h100-search.json", search_table)):
         result = _load(folder, name)
         if result is not None:
+            if name == "peers-cpu-xeon.json":
+                out.append(f"On a {result['machine']['cores']}-core {result['machine']['cpu']} VM ("
+                           f"`{name}`, no search rows):")
+                out.append("")
             if name.startswith("gpu-"):
                 out.append(f"On the lent GPU machine (one H100, {result['machine']['cpu']} "
                            f"x{result['machine']['cores']}; `{name}`):")
