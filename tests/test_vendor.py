@@ -1207,6 +1207,17 @@ def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad
     torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-5, atol=1e-5)
 
 
+def test_the_python_pool_refuses_uneven_padding():
+    """PyTorch's pools pad evenly; a pool name with uneven padding (which the dispatch never
+    makes) is refused with the reason, not run with the wrong padding."""
+    name = "paragraph.vendor.max_pool2d.NHWC.k3x3.s1x1.p0x0x1x1"
+    ensure_registered(name)
+    args = (tvm.runtime.tensor(np.zeros((1, 5, 5, 4), "float32")),
+            tvm.runtime.tensor(np.zeros((1, 4, 4, 4), "float32")))
+    with pytest.raises(ParagraphError, match="symmetric padding"):
+        bind(name, args)
+
+
 def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeypatch, tmp_path):
     """A compiler that refuses ``-fopenmp`` (clang without libomp) still builds the C++ vendor
     kernels, with a warning: the own GEMM then runs its two-thread calls on one thread and

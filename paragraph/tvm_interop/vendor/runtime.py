@@ -417,6 +417,9 @@ def _pool_kernel(op: VendorOp) -> Callable:
 
     def bind(*args, threads: int | None = None) -> Callable[[], None]:
         """The call on these tensors, with their torch views made once (NHWC as NCHW)."""
+        if len(op.padding) == 4 and op.padding[:2] != op.padding[2:]:
+            raise ParagraphError(f"{op.name}: PyTorch's pools take symmetric padding only "
+                                 "(paragraph dispatches no other)")
         x, out = (torch.from_dlpack(a).permute(0, 3, 1, 2) for a in args)
         kw = {"kernel_size": op.window, "stride": op.stride, "padding": op.padding[:2]}
 
