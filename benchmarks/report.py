@@ -213,8 +213,9 @@ def main() -> None:
         result = _load(folder, name)
         if result is not None:
             if name == "peers-cpu-xeon.json":
+                searched = any("search" in c for m in result["models"] for c in m["configs"])
                 out.append(f"On a {result['machine']['cores']}-core {result['machine']['cpu']} VM ("
-                           f"`{name}`, no search rows):")
+                           f"`{name}`{'' if searched else ', no search rows'}):")
                 out.append("")
             if name.startswith("gpu-"):
                 out.append(f"On the lent GPU machine (one H100, {result['machine']['cpu']} "

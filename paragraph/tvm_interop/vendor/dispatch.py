@@ -589,12 +589,6 @@ class VendorDispatch:
 
 
 # ---------------------------------------------------------------------------- undispatch
-def _relax_padding(padding: tuple[int, ...]) -> list[int]:
-    """A `VendorOp`'s padding, (top, left) or TF-style (top, left, bottom, right), as Relax's
-    conv2d takes it: (top, left, bottom, right)."""
-    return list(padding) if len(padding) == 4 else [*padding, *padding]
-
-
 def to_relax_ops(call: relax.Call) -> relax.Expr:
     """The TVM-kernel form of a vendor call: the same maths as plain Relax operators (weights
     already folded), which TVM's legalization and fusion turn into one fused kernel."""
@@ -605,14 +599,14 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
         y = relax.op.nn.softmax(args[0], axis=op.axis)
     elif op.kind in POOLS:
         pool = relax.op.nn.max_pool2d if op.kind == "max_pool2d" else relax.op.nn.avg_pool2d
-        y = pool(args[0], op.window, op.stride, _relax_padding(op.padding),
+        y = pool(args[0], op.window, op.stride, list(op.pads),
                  count_include_pad=op.include_pad, layout="NHWC")
     elif op.kind == "layer_norm":
         x = relax.op.add(args[0], args[3]) if op.residual else args[0]
         y = relax.op.nn.layer_norm(x, args[1], args[2], axes=[-1], epsilon=op.eps)
     elif op.kind == "conv2d":
         y = relax.op.nn.conv2d(args[0], args[1], strides=op.stride,
-                               padding=_relax_padding(op.padding), dilation=op.dilation,
+                               padding=list(op.pads), dilation=op.dilation,
                                groups=op.groups, data_layout=op.layout,
                                kernel_layout="OIHW" if op.layout == "NCHW" else "OHWI")
         if op.bias:

@@ -46,6 +46,11 @@ class VendorOp:
     include_pad: bool = False  # avg_pool2d: padding counts in the divisor
 
     @property
+    def pads(self) -> tuple[int, ...]:
+        """The padding as (top, left, bottom, right), however it is stored."""
+        return self.padding if len(self.padding) == 4 else (*self.padding, *self.padding)
+
+    @property
     def name(self) -> str:
         return self.cost_name + (f".w{self.weight}" if self.weight else "")
 

@@ -120,8 +120,7 @@ def bind(name: str, args: tuple, threads: int) -> Any:
     if op.kind == "softmax":
         return m["paragraph_vendor_softmax"](args[-1], args[0], op.axis, threads)
     if op.kind in POOLS:
-        pad = op.padding if len(op.padding) == 4 else (*op.padding, *op.padding)
-        return m["paragraph_vendor_pool2d"](args[-1], args[0], [*op.window, *op.stride, *pad],
+        return m["paragraph_vendor_pool2d"](args[-1], args[0], [*op.window, *op.stride, *op.pads],
                                             op.kind == "max_pool2d", op.include_pad, threads)
     if op.kind == "layer_norm":
         return m["paragraph_vendor_layer_norm"](args[-1], args[0], args[1], args[2],

@@ -263,6 +263,36 @@ bool plain_float(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
 }
 
+// rows(r0, r1) over [0, total), split evenly over ``threads`` OpenMP threads where the work
+// (``bytes`` of output) is worth a parallel region: below ~64 KB one costs more than it saves
+template <typename Rows>
+void split_rows(int64_t total, int64_t bytes, int64_t threads, const Rows& rows) {
+#ifdef _OPENMP
+  if (threads > 1 && total >= threads && bytes >= (int64_t{64} << 10)) {
+#pragma omp parallel num_threads(static_cast<int>(threads))
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      rows(total * t / nt, total * (t + 1) / nt);
+    }
+    return;
+  }
+#endif
+  rows(0, total);
+}
+
+#ifdef PARAGRAPH_AVX512
+// the lanes of a 16-float vector that ``left`` remaining elements fill (none for 0)
+constexpr __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// relu that keeps NaN, as torch's does: a lane is zeroed only where it compares below zero
+__attribute__((target("avx512f"))) inline __m512 relu_keep_nan(__m512 v) {
+  const __m512 zero = _mm512_setzero_ps();
+  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), zero);
+}
+#endif
+
 #ifdef PARAGRAPH_AVX512
 // paragraph's own GEMM for a product by a constant matrix (an NHWC 1x1 convolution, a linear
 // layer): out = act(a @ W + bias + res), the epilogue applied to each 12 x 32 tile while it is
@@ -303,10 +333,7 @@ __attribute__((target("avx512f,fma"))) void gemm_tile(
       if (NV == 2) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
   }
-  const __mmask16 m0 = ncols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << ncols) - 1);
-  const __mmask16 m1 = ncols >= 32   ? 0xFFFF
-                       : ncols <= 16 ? 0
-                                     : static_cast<__mmask16>((1u << (ncols - 16)) - 1);
+  const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(std::max<int64_t>(ncols - 16, 0));
   const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
   const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
   const __m512 zero = _mm512_setzero_ps();
@@ -429,7 +456,7 @@ struct Depthwise {
       float* orow = out + r * ow * c;
       const float* rrow = res ? res + r * ow * c : nullptr;
       for (int64_t k = 0; k < c; k += 16) {
-        const __mmask16 m = c - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (c - k)) - 1);
+        const __mmask16 m = tail_mask(c - k);
         const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + k) : zero;
         int64_t j = 0;
         // four pixels at a time where all their taps are inside the row (no checks per tap)
@@ -468,10 +495,8 @@ struct Depthwise {
   // the epilogue of one channel vector of one pixel at ``at`` in the row: residual, relu, store
   __attribute__((target("avx512f"))) void finish(__m512 acc, float* orow, const float* rrow,
                                                  int64_t at, __mmask16 m) const {
-    const __m512 zero = _mm512_setzero_ps();
     if (rrow) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, rrow + at));
-    if (relu)  // a lane below zero becomes zero: NaN stays NaN, as in torch's relu
-      acc = _mm512_mask_mov_ps(acc, _mm512_cmp_ps_mask(acc, zero, _CMP_LT_OQ), zero);
+    if (relu) acc = relu_keep_nan(acc);
     _mm512_mask_storeu_ps(orow + at, m, acc);
   }
 
@@ -493,18 +518,8 @@ struct Depthwise {
   }
 
   void operator()(int64_t threads) const {
-    const int64_t total = n * oh;
-#ifdef _OPENMP
-    if (threads > 1 && total >= threads && total * ow * c * 4 >= (int64_t{64} << 10)) {
-#pragma omp parallel num_threads(static_cast<int>(threads))
-      {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        rows(total * t / nt, total * (t + 1) / nt);
-      }
-      return;
-    }
-#endif
-    rows(0, total);
+    split_rows(n * oh, n * oh * ow * c * 4, threads,
+               [this](int64_t r0, int64_t r1) { rows(r0, r1); });
   }
 };
 
@@ -715,18 +730,14 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   });
 }
 
-// dst = relu(src) over n floats in one pass; NaN stays NaN, as in torch's relu (a lane is
-// zeroed only where it compares below zero). A scalar loop here, compiled without AVX, ran
-// 10x slower than PyTorch's cat and relu together.
+// dst = relu(src) over n floats in one pass; NaN stays NaN, as in torch's relu. A scalar
+// loop here, compiled without AVX, ran 10x slower than PyTorch's cat and relu together.
 #ifdef PARAGRAPH_AVX512
 __attribute__((target("avx512f"))) void copy_relu_avx512(float* dst, const float* src,
                                                          int64_t n) {
-  const __m512 zero = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(m, src + j);
-    _mm512_mask_storeu_ps(dst + j, m,
-                          _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), zero));
+    const __mmask16 m = tail_mask(n - j);
+    _mm512_mask_storeu_ps(dst + j, m, relu_keep_nan(_mm512_maskz_loadu_ps(m, src + j)));
   }
 }
 #endif
@@ -779,18 +790,7 @@ c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, in
         }
       }
     };
-#ifdef _OPENMP
-    // a row of work per thread is too little: a parallel region costs microseconds
-    if (threads > 1 && outer >= threads && row * outer >= (int64_t{64} << 10)) {
-#pragma omp parallel num_threads(static_cast<int>(threads))
-      {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        rows(outer * t / nt, outer * (t + 1) / nt);
-      }
-      return;
-    }
-#endif
-    rows(0, outer);
+    split_rows(outer, row * outer, threads, rows);
   });
 }
 
@@ -870,7 +870,7 @@ __attribute__((target("avx512f"))) void pool_pixel(const float* x, int64_t w, in
     _mm512_storeu_ps(o + k + 48, pool_result<MAX>(a3, n3, scale));
   }
   for (; k < c; k += 16) {
-    const __mmask16 m = c - k >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (c - k)) - 1);
+    const __mmask16 m = tail_mask(c - k);
     __m512 a = init, n = zero;
     for (int64_t y = h0; y < h1; ++y)
       for (int64_t z = w0; z < w1; ++z)
@@ -881,11 +881,11 @@ __attribute__((target("avx512f"))) void pool_pixel(const float* x, int64_t w, in
 #endif
 
 // paragraph's max and average pools of NHWC float32 tensors (AVX-512): each output pixel
-// reduces its window's valid input pixels, padding left out (max) or
-// counted in the divisor (average with include_pad, PyTorch's count_include_pad); a NaN in a
-// window gives NaN, as PyTorch's max pool. Rows of the output are split over the OpenMP
-// threads, so a pool runs on the team of the vendor kernels around it (TVM's pool kernels ran
-// on TVM's own thread pool, and the OpenMP workers fell asleep while they did).
+// reduces its window's valid input pixels, padding left out (max) or counted in the divisor
+// (average with include_pad, PyTorch's count_include_pad); a NaN in a window gives NaN, as
+// PyTorch's max pool. Rows of the output are split over the OpenMP threads, so a pool runs on
+// the team of the vendor kernels around it (TVM's pool kernels ran on TVM's own thread pool,
+// and the OpenMP workers fell asleep while they did).
 struct Pool {
   const float* x;
   float* out;
@@ -914,19 +914,8 @@ struct Pool {
 
   void operator()(int64_t threads) const {
 #ifdef PARAGRAPH_AVX512
-    const int64_t total = n * oh;
-#ifdef _OPENMP
-    // below ~64 KB of output a parallel region costs more than it saves
-    if (threads > 1 && total >= threads && total * ow * c * 4 >= (int64_t{64} << 10)) {
-#pragma omp parallel num_threads(static_cast<int>(threads))
-      {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        rows(total * t / nt, total * (t + 1) / nt);
-      }
-      return;
-    }
-#endif
-    rows(0, total);
+    split_rows(n * oh, n * oh * ow * c * 4, threads,
+               [this](int64_t r0, int64_t r1) { rows(r0, r1); });
 #endif
   }
 };
