@@ -1126,6 +1126,7 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
     (9, 16, 7, 1, (3, 3), 1, "own", "relu"),        # residual in its own buffer
     (10, 32, 3, 1, (2, 2), 2, "in place", ""),      # dilated, the residual written over
     (3, 8, 5, 1, (2, 2), 1, "", "relu"),            # narrower than four pixels: every tap checked
+    (32, 64, 3, 1, (1, 1), 1, "", "relu"),          # 256 KB out: rows split over 2 threads
 ])
 def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad, dilation,
                                                  residual, act):
