@@ -1170,6 +1170,57 @@ def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad,
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "hw", "cin", "cout", "k", "stride", "pad", "dilation", "residual",
+                          "act"), [
+    (1, 9, 24, 40, (3, 3), 1, (1, 1), 1, "", "relu"),     # 40 outputs: a panel and a half
+    (2, 8, 16, 20, (3, 3), 2, (1, 1), 1, "own", ""),      # 2 images, stride 2, a 4-wide tail
+    (1, 7, 32, 64, (1, 7), 1, (0, 3), 1, "in place", "relu"),  # Inception's 1x7
+    (1, 10, 8, 48, (5, 5), 1, (1, 2, 2, 1), 1, "", ""),   # TF-style uneven padding
+    (1, 11, 16, 32, (3, 3), 1, (2, 2), 2, "", "relu"),    # dilated
+    (1, 14, 64, 96, (1, 1), 2, (0, 0), 1, "", ""),        # a strided 1x1 (ResNet's shortcut)
+    (1, 12, 3, 16, (7, 7), 2, (3, 3), 1, "", "relu"),     # a stem: 3 input channels
+])
+def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride, pad, dilation,
+                                            residual, act):
+    """A regular convolution's two C++ forms (oneDNN's, paragraph's own implicit GEMM over a
+    zero-bordered copy of the input) each run in the first calls, which time them: every call
+    equals torch's, for output channels that fill no whole panel, strides, dilation, uneven
+    padding, two images (tiles across rows and images), a residual in its own buffer or in the
+    output's, 1 and 2 threads."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(hw * cin + cout)
+    x = torch.randn(n, hw, hw, cin, generator=gen)
+    w = torch.randn(cout, *k, cin, generator=gen) / (k[0] * k[1] * cin) ** 0.5
+    b = torch.randn(cout, generator=gen)
+    top, left, bottom, right = pad if len(pad) == 4 else (pad[0], pad[1], pad[0], pad[1])
+    xn = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
+    want = torch.nn.functional.conv2d(xn, w.permute(0, 3, 1, 2), b, stride, 0, dilation)
+    want = want.permute(0, 2, 3, 1).contiguous()
+    res = torch.randn(*want.shape, generator=gen)
+    want = want + res if residual else want
+    want = torch.relu(want) if act == "relu" else want
+    out = res.clone() if residual == "in place" else torch.empty(want.shape)
+    res_arg = out if residual == "in place" else res if residual else None
+    params = [stride, stride, *pad, dilation, dilation, 1]
+    fn = module["paragraph_vendor_conv2d"](
+        *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
+        None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, "NHWC", act, threads)
+    for _ in range(12):  # both forms timed five times, then the faster
+        if residual == "in place":
+            out.copy_(res)
+        else:
+            out.fill_(7.0)
+        fn()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("shape", "kind", "window", "stride", "pad", "include_pad"), [
     ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), True),    # Inception's, a 24-channel tail
     ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), False),   # NASNet's: padding not counted

@@ -4,8 +4,10 @@
 // vendor call took the GIL twice (on entry and after the torch call) with several
 // microseconds of Python around the kernel, and on two concurrent streams small kernels
 // queued for it (RandWire: streams busy 40% longer than their kernels alone). Beside those
-// calls, kernels of paragraph's own where the library's were slower: a GEMM with a fused
-// epilogue for 1x1 convolutions and linear layers, a one-pass layer norm (both AVX-512).
+// calls, kernels of paragraph's own where the library's were slower (AVX-512, each chosen per
+// shape by timing): a GEMM with a fused epilogue for 1x1 convolutions and linear layers, other
+// convolutions as an implicit GEMM on its tiles, depthwise convolutions, a one-pass layer
+// norm, concatenation and pools.
 //
 // Built by `vendor/native.py` with the system C++ compiler against PyTorch's and TVM FFI's
 // headers; loaded with `tvm_ffi.load_module`.
@@ -300,9 +302,11 @@ __attribute__((target("avx512f"))) inline __m512 relu_keep_nan(__m512 v) {
 // convolutions 7-30% slower than ONNX Runtime's on one thread and scaled worse on two (MKL
 // 1.7-1.9x, this 1.9-2.0x); its epilogue was one or two more passes over the output. W is packed
 // once into panels of 32 columns ([panel][k][32], zero-padded); a 12-row tile accumulates
-// over all of K in 24 registers. The rows are split between threads, or the panels where they
-// divide evenly (W up to 4 MB); with W small enough to stay in L2 the tiles go row block by row block (each
-// block of a read once), else panel by panel (each panel read once).
+// over all of K in 24 registers. Threads split the panels where W is the larger operand, else
+// the rows (each thread reads all of the other operand: ResNet-50's 56x56 256 -> 64 1x1
+// convolution split by panels read its 3 MB input twice and ran no faster on two threads than
+// on one); with W small enough to stay in L2 the tiles go row block by row block (each block
+// of a read once), else panel by panel (each panel read once). W up to 4 MB.
 constexpr int64_t kNR = 32, kMR = 12;
 
 // element (n, k) of W at w[n * sn + k * sk], packed as above
@@ -314,6 +318,31 @@ at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, in
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < k; ++i) dst[((j / kNR) * k + i) * kNR + j % kNR] = src[j * sn + i * sk];
   return packed;
+}
+
+// the epilogue of a tile: bias, residual (read before the store: res may be c itself, a
+// residual written in place), relu (max(0, v) keeps a NaN, as torch's relu), masked stores
+template <int MR, int NV>
+__attribute__((target("avx512f"))) inline void store_tile(
+    const __m512* acc0, const __m512* acc1, float* c, int64_t ldc, int64_t ncols,
+    const float* bias, const float* res, int64_t ldr, bool relu) {
+  const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(std::max<int64_t>(ncols - 16, 0));
+  const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+  const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+  const __m512 zero = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    __m512 v0 = _mm512_add_ps(acc0[r], bias0), v1 = _mm512_add_ps(acc1[r], bias1);
+    if (res) {
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res + r * ldr));
+      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + r * ldr + 16));
+    }
+    if (relu) {
+      v0 = _mm512_max_ps(zero, v0);
+      v1 = _mm512_max_ps(zero, v1);
+    }
+    _mm512_mask_storeu_ps(c + r * ldc, m0, v0);
+    if (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, v1);
+  }
 }
 
 // one tile: MR rows of a (stride lda) by a panel of NV x 16 columns (ncols of them real)
@@ -333,23 +362,34 @@ __attribute__((target("avx512f,fma"))) void gemm_tile(
       if (NV == 2) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
   }
-  const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(std::max<int64_t>(ncols - 16, 0));
-  const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-  const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-  const __m512 zero = _mm512_setzero_ps();
-  for (int r = 0; r < MR; ++r) {
-    __m512 v0 = _mm512_add_ps(acc0[r], bias0), v1 = _mm512_add_ps(acc1[r], bias1);
-    if (res) {  // read before the store: res may be c itself (a residual written in place)
-      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res + r * ldr));
-      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + r * ldr + 16));
+  store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
+}
+
+// a convolution's tile: MR output pixels, pixel r's input at rows[r] (its window's origin),
+// by a panel, accumulated over the kernel's taps (tap t: kc = cin inputs at rows[r] + taps[t],
+// against the panel's next kc rows); pixels of different output rows may share a tile
+template <int MR, int NV>
+__attribute__((target("avx512f,fma"))) void conv_tile(
+    const float* const* rows, const int64_t* taps, int64_t ntaps, int64_t kc,
+    const float* __restrict__ b, float* c, int64_t ldc, int64_t ncols, const float* bias,
+    const float* res, int64_t ldr, bool relu) {
+  __m512 acc0[MR], acc1[MR];
+  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < ntaps; ++t, b += kc * kNR) {
+    const float* at[MR];
+    for (int r = 0; r < MR; ++r) at[r] = rows[r] + taps[t];
+    for (int64_t i = 0; i < kc; ++i) {
+      const __m512 b0 = _mm512_loadu_ps(b + i * kNR);
+      const __m512 b1 = NV == 2 ? _mm512_loadu_ps(b + i * kNR + 16) : b0;
+#pragma GCC unroll 12
+      for (int r = 0; r < MR; ++r) {
+        const __m512 av = _mm512_set1_ps(at[r][i]);
+        acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+        if (NV == 2) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+      }
     }
-    if (relu) {  // max(0, v) returns v where v is NaN: NaN stays NaN, as in torch's relu
-      v0 = _mm512_max_ps(zero, v0);
-      v1 = _mm512_max_ps(zero, v1);
-    }
-    _mm512_mask_storeu_ps(c + r * ldc, m0, v0);
-    if (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, v1);
   }
+  store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
@@ -360,6 +400,15 @@ constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...
 }
 const auto kTiles1 = tiles<1>(std::make_integer_sequence<int, kMR>{});  // by rows - 1
 const auto kTiles2 = tiles<2>(std::make_integer_sequence<int, kMR>{});
+
+using ConvTileFn = void (*)(const float* const*, const int64_t*, int64_t, int64_t, const float*,
+                            float*, int64_t, int64_t, const float*, const float*, int64_t, bool);
+template <int NV, int... R>
+constexpr std::array<ConvTileFn, sizeof...(R)> conv_tiles(std::integer_sequence<int, R...>) {
+  return {&conv_tile<R + 1, NV>...};
+}
+const auto kConvTiles1 = conv_tiles<1>(std::make_integer_sequence<int, kMR>{});
+const auto kConvTiles2 = conv_tiles<2>(std::make_integer_sequence<int, kMR>{});
 
 struct PackedGemm {
   const float *a, *packed, *bias, *res;
@@ -391,7 +440,8 @@ struct PackedGemm {
 #endif
     if (threads <= 1) return range(0, m, 0, panels);
 #ifdef _OPENMP
-    const bool by_panel = n % (kNR * threads) == 0 || panels >= 4 * threads;
+    // each thread reads all of what is not split: split W where it is the larger operand
+    const bool by_panel = panels >= threads && n > m;
     const int64_t blocks = (m + kMR - 1) / kMR;
 #pragma omp parallel num_threads(static_cast<int>(threads))
     {
@@ -428,6 +478,141 @@ c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tens
                out2.data_ptr<float>(), m, k, n, relu}(threads);
     if (!relu && !act.empty()) {
       at::Tensor o = out2;
+      activate(o, act);
+    }
+  });
+}
+#endif
+
+#ifdef PARAGRAPH_AVX512
+// paragraph's own convolution (groups = 1, any kernel, stride, dilation and padding) on NHWC
+// float32 buffers: out = act(conv + bias + res) as an implicit GEMM on the packed GEMM's tiles.
+// The weight (cout, kh, kw, cin) is packed once into 32-column panels over K = kh * kw * cin;
+// a tile is 12 consecutive output pixels, each tap a GEMM step with kc = cin read where the
+// pixel's window has that tap in NHWC (no im2col).
+// Padding is a zero-bordered copy of the input in a buffer of the calling thread (one pass over
+// the input: oneDNN's form zero-fills the output and adds into it instead). oneDNN's 3x3 and
+// 7x1 convolutions ran Inception-v3 and ResNet-50 7-9% slower than ONNX Runtime's on one
+// thread and scaled worse on two (Xeon host).
+struct ImplicitConv {
+  const float *x, *packed, *bias, *res;  // x: the (padded) input, [n][hp][wp][cin]
+  float* out;
+  int64_t n, hp, wp, cin, oh, ow, cout, sh, sw;
+  int64_t kc;                 // inputs per tap: a kernel row's (kw * cin, contiguous) or cin
+  std::vector<int64_t> taps;  // each tap's offset into x from a pixel's window origin
+  bool relu;
+
+  // tiles [t0, t1) of kMR output pixels (image-major, row-major) by panels [p0, p1)
+  void range(int64_t t0, int64_t t1, int64_t p0, int64_t p1) const {
+    const int64_t k = kc * static_cast<int64_t>(taps.size()), pixels = n * oh * ow;
+    const float* rows[kMR];
+    auto tile = [&](int64_t q, int64_t p) {
+      const int64_t n0 = p * kNR, ncols = std::min(kNR, cout - n0);
+      const int64_t q0 = q * kMR, count = std::min(kMR, pixels - q0);
+      for (int64_t r = 0; r < count; ++r) {
+        const int64_t pix = q0 + r, img = pix / (oh * ow), y = pix / ow % oh, j = pix % ow;
+        rows[r] = x + ((img * hp + y * sh) * wp + j * sw) * cin;
+      }
+      (ncols > 16 ? kConvTiles2 : kConvTiles1)[count - 1](
+          rows, taps.data(), static_cast<int64_t>(taps.size()), kc, packed + p * k * kNR,
+          out + q0 * cout + n0, cout, ncols, bias ? bias + n0 : nullptr,
+          res ? res + q0 * cout + n0 : nullptr, cout, relu);
+    };
+    if (k * cout * 4 <= (256 << 10)) {
+      for (int64_t q = t0; q < t1; ++q)
+        for (int64_t p = p0; p < p1; ++p) tile(q, p);
+    } else {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t q = t0; q < t1; ++q) tile(q, p);
+    }
+  }
+
+  void operator()(int64_t threads) const {
+    const int64_t panels = (cout + kNR - 1) / kNR, tiles = (n * oh * ow + kMR - 1) / kMR;
+    const int64_t k = kc * static_cast<int64_t>(taps.size());
+#ifndef _OPENMP
+    threads = 1;
+#endif
+    if (threads <= 1) return range(0, tiles, 0, panels);
+#ifdef _OPENMP
+    const bool by_panel = panels >= threads && k * cout > n * hp * wp * cin;
+#pragma omp parallel num_threads(static_cast<int>(threads))
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      if (by_panel) {
+        range(0, tiles, panels * t / nt, panels * (t + 1) / nt);
+      } else {
+        range(tiles * t / nt, tiles * (t + 1) / nt, 0, panels);
+      }
+    }
+#endif
+  }
+};
+
+// the input with zero borders (top, left, bottom, right) in the calling thread's scratch
+// buffer, rows copied over the team; the buffer lives as long as the thread (the stream)
+const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t pb, int64_t pr,
+                          int64_t threads) {
+  thread_local std::vector<float> scratch;
+  const int64_t n = x.size(0), h = x.size(1), w = x.size(2), c = x.size(3);
+  const int64_t hp = h + pt + pb, wp = w + pl + pr;
+  if (static_cast<int64_t>(scratch.size()) < n * hp * wp * c) scratch.resize(n * hp * wp * c);
+  float* dst = scratch.data();
+  const float* src = x.data_ptr<float>();
+  split_rows(n * hp, n * hp * wp * c * 4, threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t img = r / hp, y = r % hp - pt;
+      float* d = dst + r * wp * c;
+      if (y < 0 || y >= h) {
+        std::memset(d, 0, wp * c * 4);
+        continue;
+      }
+      std::memset(d, 0, pl * c * 4);
+      std::memcpy(d + pl * c, src + (img * h + y) * w * c, w * c * 4);
+      std::memset(d + (pl + w) * c, 0, pr * c * 4);
+    }
+  });
+  return dst;
+}
+
+// the own convolution's form where the CPU and the tensors allow it (see `ImplicitConv`), else
+// None; pads: top, left, bottom, right
+c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
+                             const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
+                             c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
+                             std::array<int64_t, 4> pads, int64_t dh, int64_t dw,
+                             const std::string& act, int64_t threads) {
+  const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
+  if (!__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
+      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != cout ||
+      w_buffer.size(3) != cin || out_buffer.size(0) != x_buffer.size(0) ||
+      (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)) ||
+      out_buffer.numel() == 0 || cin == 0)
+    return c10::nullopt;
+  const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
+  // (cout, kh, kw, cin) is W's (n, k) at n * k + k: one packing shared with the 1x1 GEMM's
+  at::Tensor packed = shared_packed(w_buffer, "panels",
+                                    [&]() { return pack_panels(w_buffer, cout, k, k, 1); });
+  const auto [pt, pl, pb, pr] = pads;
+  const bool padded = pt || pl || pb || pr;
+  const int64_t hp = x_buffer.size(1) + pt + pb, wp = x_buffer.size(2) + pl + pr;
+  ImplicitConv conv{nullptr, packed.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
+                    res_buffer ? res_buffer->data_ptr<float>() : nullptr,
+                    out_buffer.data_ptr<float>(), x_buffer.size(0), hp, wp, cin,
+                    out_buffer.size(1), out_buffer.size(2), cout, sh, sw, cin, {}, act == "relu"};
+  // undilated along the width, a kernel row's inputs lie side by side in NHWC, as its weights
+  // in K: one tap per row (a stem's 3 input channels: 7 taps of 21, not 49 of 3)
+  if (dw == 1) conv.kc = kw * cin;
+  for (int64_t ky = 0; ky < kh; ++ky)
+    for (int64_t kx = 0; kx < (dw == 1 ? 1 : kw); ++kx)
+      conv.taps.push_back((ky * dh * wp + kx * dw) * cin);
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded, act,
+               threads]() mutable {
+    conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
+                    : x_buffer.data_ptr<float>();
+    conv(threads);
+    if (!act.empty() && act != "relu") {
+      at::Tensor o = out_buffer;
       activate(o, act);
     }
   });
@@ -606,12 +791,28 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                    x_buffer.is_contiguous() && out_buffer.is_contiguous();
   if (!gemm_form) {
 #ifdef PARAGRAPH_AVX512
+    const int64_t pt = pre_pad.empty() ? padding[0] : p[2];
+    const int64_t pl = pre_pad.empty() ? padding[1] : p[3];
+    const int64_t pb = pre_pad.empty() ? padding[0] : p[4];
+    const int64_t pr = pre_pad.empty() ? padding[1] : p[5];
+    // a regular convolution: oneDNN's and the own implicit GEMM, the faster by timing
+    if (nhwc && groups == 1) {
+      if (auto own = own_conv(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
+                              {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
+        auto fastest = std::make_shared<Fastest>();
+        fastest->forms = {onednn, *own};
+        fastest->threads = threads;
+        fastest->key = "conv_kxk" + std::to_string(threads) + a + ints(p) +
+                       shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
+                       (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
+                       (bias ? "b" : "");
+        return wrap([fastest]() { (*fastest)(); });
+      }
+    }
     // a depthwise convolution: oneDNN's and the own form, the faster by timing
     const bool depthwise = nhwc && groups > 1 && groups == x_buffer.size(3) &&
                            groups == out_buffer.size(3) && w_buffer.size(3) == 1;
     if (depthwise) {
-      const int64_t pt = pre_pad.empty() ? padding[0] : p[2];
-      const int64_t pl = pre_pad.empty() ? padding[1] : p[3];
       if (auto own = own_depthwise(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                                    pt, pl, dilation[0], dilation[1], a, threads)) {
         auto fastest = std::make_shared<Fastest>();
