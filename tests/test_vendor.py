@@ -673,6 +673,38 @@ def test_a_weight_is_packed_once_per_thread_count():
         assert {"1", "2"} in by_weight.values()
 
 
+def test_forms_not_chosen_release_their_packed_weights():
+    """Each form of a product packs its own copy of the weight (oneDNN's blocked one, the own
+    GEMM's panels); once the first calls have chosen a form, the others are dropped and so
+    are the copies only they held, so a model's weights are not held three times over."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(3)
+    a, w, b = torch.randn(64, 256, generator=gen), torch.randn(256, 256, generator=gen), None
+    out = torch.empty(64, 256)
+    fn = module["paragraph_vendor_linear"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(a),
+                                           tvm_ffi.from_dlpack(w), b, "", 1)
+
+    def packings() -> list[str]:
+        return [k for k in map(str, module["paragraph_vendor_packed_keys"]())
+                if k.startswith(str(w.data_ptr()))]
+
+    assert len(packings()) == 2  # oneDNN's and the own GEMM's (MKL's packs per call)
+    for _ in range(16):  # three forms timed five times each, then the fastest
+        fn()
+        torch.testing.assert_close(out, a @ w, rtol=1e-4, atol=1e-4)
+    chosen = [c for c in map(str, module["paragraph_vendor_chosen_forms"]())
+              if c.startswith("linear1(64,256,)(256,256,)")]
+    assert len(chosen) == 1
+    assert len(packings()) == (0 if chosen[0].endswith("=1") else 1)
+    del fn
+
+
 def test_each_stream_thread_gets_its_schedule_thread_count():
     """torch.set_num_threads is per calling thread (OpenMP/MKL), so a vendor call sizes torch's
     pool from the thread count the executor gave its stream, without touching other threads."""

@@ -91,6 +91,17 @@ using Form = std::function<void()>;
 std::mutex packed_mutex;
 std::map<std::string, std::pair<at::Tensor, at::Tensor>> packed_weights;  // packed, source
 
+// drop the entries no binding holds any more (packed_mutex held)
+void sweep_packed() {
+  for (auto it = packed_weights.begin(); it != packed_weights.end();) {
+    if (it->second.first.use_count() == 1) {
+      it = packed_weights.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 // The key also holds the calling thread's thread count: oneDNN blocks a weight for the threads
 // that will run it (the Python kernels saw 1-thread calls on a 2-thread blocking run 3x
 // slower), and two kernels sharing a weight may run on different counts (`kernel_threads`).
@@ -101,13 +112,7 @@ at::Tensor shared_packed(const at::Tensor& w, const std::string& packing, Make m
   for (int64_t d : w.strides()) key += ";" + std::to_string(d);
   key += "@" + std::to_string(at::get_num_threads());
   std::lock_guard<std::mutex> lock(packed_mutex);
-  for (auto it = packed_weights.begin(); it != packed_weights.end();) {
-    if (it->second.first.use_count() == 1) {
-      it = packed_weights.erase(it);  // no binding holds it any more
-    } else {
-      ++it;
-    }
-  }
+  sweep_packed();
   auto found = packed_weights.find(key);
   if (found != packed_weights.end()) return found->second.first;
   at::Tensor packed = make();
@@ -139,9 +144,12 @@ struct Fastest {
   void operator()() {
     use_threads(threads);
     if (chosen < 0) {
-      std::lock_guard<std::mutex> lock(chosen_mutex);
-      auto it = chosen_forms.find(key);
-      if (it != chosen_forms.end()) chosen = it->second;
+      {
+        std::lock_guard<std::mutex> lock(chosen_mutex);
+        auto it = chosen_forms.find(key);
+        if (it != chosen_forms.end()) chosen = it->second;
+      }
+      if (chosen >= 0) keep_chosen();
     }
     if (chosen >= 0) {
       forms[chosen]();
@@ -168,8 +176,21 @@ struct Fastest {
         best_time = s[s.size() / 2];
       }
     }
-    std::lock_guard<std::mutex> lock(chosen_mutex);
-    chosen_forms[key] = chosen;
+    {
+      std::lock_guard<std::mutex> lock(chosen_mutex);
+      chosen_forms[key] = chosen;
+    }
+    keep_chosen();
+  }
+
+  // release the forms not chosen and the packed weights only they held: each form packs its
+  // own copy of a weight (BERT's 384 MB of weights would be held three times over)
+  void keep_chosen() {
+    for (size_t j = 0; j < forms.size(); ++j)
+      if (static_cast<int>(j) != chosen) forms[j] = Form();
+    samples.clear();
+    std::lock_guard<std::mutex> lock(packed_mutex);
+    sweep_packed();
   }
 };
 
@@ -306,7 +327,7 @@ __attribute__((target("avx512f"))) inline __m512 relu_keep_nan(__m512 v) {
 // the rows (each thread reads all of the other operand: ResNet-50's 56x56 256 -> 64 1x1
 // convolution split by panels read its 3 MB input twice and ran no faster on two threads than
 // on one); with W small enough to stay in L2 the tiles go row block by row block (each block
-// of a read once), else panel by panel (each panel read once). W up to 4 MB.
+// of a read once), else panel by panel (each panel read once, the next one prefetched).
 constexpr int64_t kNR = 32, kMR = 12;
 
 // element (n, k) of W at w[n * sn + k * sk], packed as above
@@ -319,6 +340,27 @@ at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, in
     for (int64_t i = 0; i < k; ++i) dst[((j / kNR) * k + i) * kNR + j % kNR] = src[j * sn + i * sk];
   return packed;
 }
+
+// a share of the next panel to bring into L2 while a tile works on this one (panel by panel, W
+// streams from memory: BERT's 16 MB products spent ~10% more than ONNX Runtime's waiting for
+// it); each tile of a panel takes an even share, a line at a time as its K advances
+struct Prefetch {
+  const char* at = nullptr;
+  int64_t lines = 0, done = 0;
+
+  // `done_of` of `total` steps of the tile are done: prefetch up to that share of the lines
+  inline void step(int64_t done_of, int64_t total) {
+    const int64_t want = lines * done_of / total;
+    for (; done < want; ++done) _mm_prefetch(at + done * 64, _MM_HINT_T1);
+  }
+
+  // tile `j` of `tiles` over a panel of `floats`, the next panel at `next` (none: null)
+  static Prefetch share(const float* next, int64_t floats, int64_t j, int64_t tiles) {
+    if (next == nullptr) return {};
+    const int64_t lines = floats * 4 / 64, from = lines * j / tiles, to = lines * (j + 1) / tiles;
+    return {reinterpret_cast<const char*>(next) + from * 64, to - from, 0};
+  }
+};
 
 // the epilogue of a tile: bias, residual (read before the store: res may be c itself, a
 // residual written in place), relu (max(0, v) keeps a NaN, as torch's relu), masked stores
@@ -349,10 +391,12 @@ __attribute__((target("avx512f"))) inline void store_tile(
 template <int MR, int NV>
 __attribute__((target("avx512f,fma"))) void gemm_tile(
     const float* __restrict__ a, int64_t lda, const float* __restrict__ b, int64_t k, float* c,
-    int64_t ldc, int64_t ncols, const float* bias, const float* res, int64_t ldr, bool relu) {
+    int64_t ldc, int64_t ncols, const float* bias, const float* res, int64_t ldr, bool relu,
+    Prefetch pf) {
   __m512 acc0[MR], acc1[MR];
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
+    pf.step(i + 1, k);
     const __m512 b0 = _mm512_loadu_ps(b + i * kNR);
     const __m512 b1 = NV == 2 ? _mm512_loadu_ps(b + i * kNR + 16) : b0;
 #pragma GCC unroll 12
@@ -372,12 +416,13 @@ template <int MR, int NV>
 __attribute__((target("avx512f,fma"))) void conv_tile(
     const float* const* rows, const int64_t* taps, int64_t ntaps, int64_t kc,
     const float* __restrict__ b, float* c, int64_t ldc, int64_t ncols, const float* bias,
-    const float* res, int64_t ldr, bool relu) {
+    const float* res, int64_t ldr, bool relu, Prefetch pf) {
   __m512 acc0[MR], acc1[MR];
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   for (int64_t t = 0; t < ntaps; ++t, b += kc * kNR) {
     const float* at[MR];
     for (int r = 0; r < MR; ++r) at[r] = rows[r] + taps[t];
+    pf.step(t + 1, ntaps);
     for (int64_t i = 0; i < kc; ++i) {
       const __m512 b0 = _mm512_loadu_ps(b + i * kNR);
       const __m512 b1 = NV == 2 ? _mm512_loadu_ps(b + i * kNR + 16) : b0;
@@ -393,7 +438,7 @@ __attribute__((target("avx512f,fma"))) void conv_tile(
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
-                        const float*, const float*, int64_t, bool);
+                        const float*, const float*, int64_t, bool, Prefetch);
 template <int NV, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
   return {&gemm_tile<R + 1, NV>...};
@@ -402,7 +447,8 @@ const auto kTiles1 = tiles<1>(std::make_integer_sequence<int, kMR>{});  // by ro
 const auto kTiles2 = tiles<2>(std::make_integer_sequence<int, kMR>{});
 
 using ConvTileFn = void (*)(const float* const*, const int64_t*, int64_t, int64_t, const float*,
-                            float*, int64_t, int64_t, const float*, const float*, int64_t, bool);
+                            float*, int64_t, int64_t, const float*, const float*, int64_t, bool,
+                            Prefetch);
 template <int NV, int... R>
 constexpr std::array<ConvTileFn, sizeof...(R)> conv_tiles(std::integer_sequence<int, R...>) {
   return {&conv_tile<R + 1, NV>...};
@@ -418,18 +464,22 @@ struct PackedGemm {
 
   // rows [m0, m1) by panels [p0, p1)
   void range(int64_t m0, int64_t m1, int64_t p0, int64_t p1) const {
-    auto tile = [&](int64_t p, int64_t r) {
+    auto tile = [&](int64_t p, int64_t r, Prefetch pf) {
       const int64_t n0 = p * kNR, ncols = std::min(kNR, n - n0), rows = std::min(kMR, m1 - r);
       (ncols > 16 ? kTiles2 : kTiles1)[rows - 1](
           a + r * k, k, packed + p * k * kNR, k, c + r * n + n0, n, ncols,
-          bias ? bias + n0 : nullptr, res ? res + r * n + n0 : nullptr, n, relu);
+          bias ? bias + n0 : nullptr, res ? res + r * n + n0 : nullptr, n, relu, pf);
     };
     if (k * n * 4 <= (256 << 10)) {
       for (int64_t r = m0; r < m1; r += kMR)
-        for (int64_t p = p0; p < p1; ++p) tile(p, r);
+        for (int64_t p = p0; p < p1; ++p) tile(p, r, {});
     } else {
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r = m0; r < m1; r += kMR) tile(p, r);
+      const int64_t tiles = (m1 - m0 + kMR - 1) / kMR;
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* next = p + 1 < p1 ? packed + (p + 1) * k * kNR : nullptr;
+        for (int64_t j = 0; j < tiles; ++j)
+          tile(p, m0 + j * kMR, Prefetch::share(next, k * kNR, j, tiles));
+      }
     }
   }
 
@@ -467,9 +517,6 @@ c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tens
       w.scalar_type() != at::kFloat || (bias && !plain_float(*bias)) ||
       (res2 && !plain_float(*res2)) || m == 0 || k == 0)
     return c10::nullopt;
-  // a weight over 4 MB streams from memory on every call; there the libraries' GEMMs were
-  // faster (BERT's 64 x 1024 x 4096 products: 2.9 against 3.0 ms on two threads)
-  if (k * n * 4 > (int64_t{4} << 20)) return c10::nullopt;
   at::Tensor packed = shared_packed(w, "panels", [&]() { return pack_panels(w, n, k, sn, sk); });
   const bool relu = act == "relu";
   return Form([=]() {
@@ -506,7 +553,7 @@ struct ImplicitConv {
   void range(int64_t t0, int64_t t1, int64_t p0, int64_t p1) const {
     const int64_t k = kc * static_cast<int64_t>(taps.size()), pixels = n * oh * ow;
     const float* rows[kMR];
-    auto tile = [&](int64_t q, int64_t p) {
+    auto tile = [&](int64_t q, int64_t p, Prefetch pf) {
       const int64_t n0 = p * kNR, ncols = std::min(kNR, cout - n0);
       const int64_t q0 = q * kMR, count = std::min(kMR, pixels - q0);
       for (int64_t r = 0; r < count; ++r) {
@@ -516,14 +563,17 @@ struct ImplicitConv {
       (ncols > 16 ? kConvTiles2 : kConvTiles1)[count - 1](
           rows, taps.data(), static_cast<int64_t>(taps.size()), kc, packed + p * k * kNR,
           out + q0 * cout + n0, cout, ncols, bias ? bias + n0 : nullptr,
-          res ? res + q0 * cout + n0 : nullptr, cout, relu);
+          res ? res + q0 * cout + n0 : nullptr, cout, relu, pf);
     };
     if (k * cout * 4 <= (256 << 10)) {
       for (int64_t q = t0; q < t1; ++q)
-        for (int64_t p = p0; p < p1; ++p) tile(q, p);
+        for (int64_t p = p0; p < p1; ++p) tile(q, p, {});
     } else {
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t q = t0; q < t1; ++q) tile(q, p);
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* next = p + 1 < p1 ? packed + (p + 1) * k * kNR : nullptr;
+        for (int64_t q = t0; q < t1; ++q)
+          tile(q, p, Prefetch::share(next, k * kNR, q - t0, t1 - t0));
+      }
     }
   }
 
@@ -882,9 +932,9 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   auto fastest = std::make_shared<Fastest>();
   fastest->forms = {onednn, mkl};
 #ifdef PARAGRAPH_AVX512
-  // the own GEMM for an RNN's steps (a row or a few: the SRU's 1 x 1024 x 1024 products 1.5x
-  // faster end to end), not for a transformer's 64-row products, where it made BERT 2-7% slower
-  if (w.is_contiguous() && m < 16) {
+  // the own GEMM (an RNN's steps: the SRU's 1 x 1024 x 1024 products 1.5x faster end to end;
+  // with the next panel prefetched, BERT's 64-row products too)
+  if (w.is_contiguous()) {
     if (auto own = packed_gemm(out2, rows, w, 1, n, bias, c10::nullopt, act_s, threads))
       fastest->forms.push_back(*own);
   }
@@ -1279,8 +1329,19 @@ ffi::Array<ffi::String> PackedKeys() {
   return keys;
 }
 
+// the forms chosen so far, as "key=index" (index into the kernel's forms, in their order of
+// preference): for tests and for finding where a library's form lost
+ffi::Array<ffi::String> ChosenForms() {
+  std::lock_guard<std::mutex> lock(chosen_mutex);
+  ffi::Array<ffi::String> out;
+  for (const auto& entry : chosen_forms)
+    out.push_back(ffi::String(entry.first + "=" + std::to_string(entry.second)));
+  return out;
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_chosen_forms, ChosenForms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_packed_keys, PackedKeys);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_conv2d, Conv2d);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_linear, Linear);
