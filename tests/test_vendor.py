@@ -1052,6 +1052,8 @@ def test_native_layer_norm_forms_agree_with_torch(shape, residual):
     (30, 44, 44, "own", ""),         # residual in its own buffer
     (12, 64, 96, "in place", "relu"),  # the memory plan's residual written over
     (7, 33, 200, "", ""),
+    (20, 2500, 64, "in place", "relu"),  # K in three shares, the residual written over
+    (26, 2100, 96, "own", ""),             # K in three shares, rows split on two threads
 ])
 def test_native_gemm_forms_agree_with_torch(threads, rows, k, n, residual, act):
     """A 1x1 convolution's three C++ forms (oneDNN's, MKL's, paragraph's own packed GEMM with

@@ -328,7 +328,7 @@ __attribute__((target("avx512f"))) inline __m512 relu_keep_nan(__m512 v) {
 // convolution split by panels read its 3 MB input twice and ran no faster on two threads than
 // on one); with W small enough to stay in L2 the tiles go row block by row block (each block
 // of a read once), else panel by panel (each panel read once, the next one prefetched).
-constexpr int64_t kNR = 32, kMR = 12;
+constexpr int64_t kNR = 32, kMR = 12, kKC = 1024;
 
 // element (n, k) of W at w[n * sn + k * sk], packed as above
 at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, int64_t sk) {
@@ -387,14 +387,20 @@ __attribute__((target("avx512f"))) inline void store_tile(
   }
 }
 
-// one tile: MR rows of a (stride lda) by a panel of NV x 16 columns (ncols of them real)
+// one tile: MR rows of a (stride lda) by a panel of NV x 16 columns (ncols of them real), over
+// k of K; a later share of K adds to what c holds (``more``), and only the last (``last``)
+// applies the epilogue
 template <int MR, int NV>
 __attribute__((target("avx512f,fma"))) void gemm_tile(
     const float* __restrict__ a, int64_t lda, const float* __restrict__ b, int64_t k, float* c,
     int64_t ldc, int64_t ncols, const float* bias, const float* res, int64_t ldr, bool relu,
-    Prefetch pf) {
+    Prefetch pf, bool more, bool last) {
   __m512 acc0[MR], acc1[MR];
-  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(std::max<int64_t>(ncols - 16, 0));
+  for (int r = 0; r < MR; ++r) {
+    acc0[r] = more ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();
+    acc1[r] = more && NV == 2 ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
+  }
   for (int64_t i = 0; i < k; ++i) {
     pf.step(i + 1, k);
     const __m512 b0 = _mm512_loadu_ps(b + i * kNR);
@@ -406,7 +412,11 @@ __attribute__((target("avx512f,fma"))) void gemm_tile(
       if (NV == 2) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
   }
-  store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
+  if (last) return store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
+    if (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
+  }
 }
 
 // a convolution's tile: MR output pixels, pixel r's input at rows[r] (its window's origin),
@@ -438,7 +448,7 @@ __attribute__((target("avx512f,fma"))) void conv_tile(
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
-                        const float*, const float*, int64_t, bool, Prefetch);
+                        const float*, const float*, int64_t, bool, Prefetch, bool, bool);
 template <int NV, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
   return {&gemm_tile<R + 1, NV>...};
@@ -464,21 +474,34 @@ struct PackedGemm {
 
   // rows [m0, m1) by panels [p0, p1)
   void range(int64_t m0, int64_t m1, int64_t p0, int64_t p1) const {
-    auto tile = [&](int64_t p, int64_t r, Prefetch pf) {
+    // rows [r, r + 12) by panel p over K's [k0, k0 + kc)
+    auto tile = [&](int64_t p, int64_t r, int64_t k0, int64_t kc, Prefetch pf) {
       const int64_t n0 = p * kNR, ncols = std::min(kNR, n - n0), rows = std::min(kMR, m1 - r);
       (ncols > 16 ? kTiles2 : kTiles1)[rows - 1](
-          a + r * k, k, packed + p * k * kNR, k, c + r * n + n0, n, ncols,
-          bias ? bias + n0 : nullptr, res ? res + r * n + n0 : nullptr, n, relu, pf);
+          a + r * k + k0, k, packed + (p * k + k0) * kNR, kc, c + r * n + n0, n, ncols,
+          bias ? bias + n0 : nullptr, res ? res + r * n + n0 : nullptr, n, relu, pf, k0 > 0,
+          k0 + kc == k);
     };
     if (k * n * 4 <= (256 << 10)) {
       for (int64_t r = m0; r < m1; r += kMR)
-        for (int64_t p = p0; p < p1; ++p) tile(p, r, {});
-    } else {
-      const int64_t tiles = (m1 - m0 + kMR - 1) / kMR;
+        for (int64_t p = p0; p < p1; ++p) tile(p, r, 0, k, {});
+      return;
+    }
+    // panel by panel, each panel's share of K (kKC rows, 128 KB) at a time over every row
+    // block, the next share prefetched; the rows' share of a stays in L2 across the panels
+    // (with all of K at once, BERT's 64 x 4096 rows, a 512 KB panel and the next one filled
+    // the 2 MB L2)
+    const int64_t tiles = (m1 - m0 + kMR - 1) / kMR;
+    const int64_t share = res == c ? k : kKC;  // c would hold partial sums over its residual
+    for (int64_t k0 = 0; k0 < k; k0 += share) {
+      const int64_t kc = std::min(share, k - k0);
       for (int64_t p = p0; p < p1; ++p) {
-        const float* next = p + 1 < p1 ? packed + (p + 1) * k * kNR : nullptr;
+        const float* next = p + 1 < p1           ? packed + ((p + 1) * k + k0) * kNR
+                            : k0 + kc < k ? packed + (p0 * k + k0 + kc) * kNR
+                                                 : nullptr;
+        const int64_t next_kc = p + 1 < p1 ? kc : std::min(share, k - k0 - kc);
         for (int64_t j = 0; j < tiles; ++j)
-          tile(p, m0 + j * kMR, Prefetch::share(next, k * kNR, j, tiles));
+          tile(p, m0 + j * kMR, k0, kc, Prefetch::share(next, next_kc * kNR, j, tiles));
       }
     }
   }
