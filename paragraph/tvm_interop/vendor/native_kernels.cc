@@ -558,8 +558,9 @@ c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tens
 // paragraph's own convolution (groups = 1, any kernel, stride, dilation and padding) on NHWC
 // float32 buffers: out = act(conv + bias + res) as an implicit GEMM on the packed GEMM's tiles.
 // The weight (cout, kh, kw, cin) is packed once into 32-column panels over K = kh * kw * cin;
-// a tile is 12 consecutive output pixels, each tap a GEMM step with kc = cin read where the
-// pixel's window has that tap in NHWC (no im2col).
+// a tile is 12 consecutive output pixels (across rows and images), each tap a GEMM step over
+// the kc inputs that lie side by side in NHWC where the pixel's window has that tap: a kernel
+// row's kw * cin where the width is undilated, else one position's cin (no im2col).
 // Padding is a zero-bordered copy of the input in a buffer of the calling thread (one pass over
 // the input: oneDNN's form zero-fills the output and adds into it instead). oneDNN's 3x3 and
 // 7x1 convolutions ran Inception-v3 and ResNet-50 7-9% slower than ONNX Runtime's on one
