@@ -1153,6 +1153,36 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
         torch.testing.assert_close(out, want, equal_nan=True, rtol=0, atol=0)
 
 
+def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual, act, threads,
+                       gen, equal_nan=False):
+    """``paragraph_vendor_conv2d`` bound to NHWC ``x``, OHWI ``w``, bias ``b``, padding ``pad``
+    ((top, left) or (top, left, bottom, right)) and a residual ("", "own" buffer or "in
+    place" in the output's), called 12 times (two forms timed five times each, then the
+    faster): every call equals torch's convolution (+ residual, relu)."""
+    import tvm_ffi
+
+    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
+    xn = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
+    want = torch.nn.functional.conv2d(xn, w.permute(0, 3, 1, 2), b, stride, 0, dilation, groups)
+    want = want.permute(0, 2, 3, 1).contiguous()
+    res = torch.randn(*want.shape, generator=gen)
+    want = want + res if residual else want
+    want = torch.relu(want) if act == "relu" else want
+    out = res.clone() if residual == "in place" else torch.empty(want.shape)
+    res_arg = out if residual == "in place" else res if residual else None
+    params = [stride, stride, *pad, dilation, dilation, groups]
+    fn = module["paragraph_vendor_conv2d"](
+        *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
+        None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, "NHWC", act, threads)
+    for _ in range(12):
+        if residual == "in place":
+            out.copy_(res)
+        else:
+            out.fill_(7.0)
+        fn()
+        torch.testing.assert_close(out, want, equal_nan=equal_nan, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("hw", "c", "k", "stride", "pad", "dilation", "residual", "act"), [
     (11, 44, 3, 1, (1, 1), 1, "", "relu"),          # NASNet's: channels 2.75 vectors
@@ -1168,7 +1198,6 @@ def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad,
     padding skipped) each run in the first calls, which time them: every call equals torch's,
     for channels that fill no whole vector, strides, dilation, TF-style uneven padding, a
     residual in its own buffer or in the output's, a NaN in the input, 1 and 2 threads."""
-    import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native
 
@@ -1181,26 +1210,8 @@ def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad,
         x[0, 1, 1, 0] = float("nan")
     w = torch.randn(c, k, k, 1, generator=gen) / k
     b = torch.randn(c, generator=gen)
-    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
-    xn = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
-    want = torch.nn.functional.conv2d(xn, w.permute(0, 3, 1, 2), b, stride, 0, dilation, c)
-    want = want.permute(0, 2, 3, 1).contiguous()
-    res = torch.randn(*want.shape, generator=gen)
-    want = want + res if residual else want
-    want = torch.relu(want) if act == "relu" else want
-    out = res.clone() if residual == "in place" else torch.empty(want.shape)
-    res_arg = out if residual == "in place" else res if residual else None
-    params = [stride, stride, *pad, dilation, dilation, c]
-    fn = module["paragraph_vendor_conv2d"](
-        *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
-        None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, "NHWC", act, threads)
-    for _ in range(12):  # both forms timed five times, then the faster
-        if residual == "in place":
-            out.copy_(res)
-        else:
-            out.fill_(7.0)
-        fn()
-        torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-4, atol=1e-4)
+    _check_native_conv(module, x, w, b, stride, pad, dilation, c, residual, act, threads, gen,
+                       equal_nan=True)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -1221,7 +1232,6 @@ def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride
     equals torch's, for output channels that fill no whole panel, strides, dilation, uneven
     padding, two images (tiles across rows and images), a residual in its own buffer or in the
     output's, 1 and 2 threads."""
-    import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native
 
@@ -1232,26 +1242,7 @@ def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride
     x = torch.randn(n, hw, hw, cin, generator=gen)
     w = torch.randn(cout, *k, cin, generator=gen) / (k[0] * k[1] * cin) ** 0.5
     b = torch.randn(cout, generator=gen)
-    top, left, bottom, right = pad if len(pad) == 4 else (pad[0], pad[1], pad[0], pad[1])
-    xn = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
-    want = torch.nn.functional.conv2d(xn, w.permute(0, 3, 1, 2), b, stride, 0, dilation)
-    want = want.permute(0, 2, 3, 1).contiguous()
-    res = torch.randn(*want.shape, generator=gen)
-    want = want + res if residual else want
-    want = torch.relu(want) if act == "relu" else want
-    out = res.clone() if residual == "in place" else torch.empty(want.shape)
-    res_arg = out if residual == "in place" else res if residual else None
-    params = [stride, stride, *pad, dilation, dilation, 1]
-    fn = module["paragraph_vendor_conv2d"](
-        *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
-        None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, "NHWC", act, threads)
-    for _ in range(12):  # both forms timed five times, then the faster
-        if residual == "in place":
-            out.copy_(res)
-        else:
-            out.fill_(7.0)
-        fn()
-        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    _check_native_conv(module, x, w, b, stride, pad, dilation, 1, residual, act, threads, gen)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

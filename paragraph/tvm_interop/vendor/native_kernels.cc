@@ -286,21 +286,27 @@ bool plain_float(const at::Tensor& t) {
   return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
 }
 
-// rows(r0, r1) over [0, total), split evenly over ``threads`` OpenMP threads where the work
-// (``bytes`` of output) is worth a parallel region: below ~64 KB one costs more than it saves
-template <typename Rows>
-void split_rows(int64_t total, int64_t bytes, int64_t threads, const Rows& rows) {
+// share(t, nt) for each thread t of a team of ``threads`` OpenMP threads (nt as OpenMP gave);
+// share(0, 1) on the calling thread alone for one thread or a build without OpenMP (the
+// `vendor.native` build warned)
+template <typename Share>
+void parallel(int64_t threads, const Share& share) {
 #ifdef _OPENMP
-  if (threads > 1 && total >= threads && bytes >= (int64_t{64} << 10)) {
+  if (threads > 1) {
 #pragma omp parallel num_threads(static_cast<int>(threads))
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      rows(total * t / nt, total * (t + 1) / nt);
-    }
+    share(omp_get_thread_num(), omp_get_num_threads());
     return;
   }
 #endif
-  rows(0, total);
+  share(0, 1);
+}
+
+// rows(r0, r1) over [0, total), split evenly over ``threads`` threads where the work
+// (``bytes`` of output) is worth a parallel region: below ~64 KB one costs more than it saves
+template <typename Rows>
+void split_rows(int64_t total, int64_t bytes, int64_t threads, const Rows& rows) {
+  if (!(total >= threads && bytes >= (int64_t{64} << 10))) threads = 1;
+  parallel(threads, [&](int64_t t, int64_t nt) { rows(total * t / nt, total * (t + 1) / nt); });
 }
 
 #ifdef PARAGRAPH_AVX512
@@ -508,24 +514,16 @@ struct PackedGemm {
 
   void operator()(int64_t threads) const {
     const int64_t panels = (n + kNR - 1) / kNR;
-#ifndef _OPENMP
-    threads = 1;  // built without OpenMP (`vendor.native` warned)
-#endif
-    if (threads <= 1) return range(0, m, 0, panels);
-#ifdef _OPENMP
     // each thread reads all of what is not split: split W where it is the larger operand
     const bool by_panel = panels >= threads && n > m;
     const int64_t blocks = (m + kMR - 1) / kMR;
-#pragma omp parallel num_threads(static_cast<int>(threads))
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    parallel(threads, [&](int64_t t, int64_t nt) {
       if (by_panel) {
         range(0, m, panels * t / nt, panels * (t + 1) / nt);
       } else {
         range(blocks * t / nt * kMR, std::min(m, blocks * (t + 1) / nt * kMR), 0, panels);
       }
-    }
-#endif
+    });
   }
 };
 
@@ -604,22 +602,14 @@ struct ImplicitConv {
   void operator()(int64_t threads) const {
     const int64_t panels = (cout + kNR - 1) / kNR, tiles = (n * oh * ow + kMR - 1) / kMR;
     const int64_t k = kc * static_cast<int64_t>(taps.size());
-#ifndef _OPENMP
-    threads = 1;
-#endif
-    if (threads <= 1) return range(0, tiles, 0, panels);
-#ifdef _OPENMP
     const bool by_panel = panels >= threads && k * cout > n * hp * wp * cin;
-#pragma omp parallel num_threads(static_cast<int>(threads))
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    parallel(threads, [&](int64_t t, int64_t nt) {
       if (by_panel) {
         range(0, tiles, panels * t / nt, panels * (t + 1) / nt);
       } else {
         range(tiles * t / nt, tiles * (t + 1) / nt, 0, panels);
       }
-    }
-#endif
+    });
   }
 };
 
@@ -859,6 +849,17 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   std::string a(act);
   Form onednn = onednn_conv(out, x, packed, bias, res, padding, stride, dilation, groups,
                             pre_pad, a, out_buffer);
+  // the fastest of ``forms`` by timing, chosen once per form family, fusions and shapes
+  auto fastest_of = [&](const std::string& family, std::vector<Form> forms) {
+    auto fastest = std::make_shared<Fastest>();
+    fastest->forms = std::move(forms);
+    fastest->threads = threads;
+    fastest->key = family + std::to_string(threads) + a + ints(p) +
+                   shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
+                   (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
+                   (bias ? "b" : "");
+    return wrap([fastest]() { (*fastest)(); });
+  };
   bool gemm_form = nhwc && w_buffer.size(1) == 1 && w_buffer.size(2) == 1 && p[0] == 1 &&
                    p[1] == 1 && pre_pad.empty() && padding[0] == 0 && padding[1] == 0 &&
                    dilation[0] == 1 && dilation[1] == 1 && groups == 1 &&
@@ -873,14 +874,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     if (nhwc && groups == 1) {
       if (auto own = own_conv(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                               {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
-        auto fastest = std::make_shared<Fastest>();
-        fastest->forms = {onednn, *own};
-        fastest->threads = threads;
-        fastest->key = "conv_kxk" + std::to_string(threads) + a + ints(p) +
-                       shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
-                       (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
-                       (bias ? "b" : "");
-        return wrap([fastest]() { (*fastest)(); });
+        return fastest_of("conv_kxk", {onednn, *own});
       }
     }
     // a depthwise convolution: oneDNN's and the own form, the faster by timing
@@ -889,14 +883,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     if (depthwise) {
       if (auto own = own_depthwise(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                                    pt, pl, dilation[0], dilation[1], a, threads)) {
-        auto fastest = std::make_shared<Fastest>();
-        fastest->forms = {onednn, *own};
-        fastest->threads = threads;
-        fastest->key = "depthwise" + std::to_string(threads) + a + ints(p) +
-                       shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
-                       (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
-                       (bias ? "b" : "");
-        return wrap([fastest]() { (*fastest)(); });
+        return fastest_of("depthwise", {onednn, *own});
       }
     }
 #endif
@@ -910,19 +897,13 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   if (res_buffer) res2 = res_buffer->reshape({-1, cout});
   Form mkl = gemm(out_buffer.view({-1, cout}), x_buffer.view({-1, cin}),
                   w_buffer.reshape({cout, cin}).t(), bias, res2, a);
-  auto fastest = std::make_shared<Fastest>();
-  fastest->forms = {onednn, mkl};
+  std::vector<Form> forms{onednn, mkl};
 #ifdef PARAGRAPH_AVX512
   if (auto own = packed_gemm(out_buffer.view({-1, cout}), x_buffer.view({-1, cin}), w_buffer,
                              cin, 1, bias, res2, a, threads))
-    fastest->forms.push_back(*own);
+    forms.push_back(*own);
 #endif
-  fastest->threads = threads;
-  fastest->key = "conv2d" + std::to_string(threads) + a +
-                 shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
-                 (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
-                 (bias ? "b" : "");
-  return wrap([fastest]() { (*fastest)(); });
+  return fastest_of("conv2d", std::move(forms));
 }
 
 // (..., K) @ W (K, N) with a constant W, optional bias and activation, on TVM's buffers
