@@ -1053,7 +1053,8 @@ def test_native_layer_norm_forms_agree_with_torch(shape, residual):
     (12, 64, 96, "in place", "relu"),  # the memory plan's residual written over
     (7, 33, 200, "", ""),
     (20, 2500, 64, "in place", "relu"),  # K in three shares, the residual written over
-    (26, 2100, 96, "own", ""),             # K in three shares, rows split on two threads
+    (26, 2100, 96, "own", ""),             # K in three shares, a panel split on two threads
+    (30, 40, 96, "", "relu"),              # three panels by three row tiles: a panel split
 ])
 def test_native_gemm_forms_agree_with_torch(threads, rows, k, n, residual, act):
     """A 1x1 convolution's three C++ forms (oneDNN's, MKL's, paragraph's own packed GEMM with
@@ -1217,7 +1218,7 @@ def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad,
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("n", "hw", "cin", "cout", "k", "stride", "pad", "dilation", "residual",
                           "act"), [
-    (1, 9, 24, 40, (3, 3), 1, (1, 1), 1, "", "relu"),     # 40 outputs: a panel and a half
+    (1, 9, 24, 80, (3, 3), 1, (1, 1), 1, "", "relu"),     # 2.5 panels: one split on 2 threads
     (2, 8, 16, 20, (3, 3), 2, (1, 1), 1, "own", ""),      # 2 images, stride 2, a 4-wide tail
     (1, 7, 32, 64, (1, 7), 1, (0, 3), 1, "in place", "relu"),  # Inception's 1x7
     (1, 10, 8, 48, (5, 5), 1, (1, 2, 2, 1), 1, "", ""),   # TF-style uneven padding
