@@ -217,6 +217,16 @@ ffi::Function wrap(std::function<void()> body) {
   });
 }
 
+// a kernel that runs the fastest of ``forms`` (see `Fastest`), chosen once per ``key`` (the
+// form family, fusions and shapes)
+ffi::Function fastest_of(std::vector<Form> forms, std::string key, int64_t threads) {
+  auto fastest = std::make_shared<Fastest>();
+  fastest->forms = std::move(forms);
+  fastest->threads = threads;
+  fastest->key = std::move(key);
+  return wrap([fastest]() { (*fastest)(); });
+}
+
 const c10::OperatorHandle& in_place_conv() {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
       "mkldnn::_convolution_pointwise_", "binary");
@@ -353,6 +363,9 @@ __attribute__((target("avx512f"))) inline __m512 relu_keep_nan(__m512 v) {
 // on one); with W small enough to stay in L2 the tiles go row block by row block (each block
 // of a read once), else panel by panel (each panel read once, the next one prefetched).
 constexpr int64_t kNR = 32, kMR = 12, kKC = 1024;
+// packed weights up to this size stay in L2 across row blocks: the tiles go row block by row
+// block (each block of the input read once), larger ones panel by panel
+constexpr int64_t kWeightInL2 = 256 << 10;
 
 // element (n, k) of W at w[n * sn + k * sk], packed as above
 at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, int64_t sk) {
@@ -415,23 +428,9 @@ __attribute__((target("avx512f"))) inline void store_tile(
 
 constexpr int kUnroll = 4;
 
-// one K step of a tile: MR rows' values (row r at a[r * lda]) by the panel's row b
+// one K step of a tile: row r's value at[r][i] by the panel's row b
 template <int MR, int NV>
-__attribute__((target("avx512f,fma"), always_inline)) inline void gemm_step(
-    const float* a, int64_t lda, const float* b, __m512* acc0, __m512* acc1) {
-  const __m512 b0 = _mm512_loadu_ps(b);
-  const __m512 b1 = NV == 2 ? _mm512_loadu_ps(b + 16) : b0;
-#pragma GCC unroll 12
-  for (int r = 0; r < MR; ++r) {
-    const __m512 av = _mm512_set1_ps(a[r * lda]);
-    acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-    if (NV == 2) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
-  }
-}
-
-// one K step of a convolution's tile: pixel r's value at[r][i] by the panel's row b
-template <int MR, int NV>
-__attribute__((target("avx512f,fma"), always_inline)) inline void conv_step(
+__attribute__((target("avx512f,fma"), always_inline)) inline void fma_step(
     const float* const* at, int64_t i, const float* b, __m512* acc0, __m512* acc1) {
   const __m512 b0 = _mm512_loadu_ps(b);
   const __m512 b1 = NV == 2 ? _mm512_loadu_ps(b + 16) : b0;
@@ -440,6 +439,27 @@ __attribute__((target("avx512f,fma"), always_inline)) inline void conv_step(
     const __m512 av = _mm512_set1_ps(at[r][i]);
     acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
     if (NV == 2) acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+  }
+}
+
+// kc K steps of a tile (row r's values from at[r], the panel's rows from b), four at a time
+// and then the rest one by one, the prefetch advanced once per four over the tile's `total`
+// steps: the loop's own instructions took issue slots from the FMAs (4-7% of ResNet-50 and
+// Inception-v3); a prefetch per step, not per convolution tap (a tap's share at once stalled
+// the tile)
+template <int MR, int NV>
+__attribute__((target("avx512f,fma"), always_inline)) inline void accumulate(
+    const float* const* at, int64_t kc, const float* b, Prefetch& pf, int64_t total,
+    __m512* acc0, __m512* acc1) {
+  int64_t i = 0;
+  for (; i + kUnroll <= kc; i += kUnroll) {
+    pf.step(total, kUnroll);
+#pragma GCC unroll 4
+    for (int u = 0; u < kUnroll; ++u) fma_step<MR, NV>(at, i + u, b + (i + u) * kNR, acc0, acc1);
+  }
+  for (; i < kc; ++i) {
+    pf.step(total, 1);
+    fma_step<MR, NV>(at, i, b + i * kNR, acc0, acc1);
   }
 }
 
@@ -457,19 +477,9 @@ __attribute__((target("avx512f,fma"))) void gemm_tile(
     acc0[r] = more ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();
     acc1[r] = more && NV == 2 ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
   }
-  // K four steps at a time (then the rest one by one), the prefetch once per four: the loop's
-  // own instructions took issue slots from the FMAs (4-7% of ResNet-50 and Inception-v3)
-  int64_t i = 0;
-  for (; i + kUnroll <= k; i += kUnroll) {
-    pf.step(k, kUnroll);
-#pragma GCC unroll 4
-    for (int u = 0; u < kUnroll; ++u)
-      gemm_step<MR, NV>(a + i + u, lda, b + (i + u) * kNR, acc0, acc1);
-  }
-  for (; i < k; ++i) {
-    pf.step(k, 1);
-    gemm_step<MR, NV>(a + i, lda, b + i * kNR, acc0, acc1);
-  }
+  const float* at[MR];
+  for (int r = 0; r < MR; ++r) at[r] = a + r * lda;
+  accumulate<MR, NV>(at, k, b, pf, k, acc0, acc1);
   if (last) return store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
   for (int r = 0; r < MR; ++r) {
     _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
@@ -490,18 +500,7 @@ __attribute__((target("avx512f,fma"))) void conv_tile(
   for (int64_t t = 0; t < ntaps; ++t, b += kc * kNR) {
     const float* at[MR];
     for (int r = 0; r < MR; ++r) at[r] = rows[r] + taps[t];
-    // prefetch per step, not per tap (a tap's share at once stalled the tile); K unrolled as
-    // in `gemm_tile`
-    int64_t i = 0;
-    for (; i + kUnroll <= kc; i += kUnroll) {
-      pf.step(ntaps * kc, kUnroll);
-#pragma GCC unroll 4
-      for (int u = 0; u < kUnroll; ++u) conv_step<MR, NV>(at, i + u, b + (i + u) * kNR, acc0, acc1);
-    }
-    for (; i < kc; ++i) {
-      pf.step(ntaps * kc, 1);
-      conv_step<MR, NV>(at, i, b + i * kNR, acc0, acc1);
-    }
+    accumulate<MR, NV>(at, kc, b, pf, ntaps * kc, acc0, acc1);
   }
   store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
 }
@@ -541,7 +540,7 @@ struct PackedGemm {
           bias ? bias + n0 : nullptr, res ? res + r * n + n0 : nullptr, n, relu, pf, k0 > 0,
           k0 + kc == k);
     };
-    if (k * n * 4 <= (256 << 10)) {
+    if (k * n * 4 <= kWeightInL2) {
       // W stays in L2; the next row block of a is brought in while this one works, a share
       // per panel (a 35x35 288->64 1x1 convolution ran 545 us with its input from memory,
       // 305 with it in cache)
@@ -658,7 +657,7 @@ struct ImplicitConv {
           out + q0 * cout + n0, cout, ncols, bias ? bias + n0 : nullptr,
           res ? res + q0 * cout + n0 : nullptr, cout, relu, pf);
     };
-    if (k * cout * 4 <= (256 << 10)) {
+    if (k * cout * 4 <= kWeightInL2) {
       for (int64_t q = t0; q < t1; ++q)
         for (int64_t p = p0; p < p1; ++p) tile(q, p, {});
     } else {
@@ -922,16 +921,12 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   std::string a(act);
   Form onednn = onednn_conv(out, x, packed, bias, res, padding, stride, dilation, groups,
                             pre_pad, a, out_buffer);
-  // the fastest of ``forms`` by timing, chosen once per form family, fusions and shapes
-  auto fastest_of = [&](const std::string& family, std::vector<Form> forms) {
-    auto fastest = std::make_shared<Fastest>();
-    fastest->forms = std::move(forms);
-    fastest->threads = threads;
-    fastest->key = family + std::to_string(threads) + a + ints(p) +
-                   shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
-                   (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
-                   (bias ? "b" : "");
-    return wrap([fastest]() { (*fastest)(); });
+  // the key of a timed choice among this convolution's forms of ``family``
+  auto key = [&](const std::string& family) {
+    return family + std::to_string(threads) + a + ints(p) +
+           shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
+           (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
+           (bias ? "b" : "");
   };
   bool gemm_form = nhwc && w_buffer.size(1) == 1 && w_buffer.size(2) == 1 && p[0] == 1 &&
                    p[1] == 1 && pre_pad.empty() && padding[0] == 0 && padding[1] == 0 &&
@@ -947,7 +942,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     if (nhwc && groups == 1) {
       if (auto own = own_conv(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                               {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
-        return fastest_of("conv_kxk", {onednn, *own});
+        return fastest_of({onednn, *own}, key("conv_kxk"), threads);
       }
     }
     // a depthwise convolution: oneDNN's and the own form, the faster by timing
@@ -956,7 +951,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     if (depthwise) {
       if (auto own = own_depthwise(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                                    pt, pl, dilation[0], dilation[1], a, threads)) {
-        return fastest_of("depthwise", {onednn, *own});
+        return fastest_of({onednn, *own}, key("depthwise"), threads);
       }
     }
 #endif
@@ -976,7 +971,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                              cin, 1, bias, res2, a, threads))
     forms.push_back(*own);
 #endif
-  return fastest_of("conv2d", std::move(forms));
+  return fastest_of(std::move(forms), key("conv2d"), threads);
 }
 
 // (..., K) @ W (K, N) with a constant W, optional bias and activation, on TVM's buffers
@@ -1007,20 +1002,19 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
     if (act_s != "relu") activate(o, act_s);  // oneDNN fused only relu
   };
   Form mkl = gemm(out2, rows, w, bias, c10::nullopt, act_s);
-  auto fastest = std::make_shared<Fastest>();
-  fastest->forms = {onednn, mkl};
+  std::vector<Form> forms{onednn, mkl};
 #ifdef PARAGRAPH_AVX512
   // the own GEMM (an RNN's steps: the SRU's 1 x 1024 x 1024 products 1.5x faster end to end;
   // with the next panel prefetched, BERT's 64-row products too)
   if (w.is_contiguous()) {
     if (auto own = packed_gemm(out2, rows, w, 1, n, bias, c10::nullopt, act_s, threads))
-      fastest->forms.push_back(*own);
+      forms.push_back(*own);
   }
 #endif
-  fastest->threads = threads;
-  fastest->key = "linear" + std::to_string(threads) + act_s + shape_key({rows, w}) +
-                 (bias ? "b" : "");
-  return wrap([fastest]() { (*fastest)(); });
+  return fastest_of(std::move(forms),
+                    "linear" + std::to_string(threads) + act_s + shape_key({rows, w}) +
+                        (bias ? "b" : ""),
+                    threads);
 }
 
 void activate(at::Tensor& o, const std::string& act) {
@@ -1142,12 +1136,10 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
       torch_cat();
     });
   }
-  auto fastest = std::make_shared<Fastest>();
-  fastest->forms = {torch_cat, *own};
-  fastest->threads = threads;
-  fastest->key = "concat" + std::to_string(threads) + act_s + std::to_string(axis) +
-                 shape_key(parts) + shape_key({out});
-  return wrap([fastest]() { (*fastest)(); });
+  return fastest_of({torch_cat, *own},
+                    "concat" + std::to_string(threads) + act_s + std::to_string(axis) +
+                        shape_key(parts) + shape_key({out}),
+                    threads);
 }
 
 #ifdef PARAGRAPH_AVX512
@@ -1390,12 +1382,9 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
                       rows, n, feps);
 #endif
   };
-  auto fastest = std::make_shared<Fastest>();
-  fastest->forms = {fused, aten};
-  fastest->threads = threads;
-  fastest->key = "layer_norm" + std::to_string(threads) + (res ? "res" : "") +
-                 shape_key({x});
-  return wrap([fastest]() { (*fastest)(); });
+  return fastest_of({fused, aten},
+                    "layer_norm" + std::to_string(threads) + (res ? "res" : "") + shape_key({x}),
+                    threads);
 }
 
 // the keys of the packed weights held now (address, packing, shape, strides, @threads): for
