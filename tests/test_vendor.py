@@ -1330,3 +1330,73 @@ def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeyp
         out.fill_(float("nan"))
         fn()
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_variant_build_of_the_kernels_runs_beside_the_main_one_with_its_own_choices():
+    """`native.variant` loads a second build of the C++ kernels (here of the same source) as a
+    library of its own, and `native.using` makes `bind` bind from it: its kernels compute the
+    same results and choose their forms in their own table, which the main build never sees
+    (what lets `benchmarks/ab.py` compare two builds in one process)."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    other = native.variant(native.SOURCE.read_bytes())
+    gen = torch.Generator().manual_seed(5)
+    a, w = torch.randn(24, 176, generator=gen), torch.randn(176, 144, generator=gen)
+    out = torch.empty(24, 144)
+    args = tuple(tvm_ffi.from_dlpack(t) for t in (a, w, out))
+    name = VendorOp("matmul", weight="5eed").name
+    with native.using(other):
+        fn = native.bind(name, args, 1)
+    for _ in range(16):  # three forms timed, then the fastest
+        fn()
+        torch.testing.assert_close(out, a @ w, rtol=1e-4, atol=1e-4)
+
+    def keys(kernels) -> list[str]:
+        return [c for c in map(str, kernels["paragraph_vendor_chosen_forms"]())
+                if c.startswith("linear1(24,176,)(176,144,)")]
+
+    assert len(keys(other)) == 1 and keys(module) == []
+    assert native.bind(name, args, 1) is not None  # outside the block: the main build again
+    assert keys(module) == []  # bound, not yet called
+
+
+def test_a_chosen_form_can_be_set_before_the_kernels_time_their_forms():
+    """`paragraph_vendor_choose_form` fixes a kernel's form before its first calls (so two
+    builds can run the same forms); the kernel then times nothing and computes the same
+    result, and an index the kernel has no form for is ignored (it times its forms as ever)."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(6)
+    for rows, index, forms in ((40, 1, "=1"), (56, 7, None)):
+        a, w = torch.randn(rows, 208, generator=gen), torch.randn(208, 112, generator=gen)
+        out = torch.empty(rows, 112)
+        key = f"linear1({rows},208,)(208,112,)"
+        module["paragraph_vendor_choose_form"](key, index)
+        fn = module["paragraph_vendor_linear"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(a),
+                                               tvm_ffi.from_dlpack(w), None, "", 1)
+        fn()
+        torch.testing.assert_close(out, a @ w, rtol=1e-4, atol=1e-4)
+        listed = [c for c in map(str, module["paragraph_vendor_chosen_forms"]())
+                  if c.startswith(key)]
+        if forms is not None:  # chosen: only the MKL form is left, no packed weights
+            assert listed == [key + forms]
+            assert not [k for k in map(str, module["paragraph_vendor_packed_keys"]())
+                        if k.startswith(str(w.data_ptr()))]
+        else:  # out of range: timed as ever, the table's index replaced by a real one
+            for _ in range(16):
+                fn()
+                torch.testing.assert_close(out, a @ w, rtol=1e-4, atol=1e-4)
+            listed = [c for c in map(str, module["paragraph_vendor_chosen_forms"]())
+                      if c.startswith(key)]
+            assert len(listed) == 1 and listed[0] != key + "=7"
+        del fn

@@ -13,8 +13,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
+import tempfile
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ from paragraph.tvm_interop.vendor.names import POOLS, VendorOp, is_vendor_name
 SOURCE = Path(__file__).with_name("native_kernels.cc")
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
+_binding = threading.local()  # .module: the module `bind` uses on this thread (`using`)
 
 
 @functools.cache
@@ -46,19 +51,19 @@ def _switched_off() -> bool:
                    os.environ.get("PARAGRAPH_NATIVE_VENDOR", "1"))
 
 
-def _library_path(torch: Any) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + tvm_ffi.__version__.encode()
-                         + torch.__version__.encode()).hexdigest()[:16]
-    return cache_dir() / "native" / f"vendor_kernels-{key}.so"
+def _library_path(torch: Any, text: bytes | None = None, kind: str = "vendor_kernels") -> Path:
+    key = hashlib.sha256((SOURCE.read_bytes() if text is None else text)
+                         + tvm_ffi.__version__.encode() + torch.__version__.encode())
+    return cache_dir() / "native" / f"{kind}-{key.hexdigest()[:16]}.so"
 
 
-def _build(torch: Any, out: Path) -> None:
+def _build(torch: Any, out: Path, source: Path = SOURCE) -> None:
     from torch.utils import cpp_extension  # optional (the torch extra), slow to import
 
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     flags = (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w")
-    build = functools.partial(build_library, SOURCE, out,
+    build = functools.partial(build_library, source, out,
                               includes=tuple(cpp_extension.include_paths()),
                               libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"))
     try:
@@ -101,6 +106,44 @@ def reason() -> str | None:
     return _state.get("reason")
 
 
+def variant(text: bytes) -> Any:
+    """The C++ vendor kernels built from ``text`` (another revision of ``native_kernels.cc``,
+    or this one) and loaded as a library of their own beside `module`'s, with its own state
+    (chosen forms, packed weights): for comparing a kernel change in one process
+    (`benchmarks/ab.py`), where separate processes of the same code differed by up to 10%
+    on the shared VM. Built once per text (an interrupted build leaves nothing), raises where
+    it cannot be built."""
+    import torch  # the kernels link against this PyTorch
+
+    path = _library_path(torch, text, "vendor_variant")
+    if not path.exists():
+        main = _library_path(torch)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            built = Path(tmp) / path.name
+            if text == SOURCE.read_bytes() and main.exists():  # this source: a copy
+                shutil.copyfile(main, built)
+            else:
+                source = Path(tmp) / SOURCE.name
+                source.write_bytes(text)
+                _build(torch, built, source)
+            os.replace(built, path)
+    # a file of its own: loaded as a second library, not the one `module` holds
+    return tvm_ffi.load_module(str(path))
+
+
+@contextmanager
+def using(kernels: Any) -> Iterator[None]:
+    """Inside the block, `bind` on this thread binds the kernels of ``kernels`` (a `variant`)
+    rather than `module`'s: an executor made there runs that build of the kernels."""
+    before = getattr(_binding, "module", None)
+    _binding.module = kernels
+    try:
+        yield
+    finally:
+        _binding.module = before
+
+
 def bind(name: str, args: tuple, threads: int) -> Any:
     """The C++ kernel for vendor function ``name`` on TVM tensors ``args`` (inputs then the
     output, as the vendor call takes them) with ``threads`` threads, as a TVM FFI function of
@@ -111,7 +154,7 @@ def bind(name: str, args: tuple, threads: int) -> Any:
     op = VendorOp.from_name(name)
     if any(a.device.dlpack_device_type() != tvm.cpu().dlpack_device_type() for a in args):
         return None
-    m = module()
+    m = getattr(_binding, "module", None) or module()
     if m is None:
         return None
     act = op.act or ""

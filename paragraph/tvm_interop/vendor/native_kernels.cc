@@ -146,8 +146,9 @@ struct Fastest {
     if (chosen < 0) {
       {
         std::lock_guard<std::mutex> lock(chosen_mutex);
-        auto it = chosen_forms.find(key);
-        if (it != chosen_forms.end()) chosen = it->second;
+        auto it = chosen_forms.find(key);  // a form another build chose may not exist here
+        if (it != chosen_forms.end() && it->second < static_cast<int>(forms.size()))
+          chosen = it->second;
       }
       if (chosen >= 0) keep_chosen();
     }
@@ -1406,8 +1407,18 @@ ffi::Array<ffi::String> ChosenForms() {
   return out;
 }
 
+// choose form ``index`` for the kernels of ``key`` (as `ChosenForms` lists them) bound from now
+// on, or timed but not yet chosen: to run two builds of these kernels with the same forms
+// (`benchmarks/ab.py`)
+void ChooseForm(ffi::String key, int64_t index) {
+  TVM_FFI_ICHECK(index >= 0) << "a form's index is at least 0";
+  std::lock_guard<std::mutex> lock(chosen_mutex);
+  chosen_forms[std::string(key)] = static_cast<int>(index);
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_choose_form, ChooseForm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_chosen_forms, ChosenForms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_packed_keys, PackedKeys);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_conv2d, Conv2d);

@@ -1,0 +1,163 @@
+"""A kernel change measured in one process: the C++ vendor kernels of a base revision against the
+working tree's, each bound into an executor of its own, whole runs in alternating blocks.
+
+Usage: python benchmarks/ab.py [--models resnet50,inception_v3] [--threads 2] [--base HEAD]
+           [--schedule sequential] [--same-forms] [--blocks 12] [--block 8] [--reduced]
+           [--json F]
+
+``--base`` is a git revision (its ``paragraph/tvm_interop/vendor/native_kernels.cc``) or the path
+of a copy of that file. Both builds load as libraries of their own
+(`paragraph.tvm_interop.vendor.native.variant`), each with its own chosen forms and packed
+weights; the executors run the same program (vendor kernels) under the same schedule, their
+outputs are checked against each other, and the timing alternates blocks of runs between them
+(the order reversed every block; medians with p10/p90). Why in one process: on the shared
+2-core VM, separate processes of the same code differed by up to 10% (BERT 43-52 ms), more than
+most kernel changes are worth. With identical sources it is an A/A run: the harness's noise floor.
+
+Each build chooses its forms by timing its own first calls, so a change can also move a choice;
+the forms that differ between the two are listed. With ``--same-forms`` the work build takes
+the base build's choices (where it has the form), so that only the kernels' code differs. The
+machine's contention is recorded before and after, and a model timed while another process held
+a core is flagged.
+"""
+
+from __future__ import annotations
+
+# first, before TVM loads torch: paragraph sets libgomp's spin count (paragraph/__init__.py)
+import paragraph  # noqa: F401
+
+# isort: split
+import argparse  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from peers import model_and_onnx  # noqa: E402  (benchmarks/ is on the path as a script)
+
+from paragraph.errors import ParagraphError  # noqa: E402
+from paragraph.files import atomic_write_json  # noqa: E402
+from paragraph.machine import cpu_contention, describe_machine, is_contended  # noqa: E402
+from paragraph.passes.schedule import make_schedule  # noqa: E402
+from paragraph.timing import Config, time_in_blocks  # noqa: E402
+from paragraph.tvm_interop import random_inputs  # noqa: E402
+from paragraph.tvm_interop.executor import make_executor  # noqa: E402
+from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.lowering import resolve_target  # noqa: E402
+from paragraph.tvm_interop.vendor import native  # noqa: E402
+
+KERNELS = "paragraph/tvm_interop/vendor/native_kernels.cc"
+WARMUP = 20  # runs per executor before timing: past every form's timed trials
+
+
+def base_source(base: str) -> bytes:
+    """The text of the base kernels: a file's, or ``KERNELS`` at git revision ``base``."""
+    if Path(base).is_file():
+        return Path(base).read_bytes()
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(["git", "show", f"{base}:{KERNELS}"], cwd=root, capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit(f"--base {base!r}: neither a file nor a git revision with {KERNELS} "
+                         f"({done.stderr.decode().strip()})")
+    return done.stdout
+
+
+def chosen(kernels) -> dict[str, str]:
+    """The forms a build has chosen so far: key -> index."""
+    return dict(str(c).rsplit("=", 1) for c in kernels["paragraph_vendor_chosen_forms"]())
+
+
+def bench_model(name: str, base, args, log) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        mod, _, _ = model_and_onnx(name, args.reduced, Path(tmp))
+    program = KernelProgram.build(mod, resolve_target("cpu"), kernels="vendor")
+    inputs = random_inputs(mod)
+    schedule = make_schedule(args.schedule, program.graph, cores=args.threads)
+    earlier = {*chosen(base), *chosen(native.module())}  # keys of models before this one
+    with native.using(base):
+        old = make_executor(program, schedule)
+    new = make_executor(program, schedule)
+    try:
+        for _ in range(WARMUP):
+            old.run(*inputs)
+        if args.same_forms:  # the work build runs the forms the base chose
+            choose = native.module()["paragraph_vendor_choose_form"]
+            for key, index in chosen(base).items():
+                choose(key, int(index))
+        for _ in range(WARMUP):
+            new.run(*inputs)
+        diff = max(float(np.max(np.abs(a - b)))
+                   for a, b in zip(old.run(*inputs), new.run(*inputs), strict=True))
+        if not diff <= 1e-3:
+            raise ParagraphError(f"{name}: the two builds' outputs differ by {diff:.3g}")
+        configs = [Config("base", lambda: old.run(*inputs, copy_outputs=False)),
+                   Config("work", lambda: new.run(*inputs, copy_outputs=False))]
+        before = cpu_contention(1.0)
+        for b in range(args.blocks):  # drifts hit both orders
+            time_in_blocks(configs if b % 2 == 0 else configs[::-1], 1, args.block, settle=2)
+        after = cpu_contention(1.0)
+    finally:
+        old.close()
+        new.close()
+    rows = [c.row(None) for c in configs]
+    for r in rows:
+        r.pop("speedup_vs_tvm_vm", None)
+    ratio = rows[0]["median_ms"] / rows[1]["median_ms"]
+    base_forms, work_forms = chosen(base), chosen(native.module())
+    moved = {k: [base_forms.get(k), work_forms.get(k)]
+             for k in sorted({*base_forms, *work_forms} - earlier)
+             if base_forms.get(k) != work_forms.get(k)}
+    contended = is_contended(before, after)
+    log(f"{name} ({args.threads} thread(s), {args.schedule}): base {rows[0]['median_ms']:.2f} ms, "
+        f"work {rows[1]['median_ms']:.2f} ms: work {ratio:.3f}x as fast"
+        f"{'  [CONTENDED: another process held a core]' if contended else ''}")
+    for key, (b, w) in moved.items():
+        log(f"  form chosen differently: {key}: base {b}, work {w}")
+    return {"model": name, "reduced": args.reduced, "threads": args.threads,
+            "schedule": args.schedule, "configs": rows, "work_speed_vs_base": ratio,
+            "same_forms": args.same_forms, "max_diff": diff, "forms_differ": moved,
+            "contention_before": before, "contention_after": after, "contended": contended}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,inception_v3")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--base", default="HEAD", help="git revision or file of the base kernels")
+    parser.add_argument("--schedule", default="sequential")
+    parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--block", type=int, default=8, help="timed runs per block")
+    parser.add_argument("--same-forms", action="store_true",
+                        help="the work build takes the base build's timed form choices")
+    parser.add_argument("--reduced", action="store_true")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    text = base_source(args.base)
+    work_text = native.SOURCE.read_bytes()
+    if native.module() is None:
+        raise SystemExit(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    if text == work_text:
+        log(f"--base {args.base} has the working tree's kernels: an A/A run (the noise floor)")
+    log(f"building the base kernels ({args.base}) ...")
+    base = native.variant(text)
+    load_before = os.getloadavg()
+    results = []
+    for m in args.models.split(","):
+        results.append(bench_model(m, base, args, log))
+        if args.json:
+            atomic_write_json(args.json, {
+                "benchmark": "ab", "base": args.base, "identical_sources": text == work_text,
+                "machine": describe_machine(), "blocks": args.blocks, "block": args.block,
+                "load_average_before": load_before, "load_average": os.getloadavg(),
+                "models": results})
+    if args.json:
+        log(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
