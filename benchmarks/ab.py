@@ -33,13 +33,14 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 from peers import model_and_onnx  # noqa: E402  (benchmarks/ is on the path as a script)
 
 from paragraph.errors import ParagraphError  # noqa: E402
 from paragraph.files import atomic_write_json  # noqa: E402
 from paragraph.machine import cpu_contention, describe_machine, is_contended  # noqa: E402
+from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.passes.schedule import make_schedule  # noqa: E402
+from paragraph.planner import tolerance  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.executor import make_executor  # noqa: E402
@@ -87,9 +88,8 @@ def bench_model(name: str, base, args, log) -> dict:
                 choose(key, int(index))
         for _ in range(WARMUP):
             new.run(*inputs)
-        diff = max(float(np.max(np.abs(a - b)))
-                   for a, b in zip(old.run(*inputs), new.run(*inputs), strict=True))
-        if not diff <= 1e-3:
+        diff = max_difference(old.run(*inputs), new.run(*inputs))
+        if not diff <= tolerance(program):
             raise ParagraphError(f"{name}: the two builds' outputs differ by {diff:.3g}")
         configs = [Config("base", lambda: old.run(*inputs, copy_outputs=False)),
                    Config("work", lambda: new.run(*inputs, copy_outputs=False))]

@@ -120,14 +120,14 @@ def variant(text: bytes) -> Any:
         main = _library_path(torch)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            built = Path(tmp) / path.name
             if text == SOURCE.read_bytes() and main.exists():  # this source: a copy
-                shutil.copyfile(main, built)
-            else:
+                copy = Path(tmp) / path.name
+                shutil.copyfile(main, copy)
+                os.replace(copy, path)
+            else:  # `build_library` writes the library atomically
                 source = Path(tmp) / SOURCE.name
                 source.write_bytes(text)
-                _build(torch, built, source)
-            os.replace(built, path)
+                _build(torch, path, source)
     # a file of its own: loaded as a second library, not the one `module` holds
     return tvm_ffi.load_module(str(path))
 
