@@ -217,13 +217,29 @@ def _one_stream_if_faster(plan: Plan, db: CostDB, tuning: str, cores: int,
 
 
 def _one_stream(plan: Plan, db: CostDB, tuning: str, cores: int, log: Log | None,
-                remote: Remote | None) -> Schedule:
+                remote: Remote | None, caps: bool | None = None) -> Schedule:
     """One stream of ``cores`` threads over ``plan``'s kernels, in its critical-path order,
-    with the vendor kernels that run faster on one thread capped to it."""
+    with the vendor kernels that run faster on one thread capped to it where whole runs
+    confirm it (``caps`` None), or as ``caps`` says without timing them. Each kernel is faster
+    capped when timed alone, but between two 2-thread kernels a 1-thread one lets the OpenMP
+    worker fall asleep: a token-id encoder's one stream ran 0.74-0.79 ms with 12-16 kernels
+    capped, 0.55-0.58 ms with none."""
     program = plan.program
     one = Schedule.build(program.graph, [kernel_ids(program.graph)], threads=cores,
                          name="critical-path", info=plan.schedule.info)
-    return fewer_threads_where_faster(program, one, db, tuning, log, remote)
+    if caps is False:
+        return one
+    capped = fewer_threads_where_faster(program, one, db, tuning, log, remote)
+    if caps or not capped.kernel_threads:
+        return capped
+    one_s, capped_s = end_to_end([(program, one), (program, capped)], db, tuning,
+                                 remote=remote)
+    keep = capped_s < one_s
+    if log is not None:
+        log(f"  critical-path: 1 stream {one_s * 1e3:.2f} ms, with {len(capped.kernel_threads)} "
+            f"kernels on 1 thread {capped_s * 1e3:.2f} ms: keeping "
+            f"{'them capped' if keep else 'every kernel on ' + str(cores)}")
+    return capped if keep else one
 
 
 def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
@@ -233,7 +249,8 @@ def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
     """``graph`` (an operator graph rewritten from ``reference``'s) built with ``kernels`` and
     given a critical-path schedule with the choices that timing whole runs made for
     ``reference`` (`plan_schedule`): its lone convolutions split if ``reference``'s were,
-    and one stream of every core if ``reference`` kept one. The kernel times are still
+    and one stream of every core if ``reference`` kept one, its kernels capped to one thread
+    where ``reference``'s were. The kernel times are still
     measured (or taken from the cache); what is saved are the end-to-end comparisons (and the
     split program's build) that make those choices: 22 s of timing whole runs a NASNet-A
     large candidate of the substitution search, whose rewrites are local and do not turn
@@ -258,7 +275,9 @@ def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
     plan = _measured_critical_path(program, db, tuning, streams, cores, None, remote)
     if (len(reference.schedule.streams) == 1 and len(plan.schedule.streams) > 1
             and streams is not None):
-        plan = Plan(program, _one_stream(plan, db, tuning, streams, None, remote), plan.report)
+        plan = Plan(program, _one_stream(plan, db, tuning, streams, None, remote,
+                                         caps=bool(reference.schedule.kernel_threads)),
+                    plan.report)
     return Plan(program, plan.schedule, {**plan.report, "split": list(done),
                                          "planned_like": "reference"})
 
@@ -461,9 +480,12 @@ def _confirm(original: KernelProgram, program: KernelProgram, schedule: Schedule
 
 # ---------------------------------------------------------------------------- end to end
 def plan_digest(schedule: Schedule) -> str:
-    """What a run's time depends on: streams, thread counts and stage barriers."""
-    plan = [list(map(list, schedule.streams)), list(schedule.threads),
-            [list(st) for st in schedule.stages or ()]]
+    """What a run's time depends on: streams, thread counts, stage barriers and the kernels
+    capped to fewer threads (only where there are some: older digests stay valid)."""
+    plan: list = [list(map(list, schedule.streams)), list(schedule.threads),
+                  [list(st) for st in schedule.stages or ()]]
+    if schedule.kernel_threads:
+        plan.append(sorted(map(list, schedule.kernel_threads.items())))
     return hashlib.blake2b(json.dumps(plan).encode(), digest_size=16).hexdigest()
 
 

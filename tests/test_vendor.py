@@ -1400,3 +1400,38 @@ def test_a_chosen_form_can_be_set_before_the_kernels_time_their_forms():
                       if c.startswith(key)]
             assert len(listed) == 1 and listed[0] != key + "=7"
         del fn
+
+
+def test_one_stream_keeps_its_capped_kernels_only_where_whole_runs_are_faster(tmp_path,
+                                                                               monkeypatch):
+    """Kernels each faster alone on one thread can make the stream slower (between two
+    2-thread kernels a 1-thread one lets the OpenMP worker fall asleep), so the planner's one
+    stream keeps its caps only where whole runs with them are faster, each timed under a
+    cache key of its own (`plan_digest` carries the caps); told whether to cap (as `plan_like`
+    passes the reference's choice), it does as told."""
+    import sqlite3
+    from dataclasses import replace
+
+    from paragraph import planner
+
+    mod = models.get("squeezenet1_1", reduced=True)
+    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    g = program.graph
+    k = next(n.id for n in program.kernels if n.attrs.get("source") == "vendor")
+    monkeypatch.setattr(planner, "fewer_threads_where_faster",  # one cap, whatever it measures
+                        lambda program, one, *a, **kw: replace(one, kernel_threads={k: 1}))
+    plan = planner.Plan(program, make_schedule("sequential", g, cores=2), {})
+    db = CostDB(tmp_path / "costs.sqlite")
+    first = planner._one_stream(plan, db, "", 2, None, None)
+    capped = planner.plan_digest(replace(first, kernel_threads={k: 1}))
+    plain = planner.plan_digest(replace(first, kernel_threads={}))
+    assert capped != plain
+    for caps_win in (True, False):
+        with sqlite3.connect(db.path) as conn:
+            conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
+                         "WHERE kernel LIKE 'run:%'",
+                         (f"%{capped}", *((1e-9, 1.0) if caps_win else (1.0, 1e-9))))
+        again = planner._one_stream(plan, db, "", 2, None, None)
+        assert again.kernel_threads == ({k: 1} if caps_win else {})
+    assert planner._one_stream(plan, db, "", 2, None, None, caps=True).kernel_threads == {k: 1}
+    assert planner._one_stream(plan, db, "", 2, None, None, caps=False).kernel_threads == {}
