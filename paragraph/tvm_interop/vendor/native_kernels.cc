@@ -566,10 +566,14 @@ struct PackedGemm {
       // 305 with it in cache)
       for (int64_t r = m0; r < m1; r += kMR) {
         const int64_t next = std::min(kMR, m1 - r - kMR);
+        // the first row block brings in W: each tile the next panel (cold in a model, where
+        // ~100 MB of weights pass between two calls), its last tile the next rows
         for (int64_t p = p0; p < p1; ++p)
           tile(p, r, 0, k,
-               next > 0 ? Prefetch::share(a + (r + kMR) * k, next * k, p - p0, p1 - p0)
-                        : Prefetch{});
+               r == m0 && p + 1 < p1 ? Prefetch::share(packed + (p + 1) * k * kNR, k * kNR, 0, 1)
+               : next <= 0           ? Prefetch{}
+               : r == m0             ? Prefetch::share(a + (r + kMR) * k, next * k, 0, 1)
+                         : Prefetch::share(a + (r + kMR) * k, next * k, p - p0, p1 - p0));
       }
       return;
     }
@@ -679,7 +683,10 @@ struct ImplicitConv {
     };
     if (k * cout * 4 <= kWeightInL2) {
       for (int64_t q = t0; q < t1; ++q)
-        for (int64_t p = p0; p < p1; ++p) tile(q, p, {});
+        for (int64_t p = p0; p < p1; ++p)  // the first tile brings in W, as the GEMM's
+          tile(q, p,
+               q == t0 && p + 1 < p1 ? Prefetch::share(packed + (p + 1) * k * kNR, k * kNR, 0, 1)
+                                     : Prefetch{});
     } else {
       for (int64_t p = p0; p < p1; ++p) {
         const float* next = p + 1 < p1 ? packed + (p + 1) * k * kNR : nullptr;
