@@ -1,7 +1,10 @@
 """IOS: ending enumeration, the DP against brute force, blocks, merging, and the full search."""
 
+import os
 import random
 import sqlite3
+import subprocess
+import sys
 from dataclasses import replace
 
 import networkx as nx
@@ -361,6 +364,44 @@ def test_vendor_kernels_get_one_thread_count(tmp_path):
     with make_executor(result.program, result.schedule) as ex:
         np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5,
                                    atol=1e-6)
+
+
+_TEAMS_SCRIPT = """
+import os, threading
+import paragraph
+from paragraph import models
+from paragraph.passes.ios import CONCURRENT, IOSOptions
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.stages import StageMeter
+program = KernelProgram.build(models.get("inception_v3", reduced=True), "llvm", kernels="vendor")
+meter = StageMeter(program, IOSOptions(warmup=1, repeat=2, number=1, cores=2))
+convs = [n.id for n in program.graph.nodes
+         if n.kind == "kernel" and n.attrs["source"] == "vendor" and "conv2d" in n.attrs["func"]]
+def native():  # threads Python did not start: OpenMP's (TVM's pools are off: one thread)
+    return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+before = native()
+meter.cost(((convs[0],), (convs[1],)), CONCURRENT)
+print("new native threads", native() - before)
+"""
+
+
+def test_concurrent_stages_time_one_thread_vendor_kernels():
+    """IOS times a concurrent stage's groups on workers, one thread each, so their vendor
+    kernels are bound for one thread there. Bound for every core (the meter's sequential
+    binding), each worker got an OpenMP team of its own for the life of the process; with more
+    teams than cores libgomp stops spinning, and every later run in the process slowed (a
+    token-id encoder's one 2-thread stream: 0.63 ms before an IOS plan, 2.7 after). In a
+    process of its own: the count of threads is the process's."""
+    pytest.importorskip("torch")
+    from paragraph.tvm_interop.vendor import native
+
+    if native.module() is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs the C++ vendor kernels and two cores")
+    env = {**os.environ, "TVM_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", _TEAMS_SCRIPT], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "new native threads 0" in run.stdout, run.stdout
 
 
 def test_search_is_confirmed_end_to_end(tmp_path):

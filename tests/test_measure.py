@@ -189,3 +189,36 @@ def test_time_in_blocks_times_each_configuration_back_to_back():
     assert len(fast.samples) == len(slow.samples) == 6
     assert [len(m) for m in medians] == [2, 2]
     assert all(s > f for f, s in zip(*medians, strict=True))
+
+
+_WIDE_SCRIPT = """
+import paragraph
+from paragraph import models
+from paragraph.passes.schedule import sequential
+from paragraph.tvm_interop.executor import make_executor
+from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import kernel_costs
+from paragraph.tvm_interop.vendor import native
+program = KernelProgram.build(models.get("resnet50", reduced=True), "llvm", kernels="vendor")
+with make_executor(program, sequential(program.graph, cores=1)) as ex:
+    kernel_costs(ex, db=None, threads=2, repeat=16, warmup=1)  # past the forms' trials
+print("chosen", " ".join(str(k) for k in native.module()["paragraph_vendor_chosen_forms"]()))
+"""
+
+
+def test_kernel_costs_bind_vendor_kernels_for_the_threads_asked():
+    """Costs on 2 threads from an executor bound for 1 (the search's signature costs, the
+    remote device's) time vendor kernels bound for 2: they had run bound for 1, so the 2-thread
+    cost of every vendor kernel was its 1-thread time. Seen in the forms the kernels chose,
+    keyed by thread count (family name, then the count), in a process of its own."""
+    pytest.importorskip("torch")
+    from paragraph.tvm_interop.vendor import native as native_vendor
+
+    if native_vendor.module() is None:
+        pytest.skip("needs the C++ vendor kernels")
+    run = subprocess.run([sys.executable, "-c", _WIDE_SCRIPT], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    keys = run.stdout.split("chosen", 1)[1].split()
+    assert any(k.startswith(("conv2d2", "conv_kxk2")) for k in keys), keys
+    assert not any(k.startswith(("conv2d1", "conv_kxk1")) for k in keys), keys

@@ -373,8 +373,10 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
                   flush=True)
         order = [k for k in graph.topological_order() if k in keys]
         on_cpu = program.target.kind.name == "llvm"
+        # vendor kernels bound for ``threads``: the executor's may be for another count
+        steps = executor.steps_at(threads) if on_cpu else executor.steps
         with LoadWatch() as watch:
-            timings = time_in_sequence([executor.steps[k] for k in order], threads=threads,
+            timings = time_in_sequence([steps[k] for k in order], threads=threads,
                                        repeat=repeat, warmup=warmup,
                                        sync=None if on_cpu else program.device.sync)
         pooled: dict[CostKey, list[float]] = {}  # a kernel used twice: one cost, both runs

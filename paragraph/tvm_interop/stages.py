@@ -76,6 +76,7 @@ class StageMeter:
         self._overhead: float | None = None
         self._seconds: dict[tuple[Groups, str], float] = {}  # what `cost` returned
         self._units: dict[tuple[int, ...], list[Unit] | None] = {}  # what `units` returned
+        self._bound: dict[int, dict] = {}  # `_steps` per thread count
 
     def close(self) -> None:
         if self.executor is not None:
@@ -156,16 +157,28 @@ class StageMeter:
         if self.remote is not None:
             return self.remote.stage(self.session, groups, strategy)
         assert self.executor is not None
-        steps = self.executor.steps
         if strategy == SEQUENTIAL:
+            steps = self._steps(self.seq_threads)
             run = [[steps[k] for g in groups for k in g]]
             threads = [self.seq_threads]
         else:  # an empty stage (`overhead`) still goes to one worker and back
+            steps = self._steps(1)
             run = [[steps[k] for k in g] for g in groups] or [[]]
             threads = [1] * len(run)
         if not self.on_cpu:
             return self._measure_gpu(run)
         return protocol_seconds(run, threads, self.options, fork_join=len(run) > 1)
+
+    def _steps(self, threads: int) -> dict:
+        """The meter's steps with vendor kernels on ``threads`` CPU threads, as a stage of
+        that strategy runs them (concurrent groups: one each, not the sequential binding's
+        every core), bound once per count."""
+        assert self.executor is not None
+        if not self.on_cpu:
+            return self.executor.steps
+        if threads not in self._bound:
+            self._bound[threads] = self.executor.steps_at(threads)
+        return self._bound[threads]
 
     def _measure_gpu(self, run: list[list]) -> float:
         """Groups issued on their own CUDA streams, timed between synchronisations."""
