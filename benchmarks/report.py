@@ -207,6 +207,7 @@ def main() -> None:
                         # the same benchmark on another 2-core host (an Intel Xeon VM)
                         ("peers-cpu-xeon.json", peers_table),
                         ("search-cpu.json", search_table),
+                        ("search-cpu-xeon.json", search_table),
                         # the lent GPU machine's runs (`tools/gpu/checks.sh`)
                         ("gpu-h100-executor.json", gpu_executor_table),
                         ("gpu-h100-search.json", search_table)):
@@ -216,6 +217,10 @@ def main() -> None:
                 searched = any("search" in c for m in result["models"] for c in m["configs"])
                 out.append(f"On a {result['machine']['cores']}-core {result['machine']['cpu']} VM ("
                            f"`{name}`{'' if searched else ', no search rows'}):")
+                out.append("")
+            if name == "search-cpu-xeon.json":
+                out.append(f"On the {result['machine']['cores']}-core {result['machine']['cpu']} "
+                           f"VM (`{name}`):")
                 out.append("")
             if name.startswith("gpu-"):
                 out.append(f"On the lent GPU machine (one H100, {result['machine']['cpu']} "
