@@ -160,8 +160,8 @@ class _Base:
 
     def steps_at(self, threads: int) -> dict[int, Step]:
         """The steps with every vendor kernel bound for ``threads`` CPU threads, on the same
-        buffers (other kernels as they are): for timing kernels on another thread count than
-        the schedule's, as IOS's stages do. A kernel bound for two threads and run on a
+        buffers (other steps the same for any count): for timing kernels on another thread
+        count than the schedule's, as IOS's stages do. A kernel bound for two threads and run on a
         stream's worker gives that worker an OpenMP team of its own for life, and with more
         teams than cores libgomp stops spinning: after IOS had timed its concurrent stages
         with the 2-thread bindings, a token-id encoder ran 2.7 ms instead of 0.63 on one
@@ -169,7 +169,6 @@ class _Base:
         if not self.schedule.kernel_threads and set(self.schedule.threads) == {threads}:
             return self.steps
         return {k: self._step(k, threads, threads, st.waits, st.signals)
-                if st.fn is not None and self.graph[k].attrs.get("source") == "vendor" else st
                 for k, st in self.steps.items()}
 
     def _bind_buffers(self) -> None:

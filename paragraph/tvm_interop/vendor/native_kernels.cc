@@ -394,6 +394,9 @@ struct Prefetch {
       _mm_prefetch(at, _MM_HINT_T1);
   }
 
+  // all of the `floats` at `at` over one tile's steps
+  static Prefetch whole(const float* at, int64_t floats) { return share(at, floats, 0, 1); }
+
   // tile `j` of `tiles` over a panel of `floats`, the next panel at `next` (none: null)
   static Prefetch share(const float* next, int64_t floats, int64_t j, int64_t tiles) {
     if (next == nullptr) return {};
@@ -567,13 +570,15 @@ struct PackedGemm {
       for (int64_t r = m0; r < m1; r += kMR) {
         const int64_t next = std::min(kMR, m1 - r - kMR);
         // the first row block brings in W: each tile the next panel (cold in a model, where
-        // ~100 MB of weights pass between two calls), its last tile the next rows
-        for (int64_t p = p0; p < p1; ++p)
-          tile(p, r, 0, k,
-               r == m0 && p + 1 < p1 ? Prefetch::share(packed + (p + 1) * k * kNR, k * kNR, 0, 1)
-               : next <= 0           ? Prefetch{}
-               : r == m0             ? Prefetch::share(a + (r + kMR) * k, next * k, 0, 1)
-                         : Prefetch::share(a + (r + kMR) * k, next * k, p - p0, p1 - p0));
+        // ~100 MB of weights pass between two calls), its last tile the next rows; later
+        // blocks' tiles each a share of the next rows
+        const float* rows = next > 0 ? a + (r + kMR) * k : nullptr;
+        for (int64_t p = p0; p < p1; ++p) {
+          Prefetch pf = r > m0      ? Prefetch::share(rows, next * k, p - p0, p1 - p0)
+                        : p + 1 < p1 ? Prefetch::whole(packed + (p + 1) * k * kNR, k * kNR)
+                                     : Prefetch::whole(rows, next * k);
+          tile(p, r, 0, k, pf);
+        }
       }
       return;
     }
@@ -685,7 +690,7 @@ struct ImplicitConv {
       for (int64_t q = t0; q < t1; ++q)
         for (int64_t p = p0; p < p1; ++p)  // the first tile brings in W, as the GEMM's
           tile(q, p,
-               q == t0 && p + 1 < p1 ? Prefetch::share(packed + (p + 1) * k * kNR, k * kNR, 0, 1)
+               q == t0 && p + 1 < p1 ? Prefetch::whole(packed + (p + 1) * k * kNR, k * kNR)
                                      : Prefetch{});
     } else {
       for (int64_t p = p0; p < p1; ++p) {
