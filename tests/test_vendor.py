@@ -1158,8 +1158,8 @@ def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual,
                        gen, equal_nan=False):
     """``paragraph_vendor_conv2d`` bound to NHWC ``x``, OHWI ``w``, bias ``b``, padding ``pad``
     ((top, left) or (top, left, bottom, right)) and a residual ("", "own" buffer or "in
-    place" in the output's), called 12 times (two forms timed five times each, then the
-    faster): every call equals torch's convolution (+ residual, relu)."""
+    place" in the output's), called 16 times (up to three forms timed five times each, then
+    the fastest): every call equals torch's convolution (+ residual, relu)."""
     import tvm_ffi
 
     top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
@@ -1175,7 +1175,7 @@ def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual,
     fn = module["paragraph_vendor_conv2d"](
         *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
         None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, "NHWC", act, threads)
-    for _ in range(12):
+    for _ in range(16):
         if residual == "in place":
             out.copy_(res)
         else:
@@ -1244,6 +1244,45 @@ def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride
     w = torch.randn(cout, *k, cin, generator=gen) / (k[0] * k[1] * cin) ** 0.5
     b = torch.randn(cout, generator=gen)
     _check_native_conv(module, x, w, b, stride, pad, dilation, 1, residual, act, threads, gen)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "hw", "cin", "cout", "pad", "residual", "act"), [
+    (1, 48, 16, 16, (1, 1), "", "relu"),             # 576 tiles: blocks, split over threads
+    (2, 9, 20, 36, (1, 0, 2, 1), "own", ""),         # odd sizes: half tiles; uneven padding
+    (1, 12, 40, 48, (0, 0), "in place", "relu"),     # unpadded (Inception's 149 -> 147)
+    (1, 6, 3, 70, (1, 1), "", ""),                   # 3 inputs, outputs in a 6-column tail
+    (1, 12, 160, 136, (1, 1), "", ""),               # 1.6 MB transformed weight: streamed
+    (1, 4, 160, 160, (1, 1), "own", "relu"),         # streamed, split by panels on 2 threads
+])
+def test_the_winograd_form_agrees_with_torch(threads, n, hw, cin, cout, pad, residual, act):
+    """A 3x3 stride-1 convolution's Winograd form F(2x2, 3x3), chosen before the first call:
+    every call equals torch's convolution within the transforms' rounding, for odd sizes
+    (the last tiles half outside the output), uneven padding, two images, several blocks of
+    tiles, a transformed weight too large for L2 (streamed; on two threads split by tiles or
+    by panels), a residual in its own buffer or in the output's, 1 and 2 threads; the
+    transformed weight is what the kernel packed, and the form is the one that ran."""
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(hw * cin + cout)
+    x = torch.randn(n, hw, hw, cin, generator=gen)
+    w = torch.randn(cout, 3, 3, cin, generator=gen) / (9 * cin) ** 0.5
+    b = torch.randn(cout, generator=gen)
+    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
+    oh, ow = hw + top + bottom - 2, hw + left + right - 2
+    params = [1, 1, *pad, 1, 1, 1]
+    shapes = "".join("(" + "".join(f"{d}," for d in s) + ")"
+                     for s in ((n, hw, hw, cin), (cout, 3, 3, cin), (n, oh, ow, cout)))
+    key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
+           + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
+    module["paragraph_vendor_choose_form"](key, 2)
+    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen)
+    assert f"{key}=2" in map(str, module["paragraph_vendor_chosen_forms"]())
+    assert any(str(k).startswith(f"{w.data_ptr()}winograd23")
+               for k in module["paragraph_vendor_packed_keys"]())
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -6,8 +6,9 @@
 // queued for it (RandWire: streams busy 40% longer than their kernels alone). Beside those
 // calls, kernels of paragraph's own where the library's were slower (AVX-512, each chosen per
 // shape by timing): a GEMM with a fused epilogue for 1x1 convolutions and linear layers, other
-// convolutions as an implicit GEMM on its tiles, depthwise convolutions, a one-pass layer
-// norm, concatenation and pools.
+// convolutions as an implicit GEMM on its tiles, 3x3 stride-1 convolutions also by Winograd's
+// F(2x2, 3x3) on the same tiles, depthwise convolutions, a one-pass layer norm, concatenation
+// and pools.
 //
 // Built by `vendor/native.py` with the system C++ compiler against PyTorch's and TVM FFI's
 // headers; loaded with `tvm_ffi.load_module`.
@@ -785,6 +786,236 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
     }
   });
 }
+
+// paragraph's own 3x3 stride-1 convolution by Winograd's minimal filtering F(2x2, 3x3) on NHWC
+// float32 buffers: out = act(conv + bias + res). Each 2x2 block of output pixels (a tile) comes
+// from a 4x4 patch of the input: the patch is transformed (B^T d B, adds only), each of its 16
+// positions multiplied by the transformed weight (G g G^T, once per weight) as 16 GEMMs over
+// the input channels on the packed GEMM's tiles, and the 16 products transformed back to the
+// 2x2 outputs (A^T m A) with the epilogue. 16 products of cin x cout per 4 output pixels against
+// 36 for a direct convolution: 2.25x fewer multiplies, which no library form here makes (oneDNN
+// and ONNX Runtime's MLAS run 3x3 convolutions as direct or implicit GEMMs: ResNet-50's
+// 56x56 64 -> 64 convolutions ran 15-18% slower than ONNX Runtime's on one thread). The
+// transforms add rounding of a few ulps (entries of G are 1/2). Tiles go a block at a time:
+// the block's 16 transformed inputs and 16 products stay in L2 between the three steps.
+struct Winograd {
+  const float *x, *u, *bias, *res;  // x: the input padded to 2 * tiles + 2 rows and columns
+  float* out;
+  int64_t n, hp, wp, cin, oh, ow, cout, th, tw, block;
+  bool relu, streamed;  // streamed: U does not stay in L2 (see `range`)
+
+  // tile t's image, tile row and column
+  void origin(int64_t t, int64_t& img, int64_t& ty, int64_t& tx) const {
+    img = t / (th * tw);
+    ty = t / tw % th;
+    tx = t % tw;
+  }
+
+  // V[xi][b] = (B^T d B)[xi] for tiles [t0, t0 + count), V[xi] at v + xi * ld ([count][cin])
+  __attribute__((target("avx512f"))) void transform_input(int64_t t0, int64_t count, float* v,
+                                                          int64_t ld) const {
+    for (int64_t b = 0; b < count; ++b) {
+      int64_t img, ty, tx;
+      origin(t0 + b, img, ty, tx);
+      const float* patch = x + ((img * hp + 2 * ty) * wp + 2 * tx) * cin;
+      for (int64_t c = 0; c < cin; c += 16) {
+        const __mmask16 m = tail_mask(cin - c);
+        __m512 d[4][4], s[4][4];
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 4; ++j) d[i][j] = _mm512_maskz_loadu_ps(m, patch + (i * wp + j) * cin + c);
+        for (int j = 0; j < 4; ++j) {  // B^T d
+          s[0][j] = _mm512_sub_ps(d[0][j], d[2][j]);
+          s[1][j] = _mm512_add_ps(d[1][j], d[2][j]);
+          s[2][j] = _mm512_sub_ps(d[2][j], d[1][j]);
+          s[3][j] = _mm512_sub_ps(d[1][j], d[3][j]);
+        }
+        for (int i = 0; i < 4; ++i) {  // (B^T d) B
+          float* row = v + i * 4 * ld + b * cin + c;
+          _mm512_mask_storeu_ps(row, m, _mm512_sub_ps(s[i][0], s[i][2]));
+          _mm512_mask_storeu_ps(row + ld, m, _mm512_add_ps(s[i][1], s[i][2]));
+          _mm512_mask_storeu_ps(row + 2 * ld, m, _mm512_sub_ps(s[i][2], s[i][1]));
+          _mm512_mask_storeu_ps(row + 3 * ld, m, _mm512_sub_ps(s[i][1], s[i][3]));
+        }
+      }
+    }
+  }
+
+  // output channels [c0, c1) of tiles [t0, t0 + count) from their products (M[xi] at
+  // mm + xi * ld, [count][cout]): A^T m A, then bias, residual and relu; outputs past the
+  // image's edge are not written
+  __attribute__((target("avx512f"))) void transform_output(int64_t t0, int64_t count,
+                                                           const float* mm, int64_t ld,
+                                                           int64_t c0, int64_t c1) const {
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t b = 0; b < count; ++b) {
+      int64_t img, ty, tx;
+      origin(t0 + b, img, ty, tx);
+      const int64_t rows = std::min<int64_t>(2, oh - 2 * ty), cols = std::min<int64_t>(2, ow - 2 * tx);
+      const int64_t at = ((img * oh + 2 * ty) * ow + 2 * tx) * cout;
+      for (int64_t c = c0; c < c1; c += 16) {
+        const __mmask16 m = tail_mask(c1 - c);
+        __m512 r[2][4];
+        for (int j = 0; j < 4; ++j) {  // A^T m
+          const float* col = mm + j * ld + b * cout + c;
+          const int64_t down = 4 * ld;  // from position (i, j) to (i + 1, j)
+          const __m512 m0 = _mm512_maskz_loadu_ps(m, col), m1 = _mm512_maskz_loadu_ps(m, col + down);
+          const __m512 m2 = _mm512_maskz_loadu_ps(m, col + 2 * down);
+          const __m512 m3 = _mm512_maskz_loadu_ps(m, col + 3 * down);
+          r[0][j] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+          r[1][j] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+        }
+        const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c) : zero;
+        for (int64_t a = 0; a < rows; ++a) {  // (A^T m) A
+          __m512 y[2] = {_mm512_add_ps(_mm512_add_ps(r[a][0], r[a][1]), r[a][2]),
+                         _mm512_sub_ps(_mm512_sub_ps(r[a][1], r[a][2]), r[a][3])};
+          for (int64_t q = 0; q < cols; ++q) {
+            const int64_t o = at + (a * ow + q) * cout + c;
+            __m512 val = _mm512_add_ps(y[q], bv);
+            if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, res + o));
+            if (relu) val = relu_keep_nan(val);
+            _mm512_mask_storeu_ps(out + o, m, val);
+          }
+        }
+      }
+    }
+  }
+
+  // tiles [t0, t1) a block at a time, the block's V and M in this thread's scratch. The 16
+  // matrices of each lie a line more than a block apart: at a multiple of 4 KB (96 tiles of 64
+  // channels) the 16 rows that one tile's transform writes or reads fell in one set of L1
+  // (12 ways), and the input transform took as long as a third of the GEMMs
+  void range(int64_t t0, int64_t t1, int64_t p0, int64_t p1) const {
+    thread_local std::vector<float> scratch;
+    const int64_t ldv = block * cin + 16, ldm = block * cout + 16;
+    if (static_cast<int64_t>(scratch.size()) < 16 * (ldv + ldm)) scratch.resize(16 * (ldv + ldm));
+    float *v = scratch.data(), *mm = v + 16 * ldv;
+    const int64_t panels = (cout + kNR - 1) / kNR;
+    for (int64_t b0 = t0; b0 < t1; b0 += block) {
+      const int64_t count = std::min(block, t1 - b0);
+      transform_input(b0, count, v, ldv);
+      const int64_t row_tiles = (count + kMR - 1) / kMR;
+      for (int64_t xi = 0; xi < 16; ++xi) {
+        const float* vx = v + xi * ldv;
+        float* mx = mm + xi * ldm;
+        auto tile = [&](int64_t j, int64_t p, Prefetch pf) {
+          const int64_t r = j * kMR, rows = std::min(kMR, count - r);
+          const int64_t ncols = std::min(kNR, cout - p * kNR);
+          (ncols > 16 ? kTiles2 : kTiles1)[rows - 1](
+              vx + r * cin, cin, u + (xi * panels + p) * cin * kNR, cin, mx + r * cout + p * kNR,
+              cout, ncols, nullptr, nullptr, 0, false, pf, false, true);
+        };
+        if (!streamed) {  // U stays in L2: each row tile of V once, by every panel
+          for (int64_t j = 0; j < row_tiles; ++j)
+            for (int64_t p = p0; p < p1; ++p) tile(j, p, Prefetch{});
+          continue;
+        }
+        // U streams from memory (once per block: a block is all of the thread's tiles):
+        // panel by panel, the next one (the next position's first) prefetched over the row
+        // tiles, as the GEMM's panels
+        for (int64_t p = p0; p < p1; ++p) {
+          const float* next = p + 1 < p1   ? u + (xi * panels + p + 1) * cin * kNR
+                              : xi + 1 < 16 ? u + ((xi + 1) * panels + p0) * cin * kNR
+                                            : nullptr;
+          for (int64_t j = 0; j < row_tiles; ++j)
+            tile(j, p, Prefetch::share(next, cin * kNR, j, row_tiles));
+        }
+      }
+      transform_output(b0, count, mm, ldm, p0 * kNR, std::min(cout, p1 * kNR));
+    }
+  }
+
+  void operator()(int64_t threads) const {
+    const int64_t tiles = n * th * tw;
+    // (as `split_rows`: below ~64 KB of output a parallel region costs more than it saves)
+    if (!(tiles >= threads && n * oh * ow * cout * 4 >= (int64_t{64} << 10))) threads = 1;
+    const int64_t panels = (cout + kNR - 1) / kNR;
+    parallel(threads, [&](int64_t t, int64_t nt) {
+      // a streamed U ten times the size of the transformed input is split by panels (each
+      // thread reads its share of U and transforms all of the input: 7x7 512 -> 512 ran 1.5x
+      // slower with each thread reading all 17 MB); otherwise the tiles are split (a 14x14
+      // 256 -> 256 convolution by panels ran 1.25x slower)
+      if (streamed && panels >= nt && cout > 10 * tiles)
+        range(0, tiles, panels * t / nt, panels * (t + 1) / nt);
+      else
+        range(tiles * t / nt, tiles * (t + 1) / nt, 0, panels);
+    });
+  }
+};
+
+// the weight (cout, 3, 3, cin) transformed (G g G^T per output and input channel) and packed
+// as 16 GEMM operands of cin x cout in the GEMM's panels: [16][panel][cin][32], zero-padded
+at::Tensor pack_winograd(const at::Tensor& w, int64_t cout, int64_t cin) {
+  const int64_t panels = (cout + kNR - 1) / kNR;
+  at::Tensor packed = at::zeros({16 * panels * cin * kNR}, w.options().dtype(at::kFloat));
+  const at::Tensor wc = w.contiguous();
+  const float* src = wc.data_ptr<float>();
+  float* dst = packed.data_ptr<float>();
+  static const double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  for (int64_t o = 0; o < cout; ++o)
+    for (int64_t i = 0; i < cin; ++i) {
+      double g[3][3], gg[4][3];
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 3; ++b) g[a][b] = src[((o * 3 + a) * 3 + b) * cin + i];
+      for (int xi = 0; xi < 4; ++xi)
+        for (int b = 0; b < 3; ++b)
+          gg[xi][b] = G[xi][0] * g[0][b] + G[xi][1] * g[1][b] + G[xi][2] * g[2][b];
+      for (int xi = 0; xi < 4; ++xi)
+        for (int yj = 0; yj < 4; ++yj) {
+          const double value = gg[xi][0] * G[yj][0] + gg[xi][1] * G[yj][1] + gg[xi][2] * G[yj][2];
+          dst[(((xi * 4 + yj) * panels + o / kNR) * cin + i) * kNR + o % kNR] =
+              static_cast<float>(value);
+        }
+    }
+  return packed;
+}
+
+// tiles per block: the block's transformed inputs and products (64 bytes per tile and channel)
+// within kWinogradBlock bytes, a whole number of GEMM row tiles
+constexpr int64_t kWinogradBlock = 768 << 10;
+// a transformed weight over this size is streamed (see `Winograd::range`)
+constexpr int64_t kWinogradStreamed = 1 << 20;
+
+// the Winograd form of a 3x3 stride-1 convolution where the CPU and the tensors allow it (see
+// `Winograd`), else None; pads: top, left, bottom, right
+c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
+                                 const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
+                                 c10::optional<at::Tensor> res_buffer,
+                                 std::array<int64_t, 4> pads, const std::string& act,
+                                 int64_t threads) {
+  const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
+  const int64_t oh = out_buffer.size(1), ow = out_buffer.size(2);
+  if (!__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
+      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != cout ||
+      w_buffer.size(1) != 3 || w_buffer.size(2) != 3 || w_buffer.size(3) != cin ||
+      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
+      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 || cin == 0 ||
+      oh != x_buffer.size(1) + pads[0] + pads[2] - 2 || ow != x_buffer.size(2) + pads[1] + pads[3] - 2)
+    return c10::nullopt;
+  at::Tensor packed = shared_packed(w_buffer, "winograd23",
+                                    [&]() { return pack_winograd(w_buffer, cout, cin); });
+  const int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2;
+  // an odd output's last tile reads one row (column) past the padding: one more of zeros
+  std::array<int64_t, 4> padding{pads[0], pads[1], pads[2] + oh % 2, pads[3] + ow % 2};
+  // U larger than L2 is read once per block, so all the tiles are one block (the threads
+  // split U)
+  const bool streamed = packed.numel() * 4 > kWinogradStreamed;
+  const int64_t tiles = x_buffer.size(0) * th * tw;
+  const int64_t block = streamed ? tiles
+                                 : std::max(kMR, kWinogradBlock / (64 * (cin + cout)) / kMR * kMR);
+  Winograd conv{nullptr, packed.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
+                res_buffer ? res_buffer->data_ptr<float>() : nullptr, out_buffer.data_ptr<float>(),
+                x_buffer.size(0), 2 * th + 2, 2 * tw + 2, cin, oh, ow, cout, th, tw, block,
+                act == "relu", streamed};
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, padding, act,
+               threads]() mutable {
+    conv.x = padded_input(x_buffer, padding[0], padding[1], padding[2], padding[3], threads);
+    conv(threads);
+    if (!act.empty() && act != "relu") {
+      at::Tensor o = out_buffer;
+      activate(o, act);
+    }
+  });
+}
 #endif
 
 #ifdef PARAGRAPH_AVX512
@@ -974,7 +1205,12 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     if (nhwc && groups == 1) {
       if (auto own = own_conv(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                               {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
-        return fastest_of({onednn, *own}, key("conv_kxk"), threads);
+        std::vector<Form> forms{onednn, *own};
+        if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1)
+          if (auto wino = own_winograd(out_buffer, x_buffer, w_buffer, bias, res_buffer,
+                                       {pt, pl, pb, pr}, a, threads))
+            forms.push_back(*wino);
+        return fastest_of(forms, key("conv_kxk"), threads);
       }
     }
     // a depthwise convolution: oneDNN's and the own form, the faster by timing
