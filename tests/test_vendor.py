@@ -1248,17 +1248,20 @@ def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("n", "hw", "cin", "cout", "pad", "residual", "act"), [
-    (1, 48, 16, 16, (1, 1), "", "relu"),             # 576 tiles: blocks, split over threads
-    (2, 9, 20, 36, (1, 0, 2, 1), "own", ""),         # odd sizes: half tiles; uneven padding
+    (1, 48, 16, 16, (1, 1), "", "relu"),             # 576 (144) tiles: blocks, two threads
+    (2, 9, 20, 36, (1, 0, 2, 1), "own", ""),         # sizes no multiple of 2 or 4; uneven pads
     (1, 12, 40, 48, (0, 0), "in place", "relu"),     # unpadded (Inception's 149 -> 147)
     (1, 6, 3, 70, (1, 1), "", ""),                   # 3 inputs, outputs in a 6-column tail
-    (1, 12, 160, 136, (1, 1), "", ""),               # 1.6 MB transformed weight: streamed
+    (1, 12, 160, 136, (1, 1), "", ""),               # 1.6 (3.7) MB transformed: streamed
     (1, 4, 160, 160, (1, 1), "own", "relu"),         # streamed, split by panels on 2 threads
 ])
-def test_the_winograd_form_agrees_with_torch(threads, n, hw, cin, cout, pad, residual, act):
-    """A 3x3 stride-1 convolution's Winograd form F(2x2, 3x3), chosen before the first call:
-    every call equals torch's convolution within the transforms' rounding, for odd sizes
-    (the last tiles half outside the output), uneven padding, two images, several blocks of
+@pytest.mark.parametrize(("form", "packing"), [(2, "winograd23"), (3, "winograd43")])
+def test_the_winograd_forms_agree_with_torch(form, packing, threads, n, hw, cin, cout, pad,
+                                             residual, act):
+    """A 3x3 stride-1 convolution's Winograd forms F(2x2, 3x3) and F(4x4, 3x3), each chosen
+    before the first call: every call equals torch's convolution within the transforms'
+    rounding, for sizes no multiple of the tile's (the last tiles partly outside the output),
+    uneven padding, two images, several blocks of
     tiles, a transformed weight too large for L2 (streamed; on two threads split by tiles or
     by panels), a residual in its own buffer or in the output's, 1 and 2 threads; the
     transformed weight is what the kernel packed, and the form is the one that ran."""
@@ -1278,10 +1281,50 @@ def test_the_winograd_form_agrees_with_torch(threads, n, hw, cin, cout, pad, res
                      for s in ((n, hw, hw, cin), (cout, 3, 3, cin), (n, oh, ow, cout)))
     key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
            + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
-    module["paragraph_vendor_choose_form"](key, 2)
+    module["paragraph_vendor_choose_form"](key, form)
     _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen)
-    assert f"{key}=2" in map(str, module["paragraph_vendor_chosen_forms"]())
-    assert any(str(k).startswith(f"{w.data_ptr()}winograd23")
+    assert f"{key}={form}" in map(str, module["paragraph_vendor_chosen_forms"]())
+    assert any(str(k).startswith(f"{w.data_ptr()}{packing}")
+               for k in module["paragraph_vendor_packed_keys"]())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("k", "form", "packing"), [
+    ((1, 7), 2, "winograd27/1d"), ((7, 1), 2, "winograd27/1d"),   # Inception's 17x17 stage
+    ((1, 3), 2, "winograd23/1d"), ((3, 1), 3, "winograd43/1d"),   # its 8x8 stage's
+])
+@pytest.mark.parametrize(("n", "hw", "cin", "cout", "residual", "act"), [
+    (1, 17, 24, 40, "", "relu"),        # 17 wide: the last tile half outside
+    (2, 10, 40, 160, "in place", ""),    # two images, 5 panels
+])
+def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, threads, n, hw,
+                                                             cin, cout, residual, act):
+    """A 1 x r or r x 1 convolution's Winograd form F(m, r) (tiles of m pixels along the
+    kernel's long axis), chosen before the first call: every call equals torch's convolution
+    within the transforms' rounding, with the padding along that axis (uneven for the 1x7:
+    TF-style), two images, a residual in its own buffer or in the output's, 1 and 2 threads;
+    the transformed weight is what the kernel packed."""
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(hw * cin + cout + k[0])
+    x = torch.randn(n, hw, hw, cin, generator=gen)
+    w = torch.randn(cout, *k, cin, generator=gen) / (k[0] * k[1] * cin) ** 0.5
+    b = torch.randn(cout, generator=gen)
+    pad = (0, 2, 0, 4) if k == (1, 7) else ((k[0] - 1) // 2, (k[1] - 1) // 2)
+    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
+    oh, ow = hw + top + bottom - k[0] + 1, hw + left + right - k[1] + 1
+    params = [1, 1, *pad, 1, 1, 1]
+    shapes = "".join("(" + "".join(f"{d}," for d in s) + ")"
+                     for s in ((n, hw, hw, cin), (cout, *k, cin), (n, oh, ow, cout)))
+    key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
+           + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
+    module["paragraph_vendor_choose_form"](key, form)
+    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen)
+    assert f"{key}={form}" in map(str, module["paragraph_vendor_chosen_forms"]())
+    assert any(str(k).startswith(f"{w.data_ptr()}{packing}")
                for k in module["paragraph_vendor_packed_keys"]())
 
 

@@ -6,9 +6,9 @@
 // queued for it (RandWire: streams busy 40% longer than their kernels alone). Beside those
 // calls, kernels of paragraph's own where the library's were slower (AVX-512, each chosen per
 // shape by timing): a GEMM with a fused epilogue for 1x1 convolutions and linear layers, other
-// convolutions as an implicit GEMM on its tiles, 3x3 stride-1 convolutions also by Winograd's
-// F(2x2, 3x3) on the same tiles, depthwise convolutions, a one-pass layer norm, concatenation
-// and pools.
+// convolutions as an implicit GEMM on its tiles, stride-1 3x3, 1x7 and 1x3 ones (and their
+// transposes) also by Winograd's minimal filtering on the same tiles, depthwise convolutions,
+// a one-pass layer norm, concatenation and pools.
 //
 // Built by `vendor/native.py` with the system C++ compiler against PyTorch's and TVM FFI's
 // headers; loaded with `tvm_ffi.load_module`.
@@ -787,22 +787,138 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
   });
 }
 
-// paragraph's own 3x3 stride-1 convolution by Winograd's minimal filtering F(2x2, 3x3) on NHWC
-// float32 buffers: out = act(conv + bias + res). Each 2x2 block of output pixels (a tile) comes
-// from a 4x4 patch of the input: the patch is transformed (B^T d B, adds only), each of its 16
-// positions multiplied by the transformed weight (G g G^T, once per weight) as 16 GEMMs over
-// the input channels on the packed GEMM's tiles, and the 16 products transformed back to the
-// 2x2 outputs (A^T m A) with the epilogue. 16 products of cin x cout per 4 output pixels against
-// 36 for a direct convolution: 2.25x fewer multiplies, which no library form here makes (oneDNN
-// and ONNX Runtime's MLAS run 3x3 convolutions as direct or implicit GEMMs: ResNet-50's
-// 56x56 64 -> 64 convolutions ran 15-18% slower than ONNX Runtime's on one thread). The
-// transforms add rounding of a few ulps (entries of G are 1/2). Tiles go a block at a time:
-// the block's 16 transformed inputs and 16 products stay in L2 between the three steps.
+// paragraph's own stride-1 convolutions by Winograd's minimal filtering on NHWC float32
+// buffers: out = act(conv + bias + res). For a 3x3 kernel, F(m x m, 3x3): each m x m block of
+// output pixels (a tile) comes from an a x a patch of the input (a = m + 2): the patch is
+// transformed (B^T d B), each of its a * a positions multiplied by the transformed weight
+// (G g G^T, once per weight) as a * a GEMMs over the input channels on the packed GEMM's tiles,
+// and the products transformed back to the outputs (A^T m A) with the epilogue. F(2x2, 3x3): 16
+// products of cin x cout per 4 output pixels against 36 for a direct convolution (2.25x fewer
+// multiplies); F(4x4, 3x3): 36 per 16 (4x), with more rounding (see `F4x3`). A 1 x r or r x 1
+// kernel the same way along its long axis, F(m, r) (Inception's 1x7 and 7x1: F(2, 7)). No
+// library form here makes any of them (oneDNN and ONNX Runtime's MLAS run these convolutions
+// as direct or implicit GEMMs: ResNet-50's 56x56 64 -> 64 ones ran 15-18% slower than ONNX
+// Runtime's on one thread). The patches are read where they lie in the input (no padded copy);
+// tiles go a block at a time, the block's transformed inputs and products in L2 between the
+// three steps.
+//
+// The one-dimensional transforms (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+// Networks", 2016; Toom-Cook from the points named): F(2, 3)'s written out, the larger ones'
+// as their matrices.
+struct F2x3 {
+  static constexpr int m = 2, r = 3, a = 4;
+  static constexpr double G[a][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  static constexpr const char* name = "winograd23";
+
+  // r = B^T d
+  __attribute__((target("avx512f"), always_inline)) static inline void input(const __m512* d,
+                                                                              __m512* r) {
+    r[0] = _mm512_sub_ps(d[0], d[2]);
+    r[1] = _mm512_add_ps(d[1], d[2]);
+    r[2] = _mm512_sub_ps(d[2], d[1]);
+    r[3] = _mm512_sub_ps(d[1], d[3]);
+  }
+
+  // y = A^T p
+  __attribute__((target("avx512f"), always_inline)) static inline void output(const __m512* p,
+                                                                               __m512* y) {
+    y[0] = _mm512_add_ps(_mm512_add_ps(p[0], p[1]), p[2]);
+    y[1] = _mm512_sub_ps(_mm512_sub_ps(p[1], p[2]), p[3]);
+  }
+};
+
+// out = mx in (R x A constant matrices: the compiler drops the zero entries' terms)
+template <int R, int A>
+__attribute__((target("avx512f,fma"), always_inline)) inline void apply_dense(
+    const float (&mx)[R][A], const __m512* in, __m512* out) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; j < A; ++j)
+      if (mx[i][j] != 0) acc = _mm512_fmadd_ps(_mm512_set1_ps(mx[i][j]), in[j], acc);
+    out[i] = acc;
+  }
+}
+
+// F(4x4, 3x3) from the points 0, 1, -1, 2, -1/2 and infinity rather than Lavin's 0, +-1, +-2:
+// in float32 its largest error over random 64-channel sums was 4.3e-6 of the output's
+// magnitude against 1.6e-5 (a residual convolution of a small test network missed the
+// outputs' 1e-4 by 17% with those)
+struct F4x3 {
+  static constexpr int m = 4, r = 3, a = 6;
+  static constexpr double G[a][r] = {{1, 0, 0},
+                                     {-1.0 / 3, -1.0 / 3, -1.0 / 3},
+                                     {1.0 / 3, -1.0 / 3, 1.0 / 3},
+                                     {1.0 / 15, 2.0 / 15, 4.0 / 15},
+                                     {-16.0 / 15, 8.0 / 15, -4.0 / 15},
+                                     {0, 0, 1}};
+  static constexpr float BT[a][a] = {{1, 1.5f, -2, -1.5f, 1, 0},    {0, -1, -2.5f, -0.5f, 1, 0},
+                                     {0, 1, 0.5f, -2.5f, 1, 0},     {0, -0.5f, -1, 0.5f, 1, 0},
+                                     {0, 2, -1, -2, 1, 0},          {0, 1, 1.5f, -2, -1.5f, 1}};
+  static constexpr float AT[m][a] = {{1, 1, 1, 1, 1, 0},
+                                     {0, 1, -1, 2, -0.5f, 0},
+                                     {0, 1, 1, 4, 0.25f, 0},
+                                     {0, 1, -1, 8, -0.125f, 1}};
+  static constexpr const char* name = "winograd43";
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void input(const __m512* d,
+                                                                                  __m512* r) {
+    apply_dense<a, a>(BT, d, r);
+  }
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void output(const __m512* p,
+                                                                                   __m512* y) {
+    apply_dense<m, a>(AT, p, y);
+  }
+};
+
+// F(2, 7) for Inception's 1x7 and 7x1 convolutions (one-dimensional: 8 products per 2
+// outputs against 14), from the points 0, +-1, +-2, +-1/2 and infinity
+struct F2x7 {
+  static constexpr int m = 2, r = 7, a = 8;
+  static constexpr double G[a][r] = {
+      {-1, 0, 0, 0, 0, 0, 0},
+      {-2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9, -2.0 / 9},
+      {-2.0 / 9, 2.0 / 9, -2.0 / 9, 2.0 / 9, -2.0 / 9, 2.0 / 9, -2.0 / 9},
+      {1.0 / 90, 1.0 / 45, 2.0 / 45, 4.0 / 45, 8.0 / 45, 16.0 / 45, 32.0 / 45},
+      {1.0 / 90, -1.0 / 45, 2.0 / 45, -4.0 / 45, 8.0 / 45, -16.0 / 45, 32.0 / 45},
+      {32.0 / 45, 16.0 / 45, 8.0 / 45, 4.0 / 45, 2.0 / 45, 1.0 / 45, 1.0 / 90},
+      {32.0 / 45, -16.0 / 45, 8.0 / 45, -4.0 / 45, 2.0 / 45, -1.0 / 45, 1.0 / 90},
+      {0, 0, 0, 0, 0, 0, 1}};
+  static constexpr float BT[a][a] = {{-1, 0, 5.25f, 0, -5.25f, 0, 1, 0},
+                                     {0, 1, 1, -4.25f, -4.25f, 1, 1, 0},
+                                     {0, -1, 1, 4.25f, -4.25f, -1, 1, 0},
+                                     {0, 0.5f, 0.25f, -2.5f, -1.25f, 2, 1, 0},
+                                     {0, -0.5f, 0.25f, 2.5f, -1.25f, -2, 1, 0},
+                                     {0, 2, 4, -2.5f, -5, 0.5f, 1, 0},
+                                     {0, -2, 4, 2.5f, -5, -0.5f, 1, 0},
+                                     {0, -1, 0, 5.25f, 0, -5.25f, 0, 1}};
+  static constexpr float AT[m][a] = {{1, 1, 1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -2, 0.5f, -0.5f, 1}};
+  static constexpr const char* name = "winograd27";
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void input(const __m512* d,
+                                                                                  __m512* r) {
+    apply_dense<a, a>(BT, d, r);
+  }
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void output(const __m512* p,
+                                                                                   __m512* y) {
+    apply_dense<m, a>(AT, p, y);
+  }
+};
+
+// D = 2: F(m x m, 3x3) over m x m tiles; D = 1: F(m, r) along the kernel's one long axis (a
+// 1 x r kernel: tiles of m pixels of a row; r x 1: of a column)
+template <typename F, int D>
 struct Winograd {
-  const float *x, *u, *bias, *res;  // x: the input padded to 2 * tiles + 2 rows and columns
+  static constexpr int kM = F::m, kA = F::a;
+  static constexpr int kP = D == 2 ? F::a * F::a : F::a;  // positions
+  const float *x, *u, *bias, *res;  // x: the input, unpadded
   float* out;
-  int64_t n, hp, wp, cin, oh, ow, cout, th, tw, block;
+  int64_t n, h, wd, pt, pl, cin, oh, ow, cout, th, tw, block;  // th, tw: tiles down and across
   bool relu, streamed;  // streamed: U does not stay in L2 (see `range`)
+  bool down;            // D = 1: tiles along a column (an r x 1 kernel)
 
   // tile t's image, tile row and column
   void origin(int64_t t, int64_t& img, int64_t& ty, int64_t& tx) const {
@@ -811,30 +927,47 @@ struct Winograd {
     tx = t % tw;
   }
 
-  // V[xi][b] = (B^T d B)[xi] for tiles [t0, t0 + count), V[xi] at v + xi * ld ([count][cin])
-  __attribute__((target("avx512f"))) void transform_input(int64_t t0, int64_t count, float* v,
-                                                          int64_t ld) const {
+  // a tile's first pixel's row and column (its patch's, in the input padded)
+  int64_t row_of(int64_t ty) const { return D == 2 || down ? kM * ty : ty; }
+  int64_t col_of(int64_t tx) const { return D == 2 || !down ? kM * tx : tx; }
+
+  // V[xi][b] = (B^T d B)[xi] for tiles [t0, t0 + count), V[xi] at v + xi * ld ([count][cin]).
+  // The patches are read where they lie in the input, a pixel in the padding from ``zeros``
+  // (cin of them): a zero-bordered copy of the input took a sixth of a 56x56 convolution
+  __attribute__((target("avx512f,fma"))) void transform_input(int64_t t0, int64_t count,
+                                                              float* v, int64_t ld,
+                                                              const float* zeros) const {
+    const float* at[kP];  // the patch's pixels: at[i * kA + j] (D = 1: at[i])
     for (int64_t b = 0; b < count; ++b) {
       int64_t img, ty, tx;
       origin(t0 + b, img, ty, tx);
-      const float* patch = x + ((img * hp + 2 * ty) * wp + 2 * tx) * cin;
+      const int64_t y0 = row_of(ty) - pt, x0 = col_of(tx) - pl;
+      for (int i = 0; i < kP; ++i) {
+        const int64_t y = y0 + (D == 2 ? i / kA : down ? i : 0);
+        const int64_t z = x0 + (D == 2 ? i % kA : down ? 0 : i);
+        at[i] = y >= 0 && y < h && z >= 0 && z < wd ? x + ((img * h + y) * wd + z) * cin : zeros;
+      }
       for (int64_t c = 0; c < cin; c += 16) {
-        const __mmask16 m = tail_mask(cin - c);
-        __m512 d[4][4], s[4][4];
-        for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j) d[i][j] = _mm512_maskz_loadu_ps(m, patch + (i * wp + j) * cin + c);
-        for (int j = 0; j < 4; ++j) {  // B^T d
-          s[0][j] = _mm512_sub_ps(d[0][j], d[2][j]);
-          s[1][j] = _mm512_add_ps(d[1][j], d[2][j]);
-          s[2][j] = _mm512_sub_ps(d[2][j], d[1][j]);
-          s[3][j] = _mm512_sub_ps(d[1][j], d[3][j]);
+        const __mmask16 mask = tail_mask(cin - c);
+        if constexpr (D == 1) {
+          __m512 d[kA], r[kA];
+          for (int i = 0; i < kA; ++i) d[i] = _mm512_maskz_loadu_ps(mask, at[i] + c);
+          F::input(d, r);
+          for (int i = 0; i < kA; ++i) _mm512_mask_storeu_ps(v + i * ld + b * cin + c, mask, r[i]);
+          continue;
         }
-        for (int i = 0; i < 4; ++i) {  // (B^T d) B
-          float* row = v + i * 4 * ld + b * cin + c;
-          _mm512_mask_storeu_ps(row, m, _mm512_sub_ps(s[i][0], s[i][2]));
-          _mm512_mask_storeu_ps(row + ld, m, _mm512_add_ps(s[i][1], s[i][2]));
-          _mm512_mask_storeu_ps(row + 2 * ld, m, _mm512_sub_ps(s[i][2], s[i][1]));
-          _mm512_mask_storeu_ps(row + 3 * ld, m, _mm512_sub_ps(s[i][1], s[i][3]));
+        __m512 s[kA][kA];  // s[j][i]: B^T d's row i, column j
+        for (int j = 0; j < kA; ++j) {
+          __m512 d[kA];
+          for (int i = 0; i < kA; ++i) d[i] = _mm512_maskz_loadu_ps(mask, at[i * kA + j] + c);
+          F::input(d, s[j]);
+        }
+        for (int i = 0; i < kA; ++i) {
+          __m512 row[kA], r[kA];
+          for (int j = 0; j < kA; ++j) row[j] = s[j][i];
+          F::input(row, r);
+          float* at = v + i * kA * ld + b * cin + c;
+          for (int j = 0; j < kA; ++j) _mm512_mask_storeu_ps(at + j * ld, mask, r[j]);
         }
       }
     }
@@ -843,58 +976,75 @@ struct Winograd {
   // output channels [c0, c1) of tiles [t0, t0 + count) from their products (M[xi] at
   // mm + xi * ld, [count][cout]): A^T m A, then bias, residual and relu; outputs past the
   // image's edge are not written
-  __attribute__((target("avx512f"))) void transform_output(int64_t t0, int64_t count,
-                                                           const float* mm, int64_t ld,
-                                                           int64_t c0, int64_t c1) const {
+  __attribute__((target("avx512f,fma"))) void transform_output(int64_t t0, int64_t count,
+                                                               const float* mm, int64_t ld,
+                                                               int64_t c0, int64_t c1) const {
     const __m512 zero = _mm512_setzero_ps();
     for (int64_t b = 0; b < count; ++b) {
       int64_t img, ty, tx;
       origin(t0 + b, img, ty, tx);
-      const int64_t rows = std::min<int64_t>(2, oh - 2 * ty), cols = std::min<int64_t>(2, ow - 2 * tx);
-      const int64_t at = ((img * oh + 2 * ty) * ow + 2 * tx) * cout;
+      const int64_t rows = std::min<int64_t>(D == 2 || down ? kM : 1, oh - row_of(ty));
+      const int64_t cols = std::min<int64_t>(D == 2 || !down ? kM : 1, ow - col_of(tx));
+      const int64_t at = ((img * oh + row_of(ty)) * ow + col_of(tx)) * cout;
       for (int64_t c = c0; c < c1; c += 16) {
-        const __mmask16 m = tail_mask(c1 - c);
-        __m512 r[2][4];
-        for (int j = 0; j < 4; ++j) {  // A^T m
-          const float* col = mm + j * ld + b * cout + c;
-          const int64_t down = 4 * ld;  // from position (i, j) to (i + 1, j)
-          const __m512 m0 = _mm512_maskz_loadu_ps(m, col), m1 = _mm512_maskz_loadu_ps(m, col + down);
-          const __m512 m2 = _mm512_maskz_loadu_ps(m, col + 2 * down);
-          const __m512 m3 = _mm512_maskz_loadu_ps(m, col + 3 * down);
-          r[0][j] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
-          r[1][j] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
-        }
-        const __m512 bv = bias ? _mm512_maskz_loadu_ps(m, bias + c) : zero;
-        for (int64_t a = 0; a < rows; ++a) {  // (A^T m) A
-          __m512 y[2] = {_mm512_add_ps(_mm512_add_ps(r[a][0], r[a][1]), r[a][2]),
-                         _mm512_sub_ps(_mm512_sub_ps(r[a][1], r[a][2]), r[a][3])};
-          for (int64_t q = 0; q < cols; ++q) {
-            const int64_t o = at + (a * ow + q) * cout + c;
-            __m512 val = _mm512_add_ps(y[q], bv);
-            if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, res + o));
+        const __mmask16 mask = tail_mask(c1 - c);
+        if constexpr (D == 1) {
+          __m512 p[kA], y[kM];
+          for (int i = 0; i < kA; ++i)
+            p[i] = _mm512_maskz_loadu_ps(mask, mm + i * ld + b * cout + c);
+          F::output(p, y);
+          const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + c) : zero;
+          const int64_t step = down ? ow * cout : cout, valid = down ? rows : cols;
+          for (int64_t e = 0; e < valid; ++e) {
+            const int64_t o = at + e * step + c;
+            __m512 val = _mm512_add_ps(y[e], bv);
+            if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(mask, res + o));
             if (relu) val = relu_keep_nan(val);
-            _mm512_mask_storeu_ps(out + o, m, val);
+            _mm512_mask_storeu_ps(out + o, mask, val);
+          }
+          continue;
+        }
+        __m512 r[kA][kM];  // r[j][q]: A^T p's row q, column j
+        for (int j = 0; j < kA; ++j) {
+          __m512 p[kA];
+          for (int i = 0; i < kA; ++i)
+            p[i] = _mm512_maskz_loadu_ps(mask, mm + (i * kA + j) * ld + b * cout + c);
+          F::output(p, r[j]);
+        }
+        const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + c) : zero;
+        for (int64_t q = 0; q < rows; ++q) {
+          __m512 row[kA], y[kM];
+          for (int j = 0; j < kA; ++j) row[j] = r[j][q];
+          F::output(row, y);
+          for (int64_t e = 0; e < cols; ++e) {
+            const int64_t o = at + (q * ow + e) * cout + c;
+            __m512 val = _mm512_add_ps(y[e], bv);
+            if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(mask, res + o));
+            if (relu) val = relu_keep_nan(val);
+            _mm512_mask_storeu_ps(out + o, mask, val);
           }
         }
       }
     }
   }
 
-  // tiles [t0, t1) a block at a time, the block's V and M in this thread's scratch. The 16
-  // matrices of each lie a line more than a block apart: at a multiple of 4 KB (96 tiles of 64
-  // channels) the 16 rows that one tile's transform writes or reads fell in one set of L1
-  // (12 ways), and the input transform took as long as a third of the GEMMs
+  // tiles [t0, t1) by panels [p0, p1), a block of tiles at a time, the block's V and M in
+  // this thread's scratch. The matrices of each lie a line more than a block apart: at a
+  // multiple of 4 KB (96 tiles of 64 channels) the 16 rows that one tile's transform writes or
+  // reads fell in one set of L1 (12 ways), and the input transform took as long as a third of
+  // the GEMMs
   void range(int64_t t0, int64_t t1, int64_t p0, int64_t p1) const {
-    thread_local std::vector<float> scratch;
+    thread_local std::vector<float> scratch, zeros;
     const int64_t ldv = block * cin + 16, ldm = block * cout + 16;
-    if (static_cast<int64_t>(scratch.size()) < 16 * (ldv + ldm)) scratch.resize(16 * (ldv + ldm));
-    float *v = scratch.data(), *mm = v + 16 * ldv;
+    if (static_cast<int64_t>(scratch.size()) < kP * (ldv + ldm)) scratch.resize(kP * (ldv + ldm));
+    if (static_cast<int64_t>(zeros.size()) < cin) zeros.resize(cin);
+    float *v = scratch.data(), *mm = v + kP * ldv;
     const int64_t panels = (cout + kNR - 1) / kNR;
     for (int64_t b0 = t0; b0 < t1; b0 += block) {
       const int64_t count = std::min(block, t1 - b0);
-      transform_input(b0, count, v, ldv);
+      transform_input(b0, count, v, ldv, zeros.data());
       const int64_t row_tiles = (count + kMR - 1) / kMR;
-      for (int64_t xi = 0; xi < 16; ++xi) {
+      for (int64_t xi = 0; xi < kP; ++xi) {
         const float* vx = v + xi * ldv;
         float* mx = mm + xi * ldm;
         auto tile = [&](int64_t j, int64_t p, Prefetch pf) {
@@ -909,12 +1059,12 @@ struct Winograd {
             for (int64_t p = p0; p < p1; ++p) tile(j, p, Prefetch{});
           continue;
         }
-        // U streams from memory (once per block: a block is all of the thread's tiles):
+        // U streams from memory (once per block: a small image's tiles are one block):
         // panel by panel, the next one (the next position's first) prefetched over the row
         // tiles, as the GEMM's panels
         for (int64_t p = p0; p < p1; ++p) {
-          const float* next = p + 1 < p1   ? u + (xi * panels + p + 1) * cin * kNR
-                              : xi + 1 < 16 ? u + ((xi + 1) * panels + p0) * cin * kNR
+          const float* next = p + 1 < p1    ? u + (xi * panels + p + 1) * cin * kNR
+                              : xi + 1 < kP ? u + ((xi + 1) * panels + p0) * cin * kNR
                                             : nullptr;
           for (int64_t j = 0; j < row_tiles; ++j)
             tile(j, p, Prefetch::share(next, cin * kNR, j, row_tiles));
@@ -942,73 +1092,95 @@ struct Winograd {
   }
 };
 
-// the weight (cout, 3, 3, cin) transformed (G g G^T per output and input channel) and packed
-// as 16 GEMM operands of cin x cout in the GEMM's panels: [16][panel][cin][32], zero-padded
+// the weight transformed and packed as GEMM operands of cin x cout in the GEMM's panels,
+// [position][panel][cin][32], zero-padded: D = 2, (cout, 3, 3, cin) by G g G^T per output and
+// input channel; D = 1, (cout, r, 1, cin) or (cout, 1, r, cin) by G g
+template <typename F, int D>
 at::Tensor pack_winograd(const at::Tensor& w, int64_t cout, int64_t cin) {
+  constexpr int kA = F::a, kR = F::r, kP = D == 2 ? kA * kA : kA;
   const int64_t panels = (cout + kNR - 1) / kNR;
-  at::Tensor packed = at::zeros({16 * panels * cin * kNR}, w.options().dtype(at::kFloat));
+  at::Tensor packed = at::zeros({kP * panels * cin * kNR}, w.options().dtype(at::kFloat));
   const at::Tensor wc = w.contiguous();
   const float* src = wc.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
-  static const double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  auto put = [&](int64_t xi, int64_t o, int64_t i, double value) {
+    dst[((xi * panels + o / kNR) * cin + i) * kNR + o % kNR] = static_cast<float>(value);
+  };
   for (int64_t o = 0; o < cout; ++o)
     for (int64_t i = 0; i < cin; ++i) {
-      double g[3][3], gg[4][3];
-      for (int a = 0; a < 3; ++a)
-        for (int b = 0; b < 3; ++b) g[a][b] = src[((o * 3 + a) * 3 + b) * cin + i];
-      for (int xi = 0; xi < 4; ++xi)
-        for (int b = 0; b < 3; ++b)
-          gg[xi][b] = G[xi][0] * g[0][b] + G[xi][1] * g[1][b] + G[xi][2] * g[2][b];
-      for (int xi = 0; xi < 4; ++xi)
-        for (int yj = 0; yj < 4; ++yj) {
-          const double value = gg[xi][0] * G[yj][0] + gg[xi][1] * G[yj][1] + gg[xi][2] * G[yj][2];
-          dst[(((xi * 4 + yj) * panels + o / kNR) * cin + i) * kNR + o % kNR] =
-              static_cast<float>(value);
+      if constexpr (D == 1) {
+        for (int xi = 0; xi < kA; ++xi) {
+          double value = 0;
+          for (int k = 0; k < kR; ++k) value += F::G[xi][k] * src[(o * kR + k) * cin + i];
+          put(xi, o, i, value);
+        }
+        continue;
+      }
+      double g[kR][kR], gg[kA][kR];
+      for (int r = 0; r < kR; ++r)
+        for (int q = 0; q < kR; ++q) g[r][q] = src[((o * kR + r) * kR + q) * cin + i];
+      for (int xi = 0; xi < kA; ++xi)
+        for (int q = 0; q < kR; ++q) {
+          gg[xi][q] = 0;
+          for (int r = 0; r < kR; ++r) gg[xi][q] += F::G[xi][r] * g[r][q];
+        }
+      for (int xi = 0; xi < kA; ++xi)
+        for (int yj = 0; yj < kA; ++yj) {
+          double value = 0;
+          for (int q = 0; q < kR; ++q) value += gg[xi][q] * F::G[yj][q];
+          put(xi * kA + yj, o, i, value);
         }
     }
   return packed;
 }
 
-// tiles per block: the block's transformed inputs and products (64 bytes per tile and channel)
-// within kWinogradBlock bytes, a whole number of GEMM row tiles
-constexpr int64_t kWinogradBlock = 768 << 10;
-// a transformed weight over this size is streamed (see `Winograd::range`)
-constexpr int64_t kWinogradStreamed = 1 << 20;
+// tiles per block: the block's transformed inputs and products (a * a * 4 bytes per tile and
+// channel) within kWinogradBlock bytes, a whole number of GEMM row tiles
+constexpr int64_t kWinogradBlock = 384 << 10;
+// a transformed weight over this size is streamed (see `Winograd::range`), in blocks of up to
+// this size
+constexpr int64_t kWinogradStreamed = 1 << 20, kWinogradStreamedBlock = 3 << 20;
 
-// the Winograd form of a 3x3 stride-1 convolution where the CPU and the tensors allow it (see
-// `Winograd`), else None; pads: top, left, bottom, right
+// the Winograd form of a stride-1 undilated convolution where the CPU, the tensors and the
+// kernel's shape allow it (see `Winograd`: D = 2, 3x3 and F(m x m, 3x3); D = 1, 1 x r or r x 1
+// and F(m, r)), else None; pads: top, left, bottom, right
+template <typename F, int D>
 c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
                                  const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
                                  c10::optional<at::Tensor> res_buffer,
                                  std::array<int64_t, 4> pads, const std::string& act,
                                  int64_t threads) {
+  constexpr int64_t kM = F::m, kR = F::r;
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   const int64_t oh = out_buffer.size(1), ow = out_buffer.size(2);
-  if (!__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
-      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != cout ||
-      w_buffer.size(1) != 3 || w_buffer.size(2) != 3 || w_buffer.size(3) != cin ||
-      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
-      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 || cin == 0 ||
-      oh != x_buffer.size(1) + pads[0] + pads[2] - 2 || ow != x_buffer.size(2) + pads[1] + pads[3] - 2)
+  if (w_buffer.dim() != 4) return c10::nullopt;
+  const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
+  const bool down = D == 1 && kh == kR && kw == 1;  // r x 1: tiles along a column
+  if (!(D == 2 ? kh == kR && kw == kR : down || (kh == 1 && kw == kR)) ||
+      !__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
+      w_buffer.scalar_type() != at::kFloat || w_buffer.size(0) != cout ||
+      w_buffer.size(3) != cin || out_buffer.size(0) != x_buffer.size(0) ||
+      (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)) ||
+      out_buffer.numel() == 0 || cin == 0 || oh != x_buffer.size(1) + pads[0] + pads[2] - kh + 1 ||
+      ow != x_buffer.size(2) + pads[1] + pads[3] - kw + 1)
     return c10::nullopt;
-  at::Tensor packed = shared_packed(w_buffer, "winograd23",
-                                    [&]() { return pack_winograd(w_buffer, cout, cin); });
-  const int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2;
-  // an odd output's last tile reads one row (column) past the padding: one more of zeros
-  std::array<int64_t, 4> padding{pads[0], pads[1], pads[2] + oh % 2, pads[3] + ow % 2};
-  // U larger than L2 is read once per block, so all the tiles are one block (the threads
-  // split U)
+  at::Tensor packed = shared_packed(w_buffer, F::name + std::string(D == 1 ? "/1d" : ""),
+                                    [&]() { return pack_winograd<F, D>(w_buffer, cout, cin); });
+  const bool across = D == 2 || !down, along = D == 2 || down;  // tiled across, down
+  const int64_t th = along ? (oh + kM - 1) / kM : oh, tw = across ? (ow + kM - 1) / kM : ow;
+  // U larger than L2 is read once per block, so blocks are as large as L2 allows (all the
+  // tiles of a small image: the threads then split U)
   const bool streamed = packed.numel() * 4 > kWinogradStreamed;
-  const int64_t tiles = x_buffer.size(0) * th * tw;
-  const int64_t block = streamed ? tiles
-                                 : std::max(kMR, kWinogradBlock / (64 * (cin + cout)) / kMR * kMR);
-  Winograd conv{nullptr, packed.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
-                res_buffer ? res_buffer->data_ptr<float>() : nullptr, out_buffer.data_ptr<float>(),
-                x_buffer.size(0), 2 * th + 2, 2 * tw + 2, cin, oh, ow, cout, th, tw, block,
-                act == "relu", streamed};
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, padding, act,
-               threads]() mutable {
-    conv.x = padded_input(x_buffer, padding[0], padding[1], padding[2], padding[3], threads);
+  const int64_t per_tile = Winograd<F, D>::kP * 4 * (cin + cout);
+  const int64_t block = std::max(
+      kMR, (streamed ? kWinogradStreamedBlock : kWinogradBlock) / per_tile / kMR * kMR);
+  Winograd<F, D> conv{x_buffer.data_ptr<float>(), packed.data_ptr<float>(),
+                      bias ? bias->data_ptr<float>() : nullptr,
+                      res_buffer ? res_buffer->data_ptr<float>() : nullptr,
+                      out_buffer.data_ptr<float>(), x_buffer.size(0), x_buffer.size(1),
+                      x_buffer.size(2), pads[0], pads[1], cin, oh, ow, cout, th, tw, block,
+                      act == "relu", streamed, down};
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() {
     conv(threads);
     if (!act.empty() && act != "relu") {
       at::Tensor o = out_buffer;
@@ -1207,9 +1379,11 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                               {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
         std::vector<Form> forms{onednn, *own};
         if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1)
-          if (auto wino = own_winograd(out_buffer, x_buffer, w_buffer, bias, res_buffer,
-                                       {pt, pl, pb, pr}, a, threads))
-            forms.push_back(*wino);
+          for (auto wino : {own_winograd<F2x3, 2>, own_winograd<F4x3, 2>, own_winograd<F2x3, 1>,
+                            own_winograd<F4x3, 1>, own_winograd<F2x7, 1>})
+            if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
+                                 {pt, pl, pb, pr}, a, threads))
+              forms.push_back(*form);
         return fastest_of(forms, key("conv_kxk"), threads);
       }
     }
