@@ -499,10 +499,11 @@ QUIET_WAIT_S = 30.0
 MIN_BLOCK_S = 0.01
 MAX_BLOCK = 200
 # warm-up runs before a candidate is timed: the C++ vendor kernels time each of their forms
-# (up to three) in their first five calls per new shape before settling on one, so fewer
-# warm-ups timed a rewritten candidate's new shapes partly on their slower forms, against an
-# input whose shapes had settled
-SETTLE_RUNS = 16
+# (up to four: a 3x3 convolution's oneDNN, implicit GEMM and two Winograd forms) in their
+# first five calls per new shape before settling on one, so fewer warm-ups timed a rewritten
+# candidate's new shapes partly on their slower forms, against an input whose shapes had
+# settled
+SETTLE_RUNS = 21
 
 
 def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB | None,
