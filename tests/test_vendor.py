@@ -1246,6 +1246,27 @@ def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride
     _check_native_conv(module, x, w, b, stride, pad, dilation, 1, residual, act, threads, gen)
 
 
+def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing):
+    """Form ``form`` of a stride-1 ``paragraph_vendor_conv2d`` chosen before its first call
+    (the key as the C++ kernel builds it from its parameters and shapes), then
+    `_check_native_conv`: every call equals torch's, the form listed as chosen and the weight
+    packed as ``packing``."""
+    n, hw = x.shape[:2]
+    cout, kh, kw = w.shape[:3]
+    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
+    oh, ow = hw + top + bottom - kh + 1, hw + left + right - kw + 1
+    params = [1, 1, *pad, 1, 1, 1]
+    shapes = "".join("(" + "".join(f"{d}," for d in s) + ")"
+                     for s in (x.shape, w.shape, (n, oh, ow, cout)))
+    key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
+           + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
+    module["paragraph_vendor_choose_form"](key, form)
+    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen)
+    assert f"{key}={form}" in map(str, module["paragraph_vendor_chosen_forms"]())
+    assert any(str(p).startswith(f"{w.data_ptr()}{packing}")
+               for p in module["paragraph_vendor_packed_keys"]())
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("n", "hw", "cin", "cout", "pad", "residual", "act"), [
     (1, 48, 16, 16, (1, 1), "", "relu"),             # 576 (144) tiles: blocks, two threads
@@ -1274,18 +1295,7 @@ def test_the_winograd_forms_agree_with_torch(form, packing, threads, n, hw, cin,
     x = torch.randn(n, hw, hw, cin, generator=gen)
     w = torch.randn(cout, 3, 3, cin, generator=gen) / (9 * cin) ** 0.5
     b = torch.randn(cout, generator=gen)
-    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
-    oh, ow = hw + top + bottom - 2, hw + left + right - 2
-    params = [1, 1, *pad, 1, 1, 1]
-    shapes = "".join("(" + "".join(f"{d}," for d in s) + ")"
-                     for s in ((n, hw, hw, cin), (cout, 3, 3, cin), (n, oh, ow, cout)))
-    key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
-           + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
-    module["paragraph_vendor_choose_form"](key, form)
-    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen)
-    assert f"{key}={form}" in map(str, module["paragraph_vendor_chosen_forms"]())
-    assert any(str(k).startswith(f"{w.data_ptr()}{packing}")
-               for k in module["paragraph_vendor_packed_keys"]())
+    _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -1314,18 +1324,7 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
     w = torch.randn(cout, *k, cin, generator=gen) / (k[0] * k[1] * cin) ** 0.5
     b = torch.randn(cout, generator=gen)
     pad = (0, 2, 0, 4) if k == (1, 7) else ((k[0] - 1) // 2, (k[1] - 1) // 2)
-    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
-    oh, ow = hw + top + bottom - k[0] + 1, hw + left + right - k[1] + 1
-    params = [1, 1, *pad, 1, 1, 1]
-    shapes = "".join("(" + "".join(f"{d}," for d in s) + ")"
-                     for s in ((n, hw, hw, cin), (cout, *k, cin), (n, oh, ow, cout)))
-    key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
-           + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
-    module["paragraph_vendor_choose_form"](key, form)
-    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen)
-    assert f"{key}={form}" in map(str, module["paragraph_vendor_chosen_forms"]())
-    assert any(str(k).startswith(f"{w.data_ptr()}{packing}")
-               for k in module["paragraph_vendor_packed_keys"]())
+    _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
