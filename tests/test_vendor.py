@@ -1276,31 +1276,34 @@ def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, 
     (1, 12, 160, 136, (1, 1), "", ""),               # 1.6 (3.7) MB transformed: streamed
     (1, 4, 160, 160, (1, 1), "own", "relu"),         # streamed, split by panels on 2 threads
 ])
-@pytest.mark.parametrize(("form", "packing"), [(2, "winograd23"), (3, "winograd43")])
-def test_the_winograd_forms_agree_with_torch(form, packing, threads, n, hw, cin, cout, pad,
+@pytest.mark.parametrize(("k", "form", "packing"), [(3, 2, "winograd23"), (3, 3, "winograd43"),
+                                                   (5, 2, "winograd25")])
+def test_the_winograd_forms_agree_with_torch(k, form, packing, threads, n, hw, cin, cout, pad,
                                              residual, act):
-    """A 3x3 stride-1 convolution's Winograd forms F(2x2, 3x3) and F(4x4, 3x3), each chosen
-    before the first call: every call equals torch's convolution within the transforms'
-    rounding, for sizes no multiple of the tile's (the last tiles partly outside the output),
-    uneven padding, two images, several blocks of
-    tiles, a transformed weight too large for L2 (streamed; on two threads split by tiles or
-    by panels), a residual in its own buffer or in the output's, 1 and 2 threads; the
+    """A 3x3 stride-1 convolution's Winograd forms F(2x2, 3x3) and F(4x4, 3x3), and a 5x5's
+    F(2x2, 5x5) (its padding twice the 3x3's), each chosen before the first call: every call
+    equals torch's convolution within the transforms' rounding, for sizes no multiple of the
+    tile's (the last tiles partly outside the output), uneven padding, two images, several
+    blocks of tiles, a transformed weight too large for L2 (streamed; on two threads split by
+    tiles or by panels), a residual in its own buffer or in the output's, 1 and 2 threads; the
     transformed weight is what the kernel packed, and the form is the one that ran."""
     from paragraph.tvm_interop.vendor import native
 
     module = native.module()
     if module is None:
         pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
-    gen = torch.Generator().manual_seed(hw * cin + cout)
+    gen = torch.Generator().manual_seed(hw * cin + cout + k)
     x = torch.randn(n, hw, hw, cin, generator=gen)
-    w = torch.randn(cout, 3, 3, cin, generator=gen) / (9 * cin) ** 0.5
+    w = torch.randn(cout, k, k, cin, generator=gen) / (k * k * cin) ** 0.5
     b = torch.randn(cout, generator=gen)
+    pad = tuple(p * (k - 1) // 2 for p in pad)
     _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("k", "form", "packing"), [
     ((1, 7), 2, "winograd27/1d"), ((7, 1), 2, "winograd27/1d"),   # Inception's 17x17 stage
+    ((1, 7), 3, "winograd37/1d"), ((7, 1), 3, "winograd37/1d"),   # (17 = 6 tiles of 3, less 1)
     ((1, 3), 2, "winograd23/1d"), ((3, 1), 3, "winograd43/1d"),   # its 8x8 stage's
 ])
 @pytest.mark.parametrize(("n", "hw", "cin", "cout", "residual", "act"), [
@@ -1309,11 +1312,12 @@ def test_the_winograd_forms_agree_with_torch(form, packing, threads, n, hw, cin,
 ])
 def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, threads, n, hw,
                                                              cin, cout, residual, act):
-    """A 1 x r or r x 1 convolution's Winograd form F(m, r) (tiles of m pixels along the
-    kernel's long axis), chosen before the first call: every call equals torch's convolution
-    within the transforms' rounding, with the padding along that axis (uneven for the 1x7:
-    TF-style), two images, a residual in its own buffer or in the output's, 1 and 2 threads;
-    the transformed weight is what the kernel packed."""
+    """A 1 x r or r x 1 convolution's Winograd forms F(m, r) (tiles of m pixels along the
+    kernel's long axis: F(2, 7) and F(3, 7), F(2, 3) and F(4, 3)), each chosen before the
+    first call: every call equals torch's convolution within the transforms' rounding, with
+    the padding along that axis (uneven for the 1x7: TF-style), two images, a residual in its
+    own buffer or in the output's, 1 and 2 threads; the transformed weight is what the kernel
+    packed."""
     from paragraph.tvm_interop.vendor import native
 
     module = native.module()

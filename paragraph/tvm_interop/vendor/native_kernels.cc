@@ -6,8 +6,8 @@
 // queued for it (RandWire: streams busy 40% longer than their kernels alone). Beside those
 // calls, kernels of paragraph's own where the library's were slower (AVX-512, each chosen per
 // shape by timing): a GEMM with a fused epilogue for 1x1 convolutions and linear layers, other
-// convolutions as an implicit GEMM on its tiles, stride-1 3x3, 1x7 and 1x3 ones (and their
-// transposes) also by Winograd's minimal filtering on the same tiles, depthwise convolutions,
+// convolutions as an implicit GEMM on its tiles, stride-1 3x3, 5x5, 1x7 and 1x3 ones (and
+// the transposes) also by Winograd's minimal filtering on the same tiles, depthwise convolutions,
 // a one-pass layer norm, concatenation and pools.
 //
 // Built by `vendor/native.py` with the system C++ compiler against PyTorch's and TVM FFI's
@@ -794,7 +794,8 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
 // (G g G^T, once per weight) as a * a GEMMs over the input channels on the packed GEMM's tiles,
 // and the products transformed back to the outputs (A^T m A) with the epilogue. F(2x2, 3x3): 16
 // products of cin x cout per 4 output pixels against 36 for a direct convolution (2.25x fewer
-// multiplies); F(4x4, 3x3): 36 per 16 (4x), with more rounding (see `F4x3`). A 1 x r or r x 1
+// multiplies); F(4x4, 3x3): 36 per 16 (4x), with more rounding (see `F4x3`); a 5x5 kernel by
+// F(2x2, 5x5), 36 per 4 against 100 (`F2x5`). A 1 x r or r x 1
 // kernel the same way along its long axis, F(m, r) (Inception's 1x7 and 7x1: F(2, 7)). No
 // library form here makes any of them (oneDNN and ONNX Runtime's MLAS run these convolutions
 // as direct or implicit GEMMs: ResNet-50's 56x56 64 -> 64 ones ran 15-18% slower than ONNX
@@ -831,10 +832,10 @@ struct F2x3 {
 template <int R, int A>
 __attribute__((target("avx512f,fma"), always_inline)) inline void apply_dense(
     const float (&mx)[R][A], const __m512* in, __m512* out) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < R; ++i) {
     __m512 acc = _mm512_setzero_ps();
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int j = 0; j < A; ++j)
       if (mx[i][j] != 0) acc = _mm512_fmadd_ps(_mm512_set1_ps(mx[i][j]), in[j], acc);
     out[i] = acc;
@@ -865,6 +866,30 @@ struct F4x3 {
   __attribute__((target("avx512f,fma"), always_inline)) static inline void input(const __m512* d,
                                                                                   __m512* r) {
     apply_dense<a, a>(BT, d, r);
+  }
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void output(const __m512* p,
+                                                                                   __m512* y) {
+    apply_dense<m, a>(AT, p, y);
+  }
+};
+
+// F(2x2, 5x5) for Inception's 5x5 convolutions (36 products per 4 outputs against 100), from
+// F(4x4, 3x3)'s points, so with its input transform
+struct F2x5 {
+  static constexpr int m = 2, r = 5, a = 6;
+  static constexpr double G[a][r] = {{1, 0, 0, 0, 0},
+                                     {-1.0 / 3, -1.0 / 3, -1.0 / 3, -1.0 / 3, -1.0 / 3},
+                                     {1.0 / 3, -1.0 / 3, 1.0 / 3, -1.0 / 3, 1.0 / 3},
+                                     {1.0 / 15, 2.0 / 15, 4.0 / 15, 8.0 / 15, 16.0 / 15},
+                                     {-16.0 / 15, 8.0 / 15, -4.0 / 15, 2.0 / 15, -1.0 / 15},
+                                     {0, 0, 0, 0, 1}};
+  static constexpr float AT[m][a] = {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -0.5f, 1}};
+  static constexpr const char* name = "winograd25";
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void input(const __m512* d,
+                                                                                  __m512* r) {
+    apply_dense<a, a>(F4x3::BT, d, r);
   }
 
   __attribute__((target("avx512f,fma"), always_inline)) static inline void output(const __m512* p,
@@ -908,7 +933,48 @@ struct F2x7 {
   }
 };
 
-// D = 2: F(m x m, 3x3) over m x m tiles; D = 1: F(m, r) along the kernel's one long axis (a
+// F(3, 7), the same from the points 0, +-1, +-2, +-1/2, 4 and infinity: 9 products per 3
+// outputs (a 17-pixel row in 6 tiles against F(2, 7)'s 9); in float32 its median error over
+// random 192-channel sums was 2.7e-6 of the output's magnitude against F(2, 7)'s 1.3e-6
+struct F3x7 {
+  static constexpr int m = 3, r = 7, a = 9;
+  static constexpr double G[a][r] = {
+      {1.0 / 4, 0, 0, 0, 0, 0, 0},
+      {2.0 / 27, 2.0 / 27, 2.0 / 27, 2.0 / 27, 2.0 / 27, 2.0 / 27, 2.0 / 27},
+      {2.0 / 45, -2.0 / 45, 2.0 / 45, -2.0 / 45, 2.0 / 45, -2.0 / 45, 2.0 / 45},
+      {-1.0 / 180, -1.0 / 90, -1.0 / 45, -2.0 / 45, -4.0 / 45, -8.0 / 45, -16.0 / 45},
+      {-1.0 / 540, 1.0 / 270, -1.0 / 135, 2.0 / 135, -4.0 / 135, 8.0 / 135, -16.0 / 135},
+      {-64.0 / 315, -32.0 / 315, -16.0 / 315, -8.0 / 315, -4.0 / 315, -2.0 / 315, -1.0 / 315},
+      {-64.0 / 405, 32.0 / 405, -16.0 / 405, 8.0 / 405, -4.0 / 405, 2.0 / 405, -1.0 / 405},
+      {1.0 / 11340, 1.0 / 2835, 4.0 / 2835, 16.0 / 2835, 64.0 / 2835, 256.0 / 2835,
+       1024.0 / 2835},
+      {0, 0, 0, 0, 0, 0, 1}};
+  static constexpr float BT[a][a] = {{4, -1, -21, 5.25f, 21, -5.25f, -4, 1, 0},
+                                     {0, -4, -3, 18, 12.75f, -8.25f, -3, 1, 0},
+                                     {0, 4, -5, -16, 21.25f, -0.25f, -5, 1, 0},
+                                     {0, -2, -0.5f, 10.25f, 2.5f, -9.25f, -2, 1, 0},
+                                     {0, 2, -1.5f, -9.75f, 7.5f, 6.75f, -6, 1, 0},
+                                     {0, -8, -14, 14, 17.5f, -7, -3.5f, 1, 0},
+                                     {0, 8, -18, -6, 22.5f, -3, -4.5f, 1, 0},
+                                     {0, -1, 0, 5.25f, 0, -5.25f, 0, 1, 0},
+                                     {0, 4, -1, -21, 5.25f, 21, -5.25f, -4, 1}};
+  static constexpr float AT[m][a] = {{1, 1, 1, 1, 1, 1, 1, 1, 0},
+                                     {0, 1, -1, 2, -2, 0.5f, -0.5f, 4, 0},
+                                     {0, 1, 1, 4, 4, 0.25f, 0.25f, 16, 1}};
+  static constexpr const char* name = "winograd37";
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void input(const __m512* d,
+                                                                                  __m512* r) {
+    apply_dense<a, a>(BT, d, r);
+  }
+
+  __attribute__((target("avx512f,fma"), always_inline)) static inline void output(const __m512* p,
+                                                                                   __m512* y) {
+    apply_dense<m, a>(AT, p, y);
+  }
+};
+
+// D = 2: F(m x m, r x r) over m x m tiles; D = 1: F(m, r) along the kernel's one long axis (a
 // 1 x r kernel: tiles of m pixels of a row; r x 1: of a column)
 template <typename F, int D>
 struct Winograd {
@@ -954,20 +1020,20 @@ struct Winograd {
           for (int i = 0; i < kA; ++i) d[i] = _mm512_maskz_loadu_ps(mask, at[i] + c);
           F::input(d, r);
           for (int i = 0; i < kA; ++i) _mm512_mask_storeu_ps(v + i * ld + b * cin + c, mask, r[i]);
-          continue;
-        }
-        __m512 s[kA][kA];  // s[j][i]: B^T d's row i, column j
-        for (int j = 0; j < kA; ++j) {
-          __m512 d[kA];
-          for (int i = 0; i < kA; ++i) d[i] = _mm512_maskz_loadu_ps(mask, at[i * kA + j] + c);
-          F::input(d, s[j]);
-        }
-        for (int i = 0; i < kA; ++i) {
-          __m512 row[kA], r[kA];
-          for (int j = 0; j < kA; ++j) row[j] = s[j][i];
-          F::input(row, r);
-          float* at = v + i * kA * ld + b * cin + c;
-          for (int j = 0; j < kA; ++j) _mm512_mask_storeu_ps(at + j * ld, mask, r[j]);
+        } else {
+          __m512 s[kA][kA];  // s[j][i]: B^T d's row i, column j
+          for (int j = 0; j < kA; ++j) {
+            __m512 d[kA];
+            for (int i = 0; i < kA; ++i) d[i] = _mm512_maskz_loadu_ps(mask, at[i * kA + j] + c);
+            F::input(d, s[j]);
+          }
+          for (int i = 0; i < kA; ++i) {
+            __m512 row[kA], r[kA];
+            for (int j = 0; j < kA; ++j) row[j] = s[j][i];
+            F::input(row, r);
+            float* at = v + i * kA * ld + b * cin + c;
+            for (int j = 0; j < kA; ++j) _mm512_mask_storeu_ps(at + j * ld, mask, r[j]);
+          }
         }
       }
     }
@@ -1002,26 +1068,26 @@ struct Winograd {
             if (relu) val = relu_keep_nan(val);
             _mm512_mask_storeu_ps(out + o, mask, val);
           }
-          continue;
-        }
-        __m512 r[kA][kM];  // r[j][q]: A^T p's row q, column j
-        for (int j = 0; j < kA; ++j) {
-          __m512 p[kA];
-          for (int i = 0; i < kA; ++i)
-            p[i] = _mm512_maskz_loadu_ps(mask, mm + (i * kA + j) * ld + b * cout + c);
-          F::output(p, r[j]);
-        }
-        const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + c) : zero;
-        for (int64_t q = 0; q < rows; ++q) {
-          __m512 row[kA], y[kM];
-          for (int j = 0; j < kA; ++j) row[j] = r[j][q];
-          F::output(row, y);
-          for (int64_t e = 0; e < cols; ++e) {
-            const int64_t o = at + (q * ow + e) * cout + c;
-            __m512 val = _mm512_add_ps(y[e], bv);
-            if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(mask, res + o));
-            if (relu) val = relu_keep_nan(val);
-            _mm512_mask_storeu_ps(out + o, mask, val);
+        } else {
+          __m512 r[kA][kM];  // r[j][q]: A^T p's row q, column j
+          for (int j = 0; j < kA; ++j) {
+            __m512 p[kA];
+            for (int i = 0; i < kA; ++i)
+              p[i] = _mm512_maskz_loadu_ps(mask, mm + (i * kA + j) * ld + b * cout + c);
+            F::output(p, r[j]);
+          }
+          const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + c) : zero;
+          for (int64_t q = 0; q < rows; ++q) {
+            __m512 row[kA], y[kM];
+            for (int j = 0; j < kA; ++j) row[j] = r[j][q];
+            F::output(row, y);
+            for (int64_t e = 0; e < cols; ++e) {
+              const int64_t o = at + (q * ow + e) * cout + c;
+              __m512 val = _mm512_add_ps(y[e], bv);
+              if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(mask, res + o));
+              if (relu) val = relu_keep_nan(val);
+              _mm512_mask_storeu_ps(out + o, mask, val);
+            }
           }
         }
       }
@@ -1093,7 +1159,7 @@ struct Winograd {
 };
 
 // the weight transformed and packed as GEMM operands of cin x cout in the GEMM's panels,
-// [position][panel][cin][32], zero-padded: D = 2, (cout, 3, 3, cin) by G g G^T per output and
+// [position][panel][cin][32], zero-padded: D = 2, (cout, r, r, cin) by G g G^T per output and
 // input channel; D = 1, (cout, r, 1, cin) or (cout, 1, r, cin) by G g
 template <typename F, int D>
 at::Tensor pack_winograd(const at::Tensor& w, int64_t cout, int64_t cin) {
@@ -1142,7 +1208,7 @@ constexpr int64_t kWinogradBlock = 384 << 10;
 constexpr int64_t kWinogradStreamed = 1 << 20, kWinogradStreamedBlock = 3 << 20;
 
 // the Winograd form of a stride-1 undilated convolution where the CPU, the tensors and the
-// kernel's shape allow it (see `Winograd`: D = 2, 3x3 and F(m x m, 3x3); D = 1, 1 x r or r x 1
+// kernel's shape allow it (see `Winograd`: D = 2, r x r and F(m x m, r x r); D = 1, 1 x r or r x 1
 // and F(m, r)), else None; pads: top, left, bottom, right
 template <typename F, int D>
 c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
@@ -1380,7 +1446,8 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
         std::vector<Form> forms{onednn, *own};
         if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1)
           for (auto wino : {own_winograd<F2x3, 2>, own_winograd<F4x3, 2>, own_winograd<F2x3, 1>,
-                            own_winograd<F4x3, 1>, own_winograd<F2x7, 1>})
+                            own_winograd<F4x3, 1>, own_winograd<F2x7, 1>,
+                            own_winograd<F2x5, 2>, own_winograd<F3x7, 1>})
             if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
                                  {pt, pl, pb, pr}, a, threads))
               forms.push_back(*form);
