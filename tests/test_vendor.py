@@ -1047,6 +1047,46 @@ def test_native_layer_norm_forms_agree_with_torch(shape, residual):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("shape", "axis"), [
+    ((1, 12, 128, 128), -1),   # BERT's attention rows: split over two threads
+    ((3, 37), 1),              # a tail after the 16-wide vectors
+    ((2, 5, 7), -1),           # rows shorter than a vector
+    ((4, 6, 8), 1),            # not the last axis: ATen's alone
+])
+@pytest.mark.parametrize("form", [0, 1])
+def test_native_softmax_forms_agree_with_torch(threads, shape, axis, form):
+    """The C++ softmax's forms (the own AVX-512 one along the last axis, ATen's), each forced
+    before the first call: every call equals torch's, for rows of any length, with large and
+    -inf entries (an attention mask's), a row with a NaN giving NaN and a row of -inf NaN, as
+    torch's; along another axis ATen's runs whatever the form asked."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(sum(shape) + form)
+    x = torch.randn(*shape, generator=gen) * 8
+    flat = x.view(-1, shape[-1])
+    flat[0, : shape[-1] // 2] = float("-inf")  # a masked half row
+    flat[-1, 0] = 300.0  # e^(x - max) must not overflow
+    if flat.shape[0] > 2:
+        flat[1, 1] = float("nan")
+        flat[2, :] = float("-inf")
+    key = f"softmax{threads}" + "(" + "".join(f"{d}," for d in shape) + ")"
+    module["paragraph_vendor_choose_form"](key, form)
+    out = torch.empty_like(x)
+    fn = module["paragraph_vendor_softmax"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(x),
+                                            axis, threads)
+    want = torch.softmax(x, axis)
+    for _ in range(3):
+        out.fill_(-1.0)
+        fn()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("rows", "k", "n", "residual", "act"), [
     (49, 176, 176, "", "relu"),      # NASNet's: a 16-column tail panel, rows not a tile multiple
     (30, 44, 44, "own", ""),         # residual in its own buffer
