@@ -57,7 +57,7 @@ from paragraph.machine import (  # noqa: E402
 )
 from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.passes.search import METHODS, SearchOptions  # noqa: E402
-from paragraph.planner import plan_schedule, search_plan  # noqa: E402
+from paragraph.planner import SETTLE_RUNS, plan_schedule, search_plan  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs  # noqa: E402
 from paragraph.tvm_interop.executor import make_executor  # noqa: E402
@@ -335,7 +335,8 @@ def kernel_bound(program: KernelProgram, inputs: list[np.ndarray], runs: int = 1
     executor = make_executor(program, make_schedule("sequential", program.graph, cores=1))
     try:
         samples: dict[int, list[float]] = {}
-        profiled_runs(executor, inputs, 2, {})  # warm-up, not kept
+        # warm-up, not kept: past the vendor kernels' timing of their forms on one thread
+        profiled_runs(executor, inputs, SETTLE_RUNS, {})
         profiled_runs(executor, inputs, runs, samples)
     finally:
         executor.close()
@@ -416,6 +417,9 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     before = wait_for_quiet_cores(log)
     log(f"{name}: timing {len(configs)} configurations, {args.blocks} blocks of {args.block}")
     try:
+        for c in configs:  # past the vendor kernels' timing of their forms (ORT's warm-up too)
+            for _ in range(SETTLE_RUNS):
+                c.run()
         time_in_blocks(configs, args.blocks, args.block)
     finally:
         for c in configs:

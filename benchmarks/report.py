@@ -162,9 +162,11 @@ def peers_table(r: dict) -> list[str]:
 def search_table(r: dict) -> list[str]:
     names = ["tvm_vm", "none+sequential", "none+best", "greedy+best", "taso+sequential",
              "taso+best", "taso+loop+best", "autograph+best", "simulated+best"]
+    timing = (f"median of {r['blocks']} alternating blocks of {r['block']} runs"
+              if r.get("timing") == "blocks" else f"median of {r['repeat']} round-robin runs")
     lines = [f"Substitution search, AutoGraph's table 2 ({r['kernels']} kernels, budget "
-             f"{r['budget_s']:.0f} s and top-k {r['top_k']} per search, median of "
-             f"{r['repeat']} round-robin runs, {_dates(r)}; `benchmarks/search.py`), ms "
+             f"{r['budget_s']:.0f} s and top-k {r['top_k']} per search, {timing}, "
+             f"{_dates(r)}; `benchmarks/search.py`), ms "
              "(search s / candidates built; \"= row\": the same program as that row, timed "
              "once). taso: TASO as published, its cheapest graph by the sum cost kept "
              "unconfirmed (one search for both schedules); taso+loop: TASO's cost in "

@@ -1,7 +1,8 @@
 """Substitution search benchmark: AutoGraph's table 2 on this machine.
 
-Usage: python benchmarks/search.py [--models a,b] [--merge] [--kernels vendor] [--repeat N]
-           [--reduced] [--budget SECONDS] [--top-k K] [--json benchmarks/results/search-cpu.json]
+Usage: python benchmarks/search.py [--models a,b] [--merge] [--kernels vendor] [--blocks 10]
+           [--block 10] [--reduced] [--budget SECONDS] [--top-k K]
+           [--json benchmarks/results/search-cpu.json]
 
 Per model, in one process: the TVM VM; no search with the sequential schedule and with the best
 schedule (critical-path); greedy (sum cost) + best schedule; TASO-style (sum cost, beta 1.05)
@@ -10,9 +11,14 @@ AutoGraph (mixed cost, beta 1.1) + best schedule; the simulated cost + best sche
 TASO-style is TASO as published and as AutoGraph's table 2 runs it: its cheapest graph by the
 sum of measured kernel times, no runtime feedback (`search_plan` with top_k 0; one search,
 planned under both schedules); every other search runs AutoGraph's on-board loop
-(`paragraph.planner.search_plan`). Then every configuration is timed side by side (round robin,
-medians with p10/p90) with its outputs checked against the VM, and each search's seconds and
-candidates built are recorded with the machine and its load average.
+(`paragraph.planner.search_plan`). Then every configuration's outputs are checked against the
+VM's, each is warmed up past its vendor kernels' timing of their forms (`SETTLE_RUNS`, as the
+on-board loop does), and all are timed side by side in alternating blocks of runs
+(`time_in_blocks`, as the on-board loop and `peers.py` time; medians with p10/p90). Each
+search's seconds and candidates built are recorded with the machine and its load average.
+Blocks rather than strict round robin: a program's steady state is its weights (and packed
+copies) warm in the caches; alternating single runs across several built programs measures
+every run with them cold, which is neither what the loop chose by nor what a user runs.
 
 Targets (issue 16): a parallelism-aware search the fastest configuration on every model, strictly
 ahead of TASO-style + best schedule on the NASNet models and ResNeXt-50; every search under 15
@@ -30,7 +36,7 @@ import time
 from pathlib import Path
 
 from paragraph import models
-from paragraph.bench import check_and_time, each_model, executor_config, kept_models, vm_config
+from paragraph.bench import check_outputs, each_model, executor_config, kept_models, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import (
     cpu_contention,
@@ -39,7 +45,8 @@ from paragraph.machine import (
     wait_for_quiet_cores,
 )
 from paragraph.passes.search import SearchOptions
-from paragraph.planner import plan_digest, plan_schedule, search_plan
+from paragraph.planner import SETTLE_RUNS, plan_digest, plan_schedule, search_plan
+from paragraph.timing import time_in_blocks
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
@@ -122,7 +129,16 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
                                            "search_shared_with": label}
         del plan  # its program lives on in its row's executor, or is dropped
     before = wait_for_quiet_cores(log)
-    check_and_time(configs, expected, 1e-4, args.repeat)
+    try:
+        check_outputs(configs, expected, 1e-4)
+        for c in configs:  # past the vendor kernels' timing of their forms on new shapes
+            for _ in range(SETTLE_RUNS):
+                c.run()
+        time_in_blocks(configs, args.blocks, args.block)
+    finally:
+        for c in configs:
+            if c.close is not None:
+                c.close()
     after = cpu_contention(2.0)
     base = statistics.median(vm.samples) * 1e3
     rows = [c.row(base) for c in configs]
@@ -155,7 +171,8 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--kernels", default="vendor", choices=("tvm", "vendor", "auto"))
     parser.add_argument("--target", default="cpu")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--block", type=int, default=10, help="timed runs per block")
     parser.add_argument("--reduced", action="store_true")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds per search")
     parser.add_argument("--top-k", type=int, default=20)
@@ -177,7 +194,8 @@ def main() -> None:
     def write(results: list[dict], failed: list[dict]) -> None:
         atomic_write_json(out, {"benchmark": "search", "kernels": args.kernels,
                                 "target": args.target, "machine": describe_machine(),
-                                "repeat": args.repeat, "budget_s": args.budget,
+                                "timing": "blocks", "blocks": args.blocks, "block": args.block,
+                                "budget_s": args.budget,
                                 "top_k": args.top_k, "reduced": args.reduced,
                                 "load_average_before": load_before,
                                 "load_average": os.getloadavg(), "models": kept + results,
