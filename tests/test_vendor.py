@@ -1053,9 +1053,10 @@ def test_native_layer_norm_forms_agree_with_torch(shape, residual):
     ((2, 5, 7), -1),           # rows shorter than a vector
     ((4, 6, 8), 1),            # not the last axis: ATen's alone
 ])
-@pytest.mark.parametrize("form", [0, 1])
+@pytest.mark.parametrize("form", [0, 1, 2])
 def test_native_softmax_forms_agree_with_torch(threads, shape, axis, form):
-    """The C++ softmax's forms (the own AVX-512 one along the last axis, ATen's), each forced
+    """The C++ softmax's forms (the own AVX-512 one along the last axis, ATen's, and on two
+    threads the own one on the calling thread alone), each forced
     before the first call: every call equals torch's, for rows of any length, with large and
     -inf entries (an attention mask's), a row with a NaN giving NaN and a row of -inf NaN, as
     torch's; along another axis ATen's runs whatever the form asked."""
