@@ -77,6 +77,7 @@ from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
 from paragraph.tvm_interop.measure import (
+    SETTLE_RUNS,
     CostDB,
     CostKey,
     kernel_costs,
@@ -498,12 +499,9 @@ QUIET_WAIT_S = 30.0
 # and the slower schedule was kept
 MIN_BLOCK_S = 0.01
 MAX_BLOCK = 200
-# warm-up runs before a candidate is timed: the C++ vendor kernels time each of their forms
-# (up to four: a 3x3 convolution's oneDNN, implicit GEMM and two Winograd forms) in their
-# first five calls per new shape before settling on one, so fewer warm-ups timed a rewritten
-# candidate's new shapes partly on their slower forms, against an input whose shapes had
-# settled
-SETTLE_RUNS = 21
+# warm-up runs before a candidate is timed (`paragraph.tvm_interop.measure.SETTLE_RUNS`): fewer
+# timed a rewritten candidate's new shapes partly on their slower forms, against an input whose
+# shapes had settled
 
 
 def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB | None,

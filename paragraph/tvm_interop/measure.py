@@ -184,8 +184,16 @@ SAMPLE_SECONDS = 1e-3  # `time_kernel` repeats a short kernel in one dispatch up
 
 # v2: vendor kernels are called bound to their tensors (`vendor.runtime.bind`), ~8 us less;
 # v3: a sequence on every core runs on the caller, whose OpenMP worker spins between calls
-# (`threads.on_caller`): multi-thread vendor kernels 45-80 us less each
-IN_SEQUENCE = "in-sequence/v3"
+# (`threads.on_caller`): multi-thread vendor kernels 45-80 us less each; v4: a program with
+# vendor kernels warmed up `SETTLE_RUNS` times first
+IN_SEQUENCE = "in-sequence/v4"
+# calls before a vendor kernel runs only its chosen form: the C++ vendor kernels time each of
+# their forms (up to four: a 3x3 or 1x7 convolution's oneDNN, implicit GEMM and two Winograd
+# forms) in their first five calls per new shape, then keep the fastest. A kernel timed within
+# them is timed on a mix of forms: `kernel_costs` with two warm-ups gave the median of the
+# forms being tried, so the critical-path schedule and the search's cost model priced
+# Winograd's convolutions at another form's time
+SETTLE_RUNS = 21
 
 
 def kernel_key(target: str, node: Node, tuning: str, threads: int,
@@ -351,12 +359,16 @@ def estimate_seconds(graph: Graph, node: Node, peaks: Peaks) -> float:
 
 
 def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
-                 repeat: int = 10, warmup: int = 2, tuning: str = "",
+                 repeat: int = 10, warmup: int | None = None, tuning: str = "",
                  threads: int | None = None, progress: bool = False) -> dict[int, float]:
     """Seconds per kernel of an executor's program with ``threads`` threads: cached, else
     measured in model order with `time_in_sequence` (and cached), or with ``measure=False``
-    estimated from FLOPs and bytes. Views cost nothing."""
+    estimated from FLOPs and bytes. Views cost nothing. ``warmup`` runs of the sequence come
+    first (default: `SETTLE_RUNS` where the program has vendor kernels, which time their forms
+    in their first calls, else 2)."""
     graph, program = executor.graph, executor.program
+    if warmup is None:
+        warmup = SETTLE_RUNS if any(s in ("vendor", "auto") for s in program.sources()) else 2
     target = str(program.target)
     threads = threads or executor.schedule.threads[0]
     kernels = [k for k in executor.schedule.kernels if graph[k].kind == "kernel"]

@@ -41,8 +41,9 @@ from paragraph.tvm_interop.tuning_db import tuning_id
 if TYPE_CHECKING:
     from paragraph.tvm_interop.remote import Remote
 
-SIGNATURE_PROTOCOL = "signature/v2"  # bump when what a signature's seconds mean changes
+SIGNATURE_PROTOCOL = "signature/v3"  # bump when what a signature's seconds mean changes
 # v2: TVM's CPU pools and transposes are scheduled (`cpu_schedules`), 2-4x faster in a model
+# v3: kernels timed after their vendor forms are chosen (`measure.SETTLE_RUNS` warm-ups)
 _EDGE_KERNELS = ("transpose", "layout_transform")  # what the vendor path adds at the edges
 
 

@@ -50,7 +50,7 @@ namespace ffi = tvm::ffi;
 
 namespace {
 
-// timed calls per form before choosing (the first is discarded); `planner.SETTLE_RUNS` warms a
+// timed calls per form before choosing (the first is discarded); `measure.SETTLE_RUNS` warms a
 // program up past them (up to four forms: 20 calls)
 constexpr int kTrials = 4;
 constexpr double kMargin = 0.97;  // a later form's median against the earlier best's
