@@ -46,7 +46,13 @@ import numpy as np  # noqa: E402
 from kernels import to_onnx  # noqa: E402  (benchmarks/ is on the path when run as a script)
 
 from paragraph import models  # noqa: E402
-from paragraph.bench import each_model, executor_config, kept_models, vm_config  # noqa: E402
+from paragraph.bench import (  # noqa: E402
+    each_model,
+    executor_config,
+    kept_models,
+    settle_and_time_in_blocks,
+    vm_config,
+)
 from paragraph.files import atomic_write_json  # noqa: E402
 from paragraph.machine import (  # noqa: E402
     cpu_contention,
@@ -58,7 +64,7 @@ from paragraph.machine import (  # noqa: E402
 from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.passes.search import METHODS, SearchOptions  # noqa: E402
 from paragraph.planner import SETTLE_RUNS, plan_schedule, search_plan  # noqa: E402
-from paragraph.timing import Config, time_in_blocks  # noqa: E402
+from paragraph.timing import Config  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs  # noqa: E402
 from paragraph.tvm_interop.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.importers import load  # noqa: E402
@@ -416,15 +422,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     bound = kernel_bound(program, inputs)
     before = wait_for_quiet_cores(log)
     log(f"{name}: timing {len(configs)} configurations, {args.blocks} blocks of {args.block}")
-    try:
-        for c in configs:  # past the vendor kernels' timing of their forms (ORT's warm-up too)
-            for _ in range(SETTLE_RUNS):
-                c.run()
-        time_in_blocks(configs, args.blocks, args.block)
-    finally:
-        for c in configs:
-            if c.close is not None:
-                c.close()
+    settle_and_time_in_blocks(configs, args.blocks, args.block)  # ORT's warm-up too
     after = cpu_contention(2.0)
     ort_ms = statistics.median(ort.samples) * 1e3
     rows = []

@@ -36,7 +36,14 @@ import time
 from pathlib import Path
 
 from paragraph import models
-from paragraph.bench import check_outputs, each_model, executor_config, kept_models, vm_config
+from paragraph.bench import (
+    check_outputs,
+    each_model,
+    executor_config,
+    kept_models,
+    settle_and_time_in_blocks,
+    vm_config,
+)
 from paragraph.files import atomic_write_json
 from paragraph.machine import (
     cpu_contention,
@@ -45,8 +52,7 @@ from paragraph.machine import (
     wait_for_quiet_cores,
 )
 from paragraph.passes.search import SearchOptions
-from paragraph.planner import SETTLE_RUNS, plan_digest, plan_schedule, search_plan
-from paragraph.timing import time_in_blocks
+from paragraph.planner import plan_digest, plan_schedule, search_plan
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
@@ -131,14 +137,12 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     before = wait_for_quiet_cores(log)
     try:
         check_outputs(configs, expected, 1e-4)
-        for c in configs:  # past the vendor kernels' timing of their forms on new shapes
-            for _ in range(SETTLE_RUNS):
-                c.run()
-        time_in_blocks(configs, args.blocks, args.block)
-    finally:
+    except BaseException:
         for c in configs:
             if c.close is not None:
                 c.close()
+        raise
+    settle_and_time_in_blocks(configs, args.blocks, args.block)
     after = cpu_contention(2.0)
     base = statistics.median(vm.samples) * 1e3
     rows = [c.row(base) for c in configs]

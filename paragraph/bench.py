@@ -24,9 +24,10 @@ from paragraph.outputs import max_difference
 from paragraph.passes.ios import IOSOptions
 from paragraph.planner import Plan, plan_schedule, tolerance
 from paragraph.schedule import Schedule
-from paragraph.timing import Config, time_round_robin
+from paragraph.timing import Config, time_in_blocks, time_round_robin
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.measure import SETTLE_RUNS
 from paragraph.tvm_interop.relax_graph import random_inputs
 from paragraph.tvm_interop.vm import flatten_result
 
@@ -67,6 +68,21 @@ def check_and_time(configs: Sequence[Config], expected: Sequence[np.ndarray], to
     try:
         check_outputs(configs, expected, tol)
         time_round_robin(configs, repeat, progress=progress)
+    finally:
+        for c in configs:
+            if c.close is not None:
+                c.close()
+
+
+def settle_and_time_in_blocks(configs: Sequence[Config], blocks: int, block: int) -> None:
+    """Each configuration run `SETTLE_RUNS` times (past its vendor kernels' timing of their
+    forms), then all timed in alternating blocks (`time_in_blocks`); every configuration is
+    closed afterwards, whatever happened."""
+    try:
+        for c in configs:
+            for _ in range(SETTLE_RUNS):
+                c.run()
+        time_in_blocks(configs, blocks, block)
     finally:
         for c in configs:
             if c.close is not None:
