@@ -161,6 +161,24 @@ def softmax_after_scores(bb, x):
     return bb.emit(relax.op.nn.softmax(scores, axis=-1))
 
 
+def softmax_after_scaled_scores(how):
+    """An attention's ``softmax(q k^T / sqrt(d))``, the scale multiplied or divided: absorbed
+    into the softmax; a scale by a tensor, or scores read again, stay TVM kernels."""
+    def body(bb, x):
+        scores = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(x, [0, 2, 1]))))
+        if how == "divide":
+            scaled = bb.emit(relax.op.divide(scores, relax.const(np.float32(-2.0))))
+        else:
+            scaled = bb.emit(relax.op.multiply(relax.const(np.float32(0.125)), scores))
+        probs = bb.emit(relax.op.nn.softmax(scaled, axis=-1))
+        by_tensor = bb.emit(relax.op.multiply(scores, const(6, 6)))
+        read_twice = bb.emit(relax.op.multiply(scores, relax.const(np.float32(0.5))))
+        return bb.emit(relax.Tuple([probs, bb.emit(relax.op.nn.softmax(by_tensor, axis=-1)),
+                                    bb.emit(relax.op.nn.softmax(read_twice, axis=1)),
+                                    read_twice]))
+    return module((3, 6, 8), body)
+
+
 def layer_norm_after_residual(bb, x):
     y = bb.emit(relax.op.matmul(x, const(16, 16)))
     ln = bb.emit(relax.op.nn.layer_norm(bb.emit(relax.op.add(y, x)), const(16), const(16),
@@ -176,6 +194,10 @@ OTHERS = {
     **{f"erf_gelu_{o}": (erf_gelu(o), "matmul.bias.gelu") for o in
        ("torch", "half_first", "scaled")},
     "softmax": (module((3, 6, 8), softmax_after_scores), ["bmm", "softmax.a2"]),
+    "softmax_scaled": (softmax_after_scaled_scores("multiply"),
+                       ["bmm", "softmax.a2.x0p125", "softmax.a2", "softmax.a1"]),
+    "softmax_divided": (softmax_after_scaled_scores("divide"),
+                        ["bmm", "softmax.a2.x-0p5", "softmax.a2", "softmax.a1"]),
     "layer_norm": (module((4, 16), layer_norm_after_residual),
                    ["matmul", "layer_norm.e1e-12.res", "layer_norm.e1e-05"]),
 }
@@ -1054,12 +1076,13 @@ def test_native_layer_norm_forms_agree_with_torch(shape, residual):
     ((4, 6, 8), 1),            # not the last axis: ATen's alone
 ])
 @pytest.mark.parametrize("form", [0, 1, 2])
-def test_native_softmax_forms_agree_with_torch(threads, shape, axis, form):
+@pytest.mark.parametrize("scale", [1.0, 0.125, -0.5])
+def test_native_softmax_forms_agree_with_torch(threads, shape, axis, form, scale):
     """The C++ softmax's forms (the own AVX-512 one along the last axis, ATen's, and on two
     threads the own one on the calling thread alone), each forced
-    before the first call: every call equals torch's, for rows of any length, with large and
-    -inf entries (an attention mask's), a row with a NaN giving NaN and a row of -inf NaN, as
-    torch's; along another axis ATen's runs whatever the form asked."""
+    before the first call: every call equals torch's softmax of ``scale * x``, for rows of any
+    length, with large and -inf entries (an attention mask's), a row with a NaN giving NaN and
+    a row of -inf NaN, as torch's; along another axis ATen's runs whatever the form asked."""
     import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native
@@ -1079,8 +1102,8 @@ def test_native_softmax_forms_agree_with_torch(threads, shape, axis, form):
     module["paragraph_vendor_choose_form"](key, form)
     out = torch.empty_like(x)
     fn = module["paragraph_vendor_softmax"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(x),
-                                            axis, threads)
-    want = torch.softmax(x, axis)
+                                            axis, scale, threads)
+    want = torch.softmax(x * scale, axis)
     for _ in range(3):
         out.fill_(-1.0)
         fn()

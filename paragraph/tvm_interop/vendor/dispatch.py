@@ -268,7 +268,24 @@ class _Rewriter:
                 _dtype(call):
             return call
         axis = int(call.attrs.axis) % len(shape)
-        return _vendor_call(VendorOp("softmax", axis=axis), [call.args[0]], call.ty)
+        x, scale = call.args[0], 1.0
+        # an attention's 1 / sqrt(d) before it, read by nothing else: absorbed, which saves a
+        # TVM kernel (and, on two threads, waking the vendor team after it)
+        for name in ("relax.multiply", "relax.divide"):
+            scaled = self._single(x, name)
+            orders = [] if scaled is None else (
+                [scaled.args, scaled.args[::-1]] if name == "relax.multiply" else [scaled.args])
+            for y, c in orders:
+                value = _scalar(c)
+                if (value is not None and value != 0.0 and np.isfinite(value)
+                        and _shape(y) == shape and _dtype(y) == _dtype(call)
+                        and _dtype(c) == _dtype(call)):
+                    x, scale = y, value if name == "relax.multiply" else 1.0 / value
+                    break
+            if scale != 1.0:
+                break
+        return _vendor_call(VendorOp("softmax", axis=axis, scale=float(np.float32(scale))),
+                            [x], call.ty)
 
     # -- layer norm
     def layer_norm(self, call: relax.Call) -> relax.Expr:
@@ -596,7 +613,10 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
     if op.kind == "concat":
         y = relax.op.concat(args, axis=op.axis)
     elif op.kind == "softmax":
-        y = relax.op.nn.softmax(args[0], axis=op.axis)
+        x = args[0]
+        if op.scale != 1.0:
+            x = relax.op.multiply(x, relax.const(np.float32(op.scale), _dtype(x)))
+        y = relax.op.nn.softmax(x, axis=op.axis)
     elif op.kind in POOLS:
         pool = relax.op.nn.max_pool2d if op.kind == "max_pool2d" else relax.op.nn.avg_pool2d
         y = pool(args[0], op.window, op.stride, list(op.pads),

@@ -44,6 +44,7 @@ class VendorOp:
     eps: float = 0.0  # layer_norm (over the last axis): the epsilon
     window: tuple[int, int] = (1, 1)  # pools: the window's height and width
     include_pad: bool = False  # avg_pool2d: padding counts in the divisor
+    scale: float = 1.0  # softmax: of scale * x (an attention's 1 / sqrt(d) absorbed)
 
     @property
     def pads(self) -> tuple[int, ...]:
@@ -66,8 +67,10 @@ class VendorOp:
                       _dims("p", self.padding)] + ["incpad"] * self.include_pad
         elif self.kind in ("concat", "softmax"):
             parts.append(f"a{self.axis}")
-        elif self.kind == "layer_norm":  # no dots: names split on them
-            parts.append("e" + repr(float(self.eps)).replace(".", "p"))
+            if self.kind == "softmax" and self.scale != 1.0:
+                parts.append("x" + _number(self.scale))
+        elif self.kind == "layer_norm":
+            parts.append("e" + _number(self.eps))
         parts += ["bias"] * self.bias + ["res"] * self.residual + [self.act or ""] * bool(self.act)
         return PREFIX + ".".join(parts)
 
@@ -112,15 +115,16 @@ class VendorOp:
             if axis is None:
                 raise ParagraphError(f"malformed vendor {op.kind} name {name!r}")
             op, rest = replace(op, axis=int(axis[1])), rest[1:]
+            if op.kind == "softmax" and rest[:1] and rest[0].startswith("x"):
+                scale = _parse_number(rest[0][1:])
+                if scale is None or scale == 1.0:
+                    raise ParagraphError(f"malformed vendor softmax name {name!r}")
+                op, rest = replace(op, scale=scale), rest[1:]
         elif op.kind == "layer_norm":
-            eps = re.fullmatch(r"e(\d[0-9pe+-]*)", rest[0]) if rest else None
-            try:
-                value = float(eps[1].replace("p", ".")) if eps else None
-            except ValueError:
-                value = None
-            if value is None:
+            eps = _parse_number(rest[0][1:]) if rest and rest[0].startswith("e") else None
+            if eps is None:
                 raise ParagraphError(f"malformed vendor layer_norm name {name!r}")
-            op, rest = replace(op, eps=value), rest[1:]
+            op, rest = replace(op, eps=eps), rest[1:]
         for flag in rest:
             if op.kind in POOLS:  # a pool takes no bias, residual, activation or weight
                 raise ParagraphError(f"unknown part {flag!r} in vendor kernel name {name!r}")
@@ -139,6 +143,22 @@ class VendorOp:
 
 def _dims(letter: str, values: tuple[int, ...]) -> str:
     return letter + "x".join(map(str, values))
+
+
+def _number(value: float) -> str:
+    """``value`` exactly (its shortest repr), with no dots: names split on them."""
+    return repr(float(value)).replace(".", "p")
+
+
+def _parse_number(text: str) -> float | None:
+    """The float `_number` wrote, or None for anything else (a finite value only)."""
+    if not re.fullmatch(r"-?\d[0-9pe+-]*", text):
+        return None
+    try:
+        value = float(text.replace("p", "."))
+    except ValueError:
+        return None
+    return value if np.isfinite(value) else None
 
 
 def is_vendor_name(name: str) -> bool:

@@ -161,7 +161,8 @@ def bind(name: str, args: tuple, threads: int) -> Any:
     if op.kind == "concat":
         return m["paragraph_vendor_concat"](args[-1], list(args[:-1]), op.axis, act, threads)
     if op.kind == "softmax":
-        return m["paragraph_vendor_softmax"](args[-1], args[0], op.axis, threads)
+        return m["paragraph_vendor_softmax"](args[-1], args[0], op.axis, op.scale,
+                                             threads)
     if op.kind in POOLS:
         return m["paragraph_vendor_pool2d"](args[-1], args[0], [*op.window, *op.stride, *op.pads],
                                             op.kind == "max_pool2d", op.include_pad, threads)

@@ -1805,7 +1805,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 exp_avx512(__m51
   return _mm512_scalef_ps(p, k);
 }
 
-// R rows of out = softmax(x) over their n values (x and out at the first row): each row's
+// R rows of out = softmax(s x) over their n values (x and out at the first row): each row's
 // maximum, e^(x - max) written to out and summed, then scaled by 1 / sum while the rows are in
 // cache. R rows side by side, so that one row's chain of latencies (the maximum's and the sum's
 // reductions, the exponential's ten dependent steps) overlaps the others' work: a 128-wide row
@@ -1813,14 +1813,16 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 exp_avx512(__m51
 // gives NaN throughout, one of -inf only NaN (as torch's: -inf - -inf)
 template <int R>
 __attribute__((target("avx512f"))) void softmax_group(const float* __restrict__ x,
-                                                      float* __restrict__ out, int64_t n) {
+                                                      float* __restrict__ out, int64_t n,
+                                                      float s) {
   const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 sv = _mm512_set1_ps(s);
   __m512 m[R], top[R], sum[R], scale[R];
   for (int r = 0; r < R; ++r) m[r] = lowest;
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 mask = tail_mask(n - i);
     for (int r = 0; r < R; ++r)
-      m[r] = _mm512_max_ps(m[r], _mm512_mask_loadu_ps(lowest, mask, x + r * n + i));
+      m[r] = _mm512_mask_max_ps(m[r], mask, m[r], _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + r * n + i), sv));
   }
   for (int r = 0; r < R; ++r) {
     top[r] = _mm512_set1_ps(_mm512_reduce_max_ps(m[r]));
@@ -1830,7 +1832,7 @@ __attribute__((target("avx512f"))) void softmax_group(const float* __restrict__ 
     const __mmask16 mask = tail_mask(n - i);
     for (int r = 0; r < R; ++r) {
       const __m512 e =
-          exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, x + r * n + i), top[r]));
+          exp_avx512(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + r * n + i), sv, top[r]));
       _mm512_mask_storeu_ps(out + r * n + i, mask, e);
       sum[r] = _mm512_mask_add_ps(sum[r], mask, sum[r], e);
     }
@@ -1845,23 +1847,30 @@ __attribute__((target("avx512f"))) void softmax_group(const float* __restrict__ 
   }
 }
 
-// rows [r0, r1) of out = softmax(x) over their n values, four at a time
+// rows [r0, r1) of out = softmax(s x) over their n values, four at a time
 __attribute__((target("avx512f"))) void softmax_rows(const float* x, float* out, int64_t r0,
-                                                     int64_t r1, int64_t n) {
+                                                     int64_t r1, int64_t n, float s) {
   int64_t row = r0;
-  for (; row + 4 <= r1; row += 4) softmax_group<4>(x + row * n, out + row * n, n);
-  for (; row < r1; ++row) softmax_group<1>(x + row * n, out + row * n, n);
+  for (; row + 4 <= r1; row += 4) softmax_group<4>(x + row * n, out + row * n, n, s);
+  for (; row < r1; ++row) softmax_group<1>(x + row * n, out + row * n, n, s);
 }
 #endif
 
-// softmax of x along ``axis`` into out: ATen's, and along the last axis an own AVX-512 form
-// (rows split over the threads), the faster by timing (ATen's took BERT's 128-wide attention
-// rows 1.7x as long as ONNX Runtime's on one thread)
-ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, int64_t threads) {
+// softmax of scale * x along ``axis`` into out (an attention's 1 / sqrt(d) absorbed): ATen's,
+// and along the last axis an own AVX-512 form (rows split over the threads), the faster by
+// timing (ATen's took BERT's 128-wide attention rows 1.7x as long as ONNX Runtime's on one
+// thread)
+ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double scale,
+                      int64_t threads) {
   at::Tensor out = to_aten(out_t), x = to_aten(x_t);
-  Form aten = [out, x, axis, threads]() {
+  Form aten = [out, x, axis, scale]() {
     at::Tensor o = out;
-    at::_softmax_out(o, x, axis, false);
+    if (scale != 1.0) {  // scaled into the output, normalised there in place
+      at::mul_out(o, x, at::Scalar(scale));
+      at::_softmax_out(o, o, axis, false);
+    } else {
+      at::_softmax_out(o, x, axis, false);
+    }
   };
 #ifdef PARAGRAPH_AVX512
   const int64_t last = x.dim() - 1;
@@ -1869,17 +1878,18 @@ ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, int64_t 
       x.size(last) > 0 && plain_float(x) && plain_float(out) && out.sizes() == x.sizes()) {
     const int64_t n = x.size(last), rows = x.numel() / n;
     // the views hold TVM's buffers alive as long as the form
-    auto own = [x, out, rows, n](int64_t team) -> Form {
-      return [x, out, rows, n, team]() {
+    const float s = static_cast<float>(scale);
+    auto own = [x, out, rows, n, s](int64_t team) -> Form {
+      return [x, out, rows, n, s, team]() {
         const float* src = x.data_ptr<float>();
         float* dst = out.data_ptr<float>();
         split_rows(rows, rows * n * 4, team,
-                   [&](int64_t r0, int64_t r1) { softmax_rows(src, dst, r0, r1, n); });
+                   [&](int64_t r0, int64_t r1) { softmax_rows(src, dst, r0, r1, n, s); });
       };
     };
     // and the own form on this thread alone: after a kernel that left the other threads
-    // asleep (the encoder's mask add, a TVM kernel), waking them cost more than the rows
-    // (137 against 39 us alone for 12 x 128 rows of 128 on two threads)
+    // asleep (a TVM kernel), waking them cost more than the rows (137 against 39 us alone for
+    // 12 x 128 rows of 128 on two threads)
     std::vector<Form> forms{own(threads), aten};
     if (threads > 1) forms.push_back(own(1));
     return fastest_of(forms, "softmax" + std::to_string(threads) + shape_key({x}), threads);

@@ -386,7 +386,11 @@ def _softmax_kernel(op: VendorOp) -> Callable:
 
         def call() -> None:
             _use_schedule_threads(torch, threads)
-            softmax(x, op.axis, False, out=out)
+            if op.scale != 1.0:  # scaled into the output, normalised there in place
+                torch.mul(x, op.scale, out=out)
+                softmax(out, op.axis, False, out=out)
+            else:
+                softmax(x, op.axis, False, out=out)
         return call
 
     return bind
