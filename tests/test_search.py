@@ -105,6 +105,32 @@ def test_costs_price_kernels_alone_on_all_threads_where_that_is_known():
     assert other.seconds_wide(concat) == 0.6 and other.seconds_wide(conv) == 0.6
 
 
+def test_grouped_convolutions_take_their_own_estimate_scale():
+    """A grouped convolution not measured is priced at the measured/estimated ratio of the
+    grouped ones (a depthwise convolution's), not the dense ones': NASNet-A's depthwise
+    convolutions regrouped into pairs looked 4x cheaper than they ran at the dense ratio."""
+    b = GraphBuilder()
+    x = b.input((1, 8, 10, 10))
+    dense = b.op("conv2d", [x, b.weight(w(8, 8, 1, 1))])
+    depthwise = b.op("conv2d", [dense.out, b.weight(w(8, 1, 3, 3))],
+                     {"padding": 1, "groups": 8})
+    pairs = b.op("conv2d", [depthwise.out, b.weight(w(8, 2, 3, 3))],
+                 {"padding": 1, "groups": 4})
+    g = b.build([b.op("conv2d", [pairs.out, b.weight(w(8, 8, 3, 3))], {"padding": 1}).out])
+    ks = kernels_of(g)
+    assert [k.family for k in ks] == ["", "conv2d/grouped", "conv2d/grouped", ""]
+    model = CostModel()
+    model.learn({ks[0].signature: (ks[0], 2 * model.estimate(ks[0])),
+                 ks[1].signature: (ks[1], 10 * model.estimate(ks[1]))})
+    assert model.scale["conv2d/grouped"] == 10 and model.scale["conv2d"] in (2, 10)
+    assert model.seconds(ks[2]) == pytest.approx(10 * model.estimate(ks[2]))
+    assert model.seconds(ks[3]) == pytest.approx(model.scale["conv2d"] * model.estimate(ks[3]))
+    # with no grouped convolution measured, the kind's ratio, then every kernel's
+    dense_only = CostModel()
+    dense_only.learn({ks[0].signature: (ks[0], 2 * model.estimate(ks[0]))})
+    assert dense_only.seconds(ks[2]) == pytest.approx(2 * model.estimate(ks[2]))
+
+
 def test_simulation_schedules_by_bottom_level():
     dag = KernelDAG((), (3.0, 1.0, 1.0, 1.0, 2.0), ((), (), (), (), (0, 1, 2, 3)))
     assert dag_cost(dag, "simulated", device=Device(streams=2)) == 5.0

@@ -139,6 +139,42 @@ def test_a_gain_must_exceed_how_far_two_builds_of_the_best_differ():
     assert required_gain(9.3, 10.0) == pytest.approx(0.07)
 
 
+def test_candidates_far_dearer_once_measured_are_not_built(tmp_path, monkeypatch):
+    """A candidate whose cost, with its kernels measured, exceeds the best graph's by more
+    than `MAX_OVERSHOOT` is not built (NASNet-A's regrouped depthwise convolutions: 1.75x
+    the input's cost, 1.9x its time); where a round has only such, the loop searches again
+    with their kernels known instead of stopping."""
+    from paragraph import planner
+    from paragraph.passes.search import Candidate
+
+    graphs = [cell() for _ in range(4)]
+    costs = {id(gr): c for gr, c in zip(graphs, (1.3, 0.9, 1.2, 2.0), strict=True)}
+    cands = [Candidate(costs[id(gr)], gr) for gr in graphs]
+    fresh, dear = planner.worth_building(cands, lambda gr: costs[id(gr)], 1.0, top_k=1)
+    assert [c.cost for c in fresh] == [0.9] and [c.cost for c in dear] == [1.3, 2.0]
+    fresh, dear = planner.worth_building(cands, lambda gr: costs[id(gr)], 1.0, top_k=8)
+    assert [c.cost for c in fresh] == [0.9, 1.2] and [c.cost for c in dear] == [1.3, 2.0]
+
+    real = planner.worth_building
+    rounds: list[int] = []
+
+    def none_in_round_one(candidates, cost, base, top_k):
+        rounds.append(len(candidates))
+        fresh, dear = real(candidates, cost, base, top_k)
+        return ([], [*fresh, *dear]) if len(rounds) == 1 else (fresh, dear)
+
+    monkeypatch.setattr(planner, "worth_building", none_in_round_one)
+    g = cell()
+    lines: list[str] = []
+    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=40),
+                       schedule="sequential", top_k=2, rounds=2, cores=1,
+                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    assert len(rounds) == 2, lines
+    assert any(line.startswith("  round 1:") and "not built" in line for line in lines)
+    assert not any(line.startswith("  round 1:") and "built, best" in line for line in lines)
+    assert_runs_the_model(g, plan)
+
+
 @pytest.mark.parametrize("twin, kept", [(0.99, True), (0.90, False)])
 def test_the_on_board_loop_confirms_a_gain_beside_a_second_build_of_the_best(
         tmp_path, monkeypatch, twin, kept):

@@ -7,7 +7,8 @@ activation, a residual add; element-wise chains fuse with each other; reshapes a
 views). Each kernel has a signature (anchor kind, attributes, input shapes, fused chain); its
 seconds come from a table of measured signatures (`CostModel.measured`, filled by
 `paragraph.tvm_interop.measure` from the cost database) or, failing that, from a roofline
-estimate scaled by how far the measured kernels of the same kind were from theirs.
+estimate scaled by how far the measured kernels of the same kind (grouped convolutions apart
+from dense ones) were from theirs.
 
 Four costs over the kernel DAG (`COSTS`):
 
@@ -64,6 +65,14 @@ class Kernel:
     kind: str  # the anchor's kind
     flops: float
     nbytes: float
+    # a finer class of the kind for scaling estimates ("" for the kind itself): a grouped
+    # convolution runs far below the roofline that dense ones nearly reach
+    family: str = ""
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """What this kernel's estimate is scaled by, most specific first."""
+        return (self.family, self.kind, "*") if self.family else (self.kind, "*")
 
 
 @dataclass(frozen=True)
@@ -204,8 +213,20 @@ def kernels_of(graph: Graph) -> list[Kernel]:
             continue
         moved = float(sum(graph.type_of(r).nbytes for i in ops for r in graph[i].inputs
                           if r.node not in inside)) + parts[-1][2]
-        out.append(Kernel(ops, sig, head.kind, sum(p[1] for p in parts), moved))
+        out.append(Kernel(ops, sig, head.kind, sum(p[1] for p in parts), moved,
+                          _family(head)))
     return out
+
+
+def _family(n: Node) -> str:
+    """The class within ``n``'s kind whose measured/estimated ratio its estimate takes: grouped
+    convolutions apart from dense ones (NASNet-A's depthwise convolutions measured several
+    times their roofline; priced at the dense ones' ratio, a depthwise convolution regrouped
+    into pairs of channels looked 4x cheaper than the depthwise one it replaced and ran 4x
+    slower)."""
+    if n.kind == "conv2d" and n.attrs.get("groups", 1) != 1:
+        return "conv2d/grouped"
+    return ""
 
 
 # ---------------------------------------------------------------------------- the model
@@ -234,13 +255,13 @@ class CostModel:
     def seconds(self, k: Kernel) -> float:
         if k.signature in self.measured:
             return self.measured[k.signature]
-        return self.estimate(k) * self.scale.get(k.kind, self.scale.get("*", 1.0))
+        return self.estimate(k) * _first(self.scale, k.classes)
 
     def seconds_wide(self, k: Kernel) -> float:
         """The kernel's seconds alone on all the device's threads."""
         if k.signature in self.wide:
             return self.wide[k.signature]
-        return self.seconds(k) * self.speedup.get(k.kind, self.speedup.get("*", 1.0))
+        return self.seconds(k) * _first(self.speedup, k.classes)
 
     def learn(self, measured: Mapping[str, tuple[Kernel, float]],
               wide: Mapping[str, float] | None = None) -> None:
@@ -254,9 +275,8 @@ class CostModel:
         gains: dict[str, list[float]] = {}
         for sig, w in self.wide.items():
             if self.measured[sig] > 0:
-                kind = self._kernels[sig].kind
-                gains.setdefault(kind, []).append(w / self.measured[sig])
-                gains.setdefault("*", []).append(w / self.measured[sig])
+                for c in self._kernels[sig].classes:
+                    gains.setdefault(c, []).append(w / self.measured[sig])
         for kind, rs in gains.items():
             rs.sort()
             self.speedup[kind] = rs[len(rs) // 2]
@@ -264,8 +284,8 @@ class CostModel:
         for sig, k in self._kernels.items():
             est = self.estimate(k)
             if est > 0:
-                ratios.setdefault(k.kind, []).append(self.measured[sig] / est)
-                ratios.setdefault("*", []).append(self.measured[sig] / est)
+                for c in k.classes:
+                    ratios.setdefault(c, []).append(self.measured[sig] / est)
         for kind, rs in ratios.items():
             rs.sort()
             self.scale[kind] = rs[len(rs) // 2]
@@ -289,6 +309,11 @@ class CostModel:
     def cost(self, graph: Graph, kind: str = "mixed", alpha: float = ALPHA) -> float:
         """The graph's cost (`COSTS`) in seconds."""
         return dag_cost(self.dag(graph), kind, alpha, self.device)
+
+
+def _first(by_class: Mapping[str, float], classes: Sequence[str]) -> float:
+    """The value of the first of ``classes`` known in ``by_class`` (1 where none is)."""
+    return next((by_class[c] for c in classes if c in by_class), 1.0)
 
 
 def dag_cost(dag: KernelDAG, kind: str = "mixed", alpha: float = ALPHA,
