@@ -23,6 +23,7 @@ def check_kernel_source(kernels: str) -> None:
 KINDS = ("conv2d", "matmul", "bmm", "concat", "softmax", "layer_norm", "max_pool2d",
          "avg_pool2d")
 POOLS = ("max_pool2d", "avg_pool2d")
+CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW2NHWC")
 ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
 
 
@@ -31,7 +32,9 @@ class VendorOp:
     """Everything a vendor call needs besides its tensors; its `name` is the function name."""
 
     kind: str  # conv2d | matmul | bmm | concat | softmax | layer_norm | max/avg_pool2d
-    layout: str = ""  # conv2d: NCHW (weights OIHW) or NHWC (weights OHWI); pools: NHWC
+    # conv2d: NCHW (weights OIHW), NHWC (weights OHWI) or NCHW2NHWC (an NCHW input read where
+    # it lies, weights and output as NHWC's); pools: NHWC
+    layout: str = ""
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, ...] = (0, 0)  # (top, left) if symmetric, else (top, left, bottom, right)
     dilation: tuple[int, int] = (1, 1)
@@ -83,7 +86,7 @@ class VendorOp:
         op = cls(parts[0])
         rest = parts[1:]
         if op.kind == "conv2d":
-            if len(rest) < 5 or rest[0] not in ("NCHW", "NHWC"):
+            if len(rest) < 5 or rest[0] not in CONV_LAYOUTS:
                 raise ParagraphError(f"malformed vendor convolution name {name!r}")
             found = [re.fullmatch(rf"{k}(\d+(?:x\d+)+)", p)
                      for k, p in zip("spd", rest[1:4], strict=True)]

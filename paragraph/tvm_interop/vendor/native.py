@@ -172,7 +172,7 @@ def bind(name: str, args: tuple, threads: int) -> Any:
                                                 threads)
     bias = args[2] if op.bias else None
     if op.kind == "conv2d":
-        if op.layout != "NHWC":
+        if op.layout not in ("NHWC", "NCHW2NHWC"):
             return None
         res = args[2 + op.bias] if op.residual else None
         params = [*op.stride, *op.padding, *op.dilation, op.groups]

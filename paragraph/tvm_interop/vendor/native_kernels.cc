@@ -719,8 +719,46 @@ struct ImplicitConv {
   }
 };
 
+// one row of w NHWC pixels of c channels at d from an NCHW image's row at s (channel planes
+// ``plane`` apart): the model's input read where it lies, as ONNX Runtime's first convolution
+// reorders it, instead of a transpose kernel before the convolution. Three channels (an RGB
+// image) 16 pixels at a time: three loads, interleaved by two-source permutes into 48 floats
+__attribute__((target("avx512f"))) void nhwc_row(float* d, const float* s, int64_t w,
+                                                 int64_t c, int64_t plane) {
+  int64_t j = 0;
+  if (c == 3) {
+    // output float o of a 48-float block is channel o % 3 of pixel o / 3; its index into
+    // the pair (r, g) is pixel + 16 * channel, and b follows in a second permute
+    alignas(64) int32_t i0[16], i1[16], i2[16];
+    alignas(64) int32_t b0[16], b1[16], b2[16];
+    for (int o = 0; o < 48; ++o) {
+      const int pix = o / 3, ch = o % 3, lane = o % 16;
+      int32_t* rg = o < 16 ? i0 : o < 32 ? i1 : i2;
+      int32_t* bl = o < 16 ? b0 : o < 32 ? b1 : b2;
+      rg[lane] = ch < 2 ? pix + 16 * ch : 0;   // r or g from the pair
+      bl[lane] = ch == 2 ? 16 + pix : lane;    // b from the second source, else keep
+    }
+    const __m512i r0 = _mm512_load_si512(i0), r1 = _mm512_load_si512(i1),
+                  r2 = _mm512_load_si512(i2), c0 = _mm512_load_si512(b0),
+                  c1 = _mm512_load_si512(b1), c2 = _mm512_load_si512(b2);
+    for (; j + 16 <= w; j += 16) {
+      const __m512 r = _mm512_loadu_ps(s + j), g = _mm512_loadu_ps(s + plane + j),
+                   b = _mm512_loadu_ps(s + 2 * plane + j);
+      float* o = d + j * 3;
+      _mm512_storeu_ps(o, _mm512_permutex2var_ps(_mm512_permutex2var_ps(r, r0, g), c0, b));
+      _mm512_storeu_ps(o + 16,
+                       _mm512_permutex2var_ps(_mm512_permutex2var_ps(r, r1, g), c1, b));
+      _mm512_storeu_ps(o + 32,
+                       _mm512_permutex2var_ps(_mm512_permutex2var_ps(r, r2, g), c2, b));
+    }
+  }
+  for (; j < w; ++j)
+    for (int64_t k = 0; k < c; ++k) d[j * c + k] = s[k * plane + j];
+}
+
 // the input with zero borders (top, left, bottom, right) in the calling thread's scratch
-// buffer, rows copied over the team; the buffer lives as long as the thread (the stream)
+// buffer, rows copied over the team; the buffer lives as long as the thread (the stream). x is
+// NHWC, contiguous or a view of a contiguous NCHW tensor (reordered as it is copied)
 const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t pb, int64_t pr,
                           int64_t threads) {
   thread_local std::vector<float> scratch;
@@ -729,6 +767,7 @@ const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t p
   if (static_cast<int64_t>(scratch.size()) < n * hp * wp * c) scratch.resize(n * hp * wp * c);
   float* dst = scratch.data();
   const float* src = x.data_ptr<float>();
+  const bool planes = !x.is_contiguous();  // checked by the caller: an NCHW tensor's view
   split_rows(n * hp, n * hp * wp * c * 4, threads, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t img = r / hp, y = r % hp - pt;
@@ -738,11 +777,21 @@ const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t p
         continue;
       }
       std::memset(d, 0, pl * c * 4);
-      std::memcpy(d + pl * c, src + (img * h + y) * w * c, w * c * 4);
+      if (planes) {
+        nhwc_row(d + pl * c, src + img * c * h * w + y * w, w, c, h * w);
+      } else {
+        std::memcpy(d + pl * c, src + (img * h + y) * w * c, w * c * 4);
+      }
       std::memset(d + (pl + w) * c, 0, pr * c * 4);
     }
   });
   return dst;
+}
+
+// x (NHWC sizes) is a view of a contiguous NCHW float32 CPU tensor
+bool nchw_view(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() == 4 &&
+         x.permute({0, 3, 1, 2}).is_contiguous();
 }
 
 // the own convolution's form where the CPU and the tensors allow it (see `ImplicitConv`), else
@@ -753,18 +802,19 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
                              std::array<int64_t, 4> pads, int64_t dh, int64_t dw,
                              const std::string& act, int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
-  if (!__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
-      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != cout ||
-      w_buffer.size(3) != cin || out_buffer.size(0) != x_buffer.size(0) ||
-      (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)) ||
-      out_buffer.numel() == 0 || cin == 0)
+  if (!__builtin_cpu_supports("avx512f") || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
+      !plain_float(out_buffer) || w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
+      w_buffer.size(0) != cout || w_buffer.size(3) != cin ||
+      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
+      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 || cin == 0)
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
   // (cout, kh, kw, cin) is W's (n, k) at n * k + k: one packing shared with the 1x1 GEMM's
   at::Tensor packed = shared_packed(w_buffer, "panels",
                                     [&]() { return pack_panels(w_buffer, cout, k, k, 1); });
   const auto [pt, pl, pb, pr] = pads;
-  const bool padded = pt || pl || pb || pr;
+  // an NCHW input is reordered as it is copied, padding or not
+  const bool padded = pt || pl || pb || pr || !x_buffer.is_contiguous();
   const int64_t hp = x_buffer.size(1) + pt + pb, wp = x_buffer.size(2) + pl + pr;
   ImplicitConv conv{nullptr, packed.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
                     res_buffer ? res_buffer->data_ptr<float>() : nullptr,
@@ -1381,8 +1431,12 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                      ffi::Optional<ffi::Tensor> bias_t, ffi::Optional<ffi::Tensor> res_t,
                      ffi::Array<int64_t> params, ffi::String layout, ffi::String act,
                      int64_t threads) {
-  bool nhwc = std::string(layout) == "NHWC";
+  // NCHW2NHWC: an NCHW input (the model's), the weight and output NHWC as "NHWC"'s; x_buffer
+  // is then the input's NHWC view
+  const bool nchw_in = std::string(layout) == "NCHW2NHWC";
+  const bool nhwc = nchw_in || std::string(layout) == "NHWC";
   at::Tensor out_buffer = to_aten(out_t), x_buffer = to_aten(x_t), w_buffer = to_aten(w_t);
+  if (nchw_in) x_buffer = x_buffer.permute({0, 2, 3, 1});
   at::Tensor out = nhwc ? nchw(out_buffer) : out_buffer;
   at::Tensor x = nhwc ? nchw(x_buffer) : x_buffer;
   at::Tensor w = nhwc ? nchw(w_buffer) : w_buffer;
@@ -1425,7 +1479,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                             pre_pad, a, out_buffer);
   // the key of a timed choice among this convolution's forms of ``family``
   auto key = [&](const std::string& family) {
-    return family + std::to_string(threads) + a + ints(p) +
+    return family + (nchw_in ? "c" : "") + std::to_string(threads) + a + ints(p) +
            shape_key({x_buffer, w_buffer, out_buffer}) + (res ? "r" : "") +
            (res && res_buffer->data_ptr() == out_buffer.data_ptr() ? "i" : "") +
            (bias ? "b" : "");
@@ -1445,7 +1499,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
       if (auto own = own_conv(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                               {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
         std::vector<Form> forms{onednn, *own};
-        if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1)
+        if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1 && !nchw_in)
           for (auto wino : {own_winograd<F2x3, 2>, own_winograd<F4x3, 2>, own_winograd<F2x3, 1>,
                             own_winograd<F4x3, 1>, own_winograd<F2x7, 1>,
                             own_winograd<F2x5, 2>, own_winograd<F3x7, 1>})

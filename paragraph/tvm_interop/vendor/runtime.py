@@ -205,7 +205,9 @@ def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] |
 
 def _conv2d_kernel(op: VendorOp) -> Callable:
     torch = require_torch()
-    to_nchw = (lambda t: t.permute(0, 3, 1, 2)) if op.layout == "NHWC" else (lambda t: t)
+    to_nchw = (lambda t: t.permute(0, 3, 1, 2)) if op.layout != "NCHW" else (lambda t: t)
+    # NCHW2NHWC: the input is NCHW already (oneDNN reorders it inside the convolution)
+    input_nchw = (lambda t: t) if op.layout == "NCHW2NHWC" else to_nchw
     stride, dilation = list(op.stride), list(op.dilation)
     padding = list(op.padding[:2])
     # torch pads symmetrically; TF-style "same" padding (NASNet) is padded first, as a copy
@@ -234,7 +236,7 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
     def bind(*args, threads: int | None = None) -> Callable[[], None]:
         """The call on these tensors, with their torch views made once."""
         ts = [torch.from_dlpack(a) for a in args]
-        x, w, out = to_nchw(ts[0]), to_nchw(ts[1]), to_nchw(ts[-1])
+        x, w, out = input_nchw(ts[0]), to_nchw(ts[1]), to_nchw(ts[-1])
         bias = ts[2] if op.bias else None
         res = to_nchw(ts[2 + op.bias]) if op.residual else None
         zero = _zero_fill(ts[-1])
