@@ -669,8 +669,9 @@ def worth_building(candidates: Sequence[Candidate], cost: Callable[[Graph], floa
     """The ``top_k`` cheapest of ``candidates`` by ``cost`` among those within
     `MAX_OVERSHOOT` of ``base`` (the best graph's cost), and those beyond it (dearest last),
     which are not worth a build."""
-    ranked = sorted(candidates, key=lambda c: cost(c.graph))
-    cheap = sum(1 for c in ranked if cost(c.graph) <= MAX_OVERSHOOT * base)
+    priced = sorted(((cost(c.graph), i) for i, c in enumerate(candidates)))
+    ranked = [candidates[i] for _, i in priced]
+    cheap = sum(1 for c, _ in priced if c <= MAX_OVERSHOOT * base)
     return ranked[:cheap][:top_k], ranked[cheap:]
 
 

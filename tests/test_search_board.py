@@ -130,6 +130,14 @@ def test_the_on_board_loop_builds_in_batches_that_fit_in_memory(tmp_path, monkey
     assert_runs_the_model(g, plan)
 
 
+def taso_on_one_stream(g, tmp_path, lines, seconds, **kwargs):
+    """`search_plan` of ``g`` by TASO's search and sum cost for ``seconds``, planned
+    sequentially on one core with a cost database of the test's own, its log in ``lines``."""
+    return search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum",
+                                                        seconds=seconds),
+                       schedule="sequential", cores=1, db=CostDB(tmp_path / "costs.sqlite"),
+                       log=lines.append, **kwargs)
+
 def test_a_gain_must_exceed_how_far_two_builds_of_the_best_differ():
     from paragraph.planner import MIN_GAIN, required_gain
 
@@ -166,9 +174,7 @@ def test_candidates_far_dearer_once_measured_are_not_built(tmp_path, monkeypatch
     monkeypatch.setattr(planner, "worth_building", none_in_round_one)
     g = cell()
     lines: list[str] = []
-    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=40),
-                       schedule="sequential", top_k=2, rounds=2, cores=1,
-                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    plan = taso_on_one_stream(g, tmp_path, lines, 40, top_k=2, rounds=2)
     assert len(rounds) == 2, lines
     assert any(line.startswith("  round 1:") and "not built" in line for line in lines)
     assert not any(line.startswith("  round 1:") and "built, best" in line for line in lines)
@@ -199,9 +205,7 @@ def test_the_on_board_loop_confirms_a_gain_beside_a_second_build_of_the_best(
     monkeypatch.setattr(planner, "end_to_end", timings)
     g = cell()
     lines: list[str] = []
-    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=30),
-                       schedule="sequential", top_k=2, rounds=1, cores=1,
-                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    plan = taso_on_one_stream(g, tmp_path, lines, 30, top_k=2, rounds=1)
     assert calls[-1] == 3
     applied = plan.report["search"]["applied"]
     if kept:
@@ -230,9 +234,7 @@ def test_without_the_on_board_loop_the_cheapest_graph_is_kept_even_if_slower(tmp
     monkeypatch.setattr(planner, "end_to_end", timings)
     g = cell()
     lines: list[str] = []
-    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=20),
-                       schedule="sequential", top_k=0, cores=1,
-                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    plan = taso_on_one_stream(g, tmp_path, lines, 20, top_k=0)
     report = plan.report["search"]
     assert report["applied"] and report["cost_after_ms"] < report["cost_before_ms"]
     assert report["measured_after_ms"] == pytest.approx(2 * report["measured_before_ms"])
@@ -315,9 +317,7 @@ def test_a_candidate_that_cannot_be_built_is_skipped_and_reported(tmp_path, monk
 
     monkeypatch.setattr(KernelProgram, "build", build)
     lines: list[str] = []
-    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=20),
-                       schedule="sequential", top_k=2, rounds=1, cores=1,
-                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
+    plan = taso_on_one_stream(g, tmp_path, lines, 20, top_k=2, rounds=1)
     report = plan.report["search"]
     assert report["build_failures"] and "fused_x" in report["build_failures"][0]
     assert any("could not be built and is skipped" in line for line in lines)

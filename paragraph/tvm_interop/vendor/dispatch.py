@@ -97,8 +97,10 @@ class _Rewriter:
         # in the model than the transpose kernel, 1% end to end), nor a larger input, which
         # keeps the NHWC forms (Winograd, the depthwise form) that read a contiguous NHWC
         # tensor
+        w_shape = _shape(w)
+        few = w_shape is not None and w_shape[3] <= 4  # OHWI: the input channels
         nchw = self._nchw_source(x) if layout == "NHWC" and op.groups == 1 and any(pad) \
-            and (_shape(w) or (0, 0, 0, 99))[3] <= 4 else None
+            and few else None
         if nchw is not None:  # the model's NCHW input, reordered inside the convolution
             op, x = replace(op, layout="NCHW2NHWC"), nchw
         return _vendor_call(op, [x, w], call.ty)
@@ -293,24 +295,30 @@ class _Rewriter:
                 _dtype(call):
             return call
         axis = int(call.attrs.axis) % len(shape)
-        x, scale = call.args[0], 1.0
         # an attention's 1 / sqrt(d) before it, read by nothing else: absorbed, which saves a
         # TVM kernel (and, on two threads, waking the vendor team after it)
-        for name in ("relax.multiply", "relax.divide"):
-            scaled = self._single(x, name)
-            orders = [] if scaled is None else (
-                [scaled.args, scaled.args[::-1]] if name == "relax.multiply" else [scaled.args])
-            for y, c in orders:
-                value = _scalar(c)
-                if (value is not None and value != 0.0 and np.isfinite(value)
-                        and _shape(y) == shape and _dtype(y) == _dtype(call)
-                        and _dtype(c) == _dtype(call)):
-                    x, scale = y, value if name == "relax.multiply" else 1.0 / value
-                    break
-            if scale != 1.0:
-                break
+        x, scale = self._scaled(call.args[0], shape, _dtype(call)) or (call.args[0], 1.0)
         return _vendor_call(VendorOp("softmax", axis=axis, scale=float(np.float32(scale))),
                             [x], call.ty)
+
+    def _scaled(self, expr: relax.Expr, shape: tuple[int, ...], dtype: str
+                ) -> tuple[relax.Expr, float] | None:
+        """``(y, s)`` where ``expr`` (read once) is ``y`` times or over a finite nonzero
+        scalar constant (``s`` the factor), ``y`` of ``shape`` and ``dtype``; else None."""
+        candidates: list[tuple[relax.Expr, relax.Expr, bool]] = []
+        product = self._single(expr, "relax.multiply")
+        if product is not None:
+            a, b = product.args
+            candidates += [(a, b, False), (b, a, False)]
+        quotient = self._single(expr, "relax.divide")
+        if quotient is not None:
+            candidates.append((*quotient.args, True))
+        for y, c, divide in candidates:
+            value = _scalar(c)
+            if (value is not None and value != 0.0 and np.isfinite(value)
+                    and _shape(y) == shape and _dtype(y) == dtype and _dtype(c) == dtype):
+                return y, 1.0 / value if divide else value
+        return None
 
     # -- layer norm
     def layer_norm(self, call: relax.Call) -> relax.Expr:
