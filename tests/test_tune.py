@@ -12,6 +12,7 @@ import numpy as np
 import tvm_ffi
 
 from paragraph import models
+from paragraph.cli import main
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.tune import MIN_GAIN
@@ -25,8 +26,17 @@ from paragraph.tvm_interop.tuning_db import (
 )
 from paragraph.tvm_interop.vm import run_vm
 
-TUNE = [sys.executable, "-m", "paragraph", "tune", "squeezenet1_1", "--reduced",
-        "--trials", "2", "--max-tasks", "2"]
+ARGS = ["tune", "squeezenet1_1", "--reduced", "--trials", "2", "--max-tasks", "2"]
+TUNE = [sys.executable, "-m", "paragraph", *ARGS]
+
+
+def _tune(capsys, *args: str) -> tuple[int, str]:
+    """``paragraph tune`` in this process: MetaSchedule's first TuneContext imports every
+    tensor intrinsic (~25 s on 2 cores), so the tuning tests pay that once, not per run."""
+    capsys.readouterr()
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
 
 
 def _tune_until_first_task(work: Path) -> list[str]:
@@ -45,7 +55,7 @@ def _tune_until_first_task(work: Path) -> list[str]:
     return lines
 
 
-def test_tuning_resumes_after_a_kill(tmp_path):
+def test_tuning_resumes_after_a_kill(tmp_path, capsys):
     work = tmp_path / "tuning"
     first = _tune_until_first_task(work)
     assert any("[1/2]" in line and "done in" in line for line in first), "\n".join(first)
@@ -54,10 +64,8 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     # a kill can also tear the record being appended: the resumed run drops that line
     with open(work / RECORDS, "a") as f:
         f.write('[0, [[["GetSBlock", [], ["pad')
-    rerun = subprocess.run([*TUNE, "--work-dir", str(work)], capture_output=True, text=True,
-                           timeout=900)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    out = rerun.stdout
+    code, out = _tune(capsys, *ARGS, "--work-dir", str(work))
+    assert code == 0, out
     assert "dropping a torn line" in out
     assert "[1/2]" in out and "already has" in out and "skipping" in out
     assert "[2/2]" in out and "tuning 2 trials" in out
@@ -87,10 +95,9 @@ def test_tuning_resumes_after_a_kill(tmp_path):
         json.loads(line)  # every record line is whole again
 
     # a third run has nothing left to do
-    again = subprocess.run([*TUNE, "--work-dir", str(work)], capture_output=True, text=True,
-                           timeout=600)
-    assert again.returncode == 0 and again.stdout.count("skipping") == 2, again.stdout
-    assert "timing the model" not in again.stdout  # nor a model check already measured
+    code, again = _tune(capsys, *ARGS, "--work-dir", str(work))
+    assert code == 0 and again.count("skipping") == 2, again
+    assert "timing the model" not in again  # nor a model check already measured
 
     # --tuning-db applies the records of the kernels whose tuned form measured faster, and
     # only those: the tuned kernels change, the others and the outputs do not
@@ -119,14 +126,12 @@ def test_tuning_resumes_after_a_kill(tmp_path):
     assert tuning_id(work) != all_applied
 
 
-def test_tune_with_a_search_tunes_the_searched_graph_and_the_original(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "paragraph", "tune", "squeezenet1_1",
-                          "--reduced", "--trials", "1", "--max-tasks", "1", "--search", "greedy",
-                          "--search-budget", "5", "--top-k", "1", "--work-dir",
-                          str(tmp_path / "w"), "--json", str(tmp_path / "t.json")],
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout + run.stderr
-    out = run.stdout
+def test_tune_with_a_search_tunes_the_searched_graph_and_the_original(tmp_path, capsys):
+    code, out = _tune(capsys, "tune", "squeezenet1_1", "--reduced", "--trials", "1",
+                      "--max-tasks", "1", "--search", "greedy", "--search-budget", "5",
+                      "--top-k", "1", "--work-dir", str(tmp_path / "w"),
+                      "--json", str(tmp_path / "t.json"))
+    assert code == 0, out
     assert "greedy substitution search" in out
     assert "as the greedy search rewrote it (tvm kernels)" in out
     assert out.count("tuned kernels in the model") == 2
