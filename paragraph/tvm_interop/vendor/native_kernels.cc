@@ -589,11 +589,7 @@ struct PackedGemm {
     // (with all of K at once, BERT's 64 x 4096 rows, a 512 KB panel and the next one filled
     // the 2 MB L2)
     const int64_t tiles = (m1 - m0 + kMR - 1) / kMR;
-    // all of K at once where c would hold partial sums over its residual, and for one row
-    // block (a classifier's single row): nothing of a to keep in L2, and the panels then
-    // stream through memory in order, not in 128 KB pieces a panel apart (ResNet-50's
-    // 1 x 2048 x 1000 product, weights cold: 363 against 379 us on one thread)
-    const int64_t share = res == c || tiles == 1 ? k : kKC;
+    const int64_t share = res == c ? k : kKC;  // c would hold partial sums over its residual
     for (int64_t k0 = 0; k0 < k; k0 += share) {
       const int64_t kc = std::min(share, k - k0);
       for (int64_t p = p0; p < p1; ++p) {
