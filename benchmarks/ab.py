@@ -138,6 +138,12 @@ def main() -> None:
         print(msg, flush=True)
 
     text = base_source(args.base)
+    root = Path(__file__).resolve().parent.parent
+    if not native.SOURCE.resolve().is_relative_to(root):
+        # an editable install of another checkout (a fresh clone's) would make "work" that
+        # checkout's kernels: an A/A run of another revision, reported as this tree's
+        raise SystemExit(f"paragraph is imported from {native.SOURCE.parents[3]}, not from this "
+                         f"checkout ({root}): reinstall it here (pip install --no-deps -e .)")
     work_text = native.SOURCE.read_bytes()
     if native.module() is None:
         raise SystemExit(f"the C++ vendor kernels are unavailable: {native.reason()}")
