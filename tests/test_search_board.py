@@ -138,6 +138,7 @@ def taso_on_one_stream(g, tmp_path, lines, seconds, **kwargs):
                        schedule="sequential", cores=1, db=CostDB(tmp_path / "costs.sqlite"),
                        log=lines.append, **kwargs)
 
+
 def test_a_gain_must_exceed_how_far_two_builds_of_the_best_differ():
     from paragraph.planner import MIN_GAIN, required_gain
 

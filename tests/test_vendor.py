@@ -1130,8 +1130,8 @@ def test_native_softmax_forms_agree_with_torch(threads, shape, axis, form, scale
     (20, 2500, 64, "in place", "relu"),  # K in three shares, the residual written over
     (26, 2100, 96, "own", ""),             # K in three shares, a panel split on two threads
     (30, 40, 96, "", "relu"),              # three panels by three row tiles: a panel split
-    (1, 2500, 40, "", "relu"),             # one row, a large weight: all of K at once (GEMV)
-    (9, 2100, 48, "own", ""),              # one row tile, K whole, a residual
+    (1, 2500, 40, "", "relu"),             # one row (a classifier's), K in three shares
+    (9, 2100, 48, "own", ""),              # one row tile, K in three shares, a residual
 ])
 def test_native_gemm_forms_agree_with_torch(threads, rows, k, n, residual, act):
     """A 1x1 convolution's three C++ forms (oneDNN's, MKL's, paragraph's own packed GEMM with
