@@ -41,6 +41,25 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _cpu_id() -> str | None:
+    """Vendor, family, model and stepping from /proc/cpuinfo: "AMD EPYC" names several
+    generations whose kernels time differently (family 26 is Zen 5)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return None
+    if "vendor_id" not in fields:
+        return None
+    return (f"{fields['vendor_id']} family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')} stepping {fields.get('stepping', '?')}")
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -57,6 +76,7 @@ def describe_machine() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": _cpu_model(),
+        "cpu_id": _cpu_id(),
         "cores": cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
