@@ -838,6 +838,12 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
   });
 }
 
+// the Winograd forms at -O3, whose transforms loop over small arrays of vectors (at -O2 GCC
+// kept the softmax's such loops rolled, its vectors on the stack: 1.5x the time) (with -O3 here, in one process with the same forms:
+// Inception-v3 1.075x on one thread and 1.073x on two, ResNet-50 1.025x and 1.013x; the whole
+// file at -O3 ran NASNet-A mobile 4% slower on one thread)
+#pragma GCC push_options
+#pragma GCC optimize("O3")
 // paragraph's own stride-1 convolutions by Winograd's minimal filtering on NHWC float32
 // buffers: out = act(conv + bias + res). For a 3x3 kernel, F(m x m, 3x3): each m x m block of
 // output pixels (a tile) comes from an a x a patch of the input (a = m + 2): the patch is
@@ -1306,6 +1312,8 @@ c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor&
   });
 }
 #endif
+
+#pragma GCC pop_options
 
 #ifdef PARAGRAPH_AVX512
 // paragraph's own depthwise convolution (groups = input = output channels) on NHWC float32
