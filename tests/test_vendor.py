@@ -1195,6 +1195,41 @@ def test_native_linear_forms_agree_with_torch(threads, rows, act):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("k", "n", "bias", "act"), [
+    (2050, 1000, True, ""),    # a classifier's: K not of four rows, N not of whole vectors
+    (2048, 40, False, "relu"),
+    (30, 17, True, "relu"),    # too few rows to share between threads
+])
+def test_the_one_row_product_streams_the_weight(threads, k, n, bias, act):
+    """The own one-row product (form 3: the weight streamed front to back, each thread summing
+    its share of the rows, the shares added at the end) equals torch's on every call, with and
+    without a bias; the own GEMM (form 2) as well."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(k + n)
+    a, w, b = (torch.randn(*s, generator=gen) for s in ((1, 1, k), (k, n), (n,)))
+    want = a @ w + (b if bias else 0)
+    want = torch.relu(want) if act == "relu" else want
+    key = f"linear{threads}{act}(1,{k},)({k},{n},)" + ("b" if bias else "")
+    for form in (2, 3):
+        module["paragraph_vendor_choose_form"](key, form)
+        out = torch.empty(1, 1, n)
+        args = (out, a, w, b) if bias else (out, a, w)
+        fn = module["paragraph_vendor_linear"](*(tvm_ffi.from_dlpack(t) for t in args),
+                                               *(() if bias else (None,)), act, threads)
+        for _ in range(25):  # past the trials: a form that did not exist would be replaced
+            out.fill_(float("nan"))
+            fn()
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        assert f"{key}={form}" in [str(c) for c in module["paragraph_vendor_chosen_forms"]()]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("shapes", "axis", "act", "dtype"), [
     ([(1, 35, 35, 64), (1, 35, 35, 96), (1, 35, 35, 32)], 3, "", torch.float32),  # Inception's
     ([(1, 17, 17, 192), (1, 17, 17, 192)], 3, "relu", torch.float32),

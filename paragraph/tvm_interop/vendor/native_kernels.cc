@@ -1547,6 +1547,97 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
 }
 
 // (..., K) @ W (K, N) with a constant W, optional bias and activation, on TVM's buffers
+#ifdef PARAGRAPH_AVX512
+// acc[0, n) += a[k0, k1) @ w[k0:k1, 0:n) (w row-major, n wide): w read once, front to back,
+// four rows per pass over acc (which stays in L1), so that the weight streams from memory in
+// the order the hardware prefetchers follow best
+__attribute__((target("avx512f"))) void gemv_share(const float* a, const float* w, int64_t n,
+                                                   int64_t k0, int64_t k1, float* acc) {
+  const int64_t whole = n / 16 * 16;
+  const __mmask16 tail = tail_mask(n - whole);
+  int64_t k = k0;
+  for (; k + 4 <= k1; k += 4) {
+    const __m512 a0 = _mm512_set1_ps(a[k]), a1 = _mm512_set1_ps(a[k + 1]);
+    const __m512 a2 = _mm512_set1_ps(a[k + 2]), a3 = _mm512_set1_ps(a[k + 3]);
+    const float* w0 = w + k * n;
+    const float *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+    for (int64_t j = 0; j < whole; j += 16) {
+      __m512 s = _mm512_loadu_ps(acc + j);
+      s = _mm512_fmadd_ps(a0, _mm512_loadu_ps(w0 + j), s);
+      s = _mm512_fmadd_ps(a1, _mm512_loadu_ps(w1 + j), s);
+      s = _mm512_fmadd_ps(a2, _mm512_loadu_ps(w2 + j), s);
+      s = _mm512_fmadd_ps(a3, _mm512_loadu_ps(w3 + j), s);
+      _mm512_storeu_ps(acc + j, s);
+    }
+    if (tail) {
+      __m512 s = _mm512_maskz_loadu_ps(tail, acc + whole);
+      s = _mm512_fmadd_ps(a0, _mm512_maskz_loadu_ps(tail, w0 + whole), s);
+      s = _mm512_fmadd_ps(a1, _mm512_maskz_loadu_ps(tail, w1 + whole), s);
+      s = _mm512_fmadd_ps(a2, _mm512_maskz_loadu_ps(tail, w2 + whole), s);
+      s = _mm512_fmadd_ps(a3, _mm512_maskz_loadu_ps(tail, w3 + whole), s);
+      _mm512_mask_storeu_ps(acc + whole, tail, s);
+    }
+  }
+  for (; k < k1; ++k) {
+    const __m512 ak = _mm512_set1_ps(a[k]);
+    const float* wk = w + k * n;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 m = tail_mask(n - j);
+      _mm512_mask_storeu_ps(acc + j, m, _mm512_fmadd_ps(ak, _mm512_maskz_loadu_ps(m, wk + j),
+                                                        _mm512_maskz_loadu_ps(m, acc + j)));
+    }
+  }
+}
+
+// o += each of the parts (n floats each, one after another), then relu where asked
+__attribute__((target("avx512f"))) void gemv_finish(float* o, const float* parts, int64_t count,
+                                                    int64_t n, bool relu) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = tail_mask(n - j);
+    __m512 v = _mm512_maskz_loadu_ps(m, o + j);
+    for (int64_t t = 0; t < count; ++t)
+      v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, parts + t * n + j));
+    _mm512_mask_storeu_ps(o + j, m, relu ? relu_keep_nan(v) : v);
+  }
+}
+
+// the own one-row product out = act(a @ w + bias) for a (1, K) row and a contiguous (K, N)
+// weight (a classifier's): the weight, cold in a model (Inception-v3's 8 MB), streamed front to
+// back (`gemv_share`) rather than in the GEMM's panels; on two threads each streams its half of
+// the rows of w into its own sums, added at the end
+c10::optional<Form> own_gemv(const at::Tensor& out2, const at::Tensor& rows, const at::Tensor& w,
+                             const c10::optional<at::Tensor>& bias, const std::string& act,
+                             int64_t threads) {
+  if (!__builtin_cpu_supports("avx512f") || rows.size(0) != 1 || !plain_float(w) ||
+      !rows.is_contiguous() || rows.scalar_type() != at::kFloat || !plain_float(out2) ||
+      (bias && !plain_float(*bias)) || (act != "" && act != "relu"))
+    return c10::nullopt;
+  const int64_t k = w.size(0), n = w.size(1);
+  auto scratch = std::make_shared<std::vector<float>>(n * std::max<int64_t>(threads - 1, 0));
+  return Form([out2, rows, w, bias, act, threads, k, n, scratch]() {
+    const float* a = rows.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    float* o = out2.data_ptr<float>();
+    const float* b = bias ? bias->data_ptr<float>() : nullptr;
+    const int64_t team = k >= 64 * threads ? threads : 1;
+    int64_t used = 1;  // the threads OpenMP gave: their sums are added
+    parallel(team, [&](int64_t t, int64_t nt) {
+      if (t == 0) used = nt;
+      float* acc = t == 0 ? o : scratch->data() + (t - 1) * n;
+      if (t == 0 && b)
+        std::memcpy(acc, b, n * sizeof(float));
+      else
+        std::memset(acc, 0, n * sizeof(float));
+      // shares of whole groups of four rows
+      const int64_t groups = (k + 3) / 4;
+      gemv_share(a, wp, n, std::min(k, groups * t / nt * 4), std::min(k, groups * (t + 1) / nt * 4),
+                 acc);
+    });
+    gemv_finish(o, scratch->data(), used - 1, n, act == "relu");
+  });
+}
+#endif
+
 ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
                      ffi::Optional<ffi::Tensor> bias_t, ffi::String act, int64_t threads) {
   at::Tensor out = to_aten(out_t), a = to_aten(a_t), w = to_aten(w_t);
@@ -1582,6 +1673,7 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
     if (auto own = packed_gemm(out2, rows, w, 1, n, bias, c10::nullopt, act_s, threads))
       forms.push_back(*own);
   }
+  if (auto own = own_gemv(out2, rows, w, bias, act_s, threads)) forms.push_back(*own);
 #endif
   return fastest_of(std::move(forms),
                     "linear" + std::to_string(threads) + act_s + shape_key({rows, w}) +
