@@ -1233,6 +1233,8 @@ def test_the_one_row_product_streams_the_weight(threads, k, n, bias, act):
 @pytest.mark.parametrize(("shapes", "axis", "act", "dtype"), [
     ([(1, 35, 35, 64), (1, 35, 35, 96), (1, 35, 35, 32)], 3, "", torch.float32),  # Inception's
     ([(1, 17, 17, 192), (1, 17, 17, 192)], 3, "relu", torch.float32),
+    ([(1, 9, 9, 11), (1, 9, 9, 11), (1, 9, 9, 22)], 3, "relu", torch.float32),  # NASNet's
+    ([(1, 6, 6, 17), (1, 6, 6, 40)], 3, "", torch.float32),  # whole vectors and tails
     ([(2, 3, 5), (2, 1, 5), (2, 4, 5)], 1, "", torch.float32),  # along a middle axis
     ([(3, 4), (5, 4)], 0, "relu", torch.float32),               # one row: whole parts
     ([(1, 9, 9, 7), (1, 9, 9, 1)], 3, "", torch.int64),         # another element size
