@@ -1268,6 +1268,30 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
         torch.testing.assert_close(out, want, equal_nan=True, rtol=0, atol=0)
 
 
+def test_the_own_concat_holds_its_buffers_once_chosen():
+    """The own concat holds its output and parts alive as long as the function: once it is
+    chosen the other forms are dropped (PyTorch's had held them), and a caller that kept the
+    function but not its output had the copies write freed memory (heap corruption in a script
+    that did). The freed buffer's memory, allocated again and filled, must stay untouched."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    parts = [torch.full((1, 40, 40, 11), -1.0), torch.full((1, 40, 40, 22), 2.0)]
+    key = "concat1relu3(1,40,40,11,)(1,40,40,22,)(1,40,40,33,)"
+    module["paragraph_vendor_choose_form"](key, 1)  # the own form, chosen before any call
+    fn = module["paragraph_vendor_concat"](tvm_ffi.from_dlpack(torch.empty(1, 40, 40, 33)),
+                                           [tvm_ffi.from_dlpack(p) for p in parts], 3, "relu",
+                                           1)
+    fn()  # chooses: the other form, and what it held, dropped
+    reused = [torch.full((1, 40, 40, 33), 7.0) for _ in range(8)]
+    fn()
+    assert all(bool((t == 7.0).all()) for t in reused)
+
+
 def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual, act, threads,
                        gen, equal_nan=False, layout="NHWC"):
     """``paragraph_vendor_conv2d`` bound to NHWC ``x`` (given as an NCHW tensor where

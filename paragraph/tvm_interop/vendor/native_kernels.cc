@@ -1795,6 +1795,11 @@ c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, in
   }
   if (row * outer != out.numel() * esize) return c10::nullopt;
   char* dst = static_cast<char*>(out.data_ptr());
+  // the tensors held as long as the form: the forms not chosen are dropped (`keep_chosen`),
+  // and with them PyTorch's, which had held them; a caller that kept the function but not
+  // its buffers had the copies write freed memory
+  parts.push_back(out);
+  auto held = std::make_shared<const std::vector<at::Tensor>>(std::move(parts));
 #ifdef PARAGRAPH_AVX512
   if (out.scalar_type() == at::kFloat && __builtin_cpu_supports("avx512f")) {
     std::vector<const float*> fparts;
@@ -1805,6 +1810,7 @@ c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, in
     }
     float* fdst = reinterpret_cast<float*>(dst);
     return Form([=]() {
+      (void)held;
       split_rows(outer, row * outer, threads, [&](int64_t r0, int64_t r1) {
         concat_rows_avx512(fdst, fparts, counts, row / 4, relu, r0, r1);
       });
@@ -1812,6 +1818,7 @@ c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, in
   }
 #endif
   return Form([=]() {
+    (void)held;
     auto rows = [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         char* d = dst + r * row;
