@@ -838,10 +838,11 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
   });
 }
 
-// the Winograd forms at -O3, whose transforms loop over small arrays of vectors (at -O2 GCC
-// kept the softmax's such loops rolled, its vectors on the stack: 1.5x the time) (with -O3 here, in one process with the same forms:
-// Inception-v3 1.075x on one thread and 1.073x on two, ResNet-50 1.025x and 1.013x; the whole
-// file at -O3 ran NASNet-A mobile 4% slower on one thread)
+// the Winograd forms at -O3: their transforms loop over small arrays of vectors, which GCC
+// at -O2 may keep rolled with the vectors on the stack (the softmax's such loops took 1.5x the
+// time). In one process with the same forms: Inception-v3 1.075x on one thread and 1.073x on
+// two, ResNet-50 1.025x and 1.013x; the whole file at -O3 ran NASNet-A mobile 4% slower on one
+// thread, so only this part
 #pragma GCC push_options
 #pragma GCC optimize("O3")
 // paragraph's own stride-1 convolutions by Winograd's minimal filtering on NHWC float32
@@ -1717,23 +1718,9 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   });
 }
 
-// dst = relu(src) over n floats in one pass; NaN stays NaN, as in torch's relu. A scalar
-// loop here, compiled without AVX, ran 10x slower than PyTorch's cat and relu together.
-#ifdef PARAGRAPH_AVX512
-__attribute__((target("avx512f"))) void copy_relu_avx512(float* dst, const float* src,
-                                                         int64_t n) {
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = tail_mask(n - j);
-    _mm512_mask_storeu_ps(dst + j, m, relu_keep_nan(_mm512_maskz_loadu_ps(m, src + j)));
-  }
-}
-#endif
-
+// dst = relu(src) over n floats in one pass; NaN stays NaN, as in torch's relu: the concat's
+// copy where the CPU has no AVX-512 (with it, `concat_rows_avx512` copies float parts)
 void copy_relu(float* dst, const float* src, int64_t n) {
-#ifdef PARAGRAPH_AVX512
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) return copy_relu_avx512(dst, src, n);
-#endif
   for (int64_t j = 0; j < n; ++j) dst[j] = src[j] < 0.f ? 0.f : src[j];
 }
 
