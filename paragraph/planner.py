@@ -709,6 +709,34 @@ def _cheapest(graph: Graph, start: Plan, rules: Sequence[AnyRule], cost: Callabl
     return plan, chosen.graph, chosen.applied, first_s, best_s, 2
 
 
+def _signature_meter(target: Any, kernels: str, db: CostDB, tuning_db: str | None,
+                     threads: int, remote: Remote | None) -> SignatureMeter:
+    """The search's meter: on a CPU each kernel is timed on one thread and on ``threads`` (the
+    costs price both); a GPU kernel has the device either way."""
+    on_cpu = resolve_target(target).kind.name == "llvm"
+    return SignatureMeter(target, kernels, db, tuning_db, threads=threads if on_cpu else 1,
+                          remote=remote)
+
+
+def measure_signatures(graph: Graph, target: Any, *, kernels: str = "tvm",
+                       tuning_db: str | None = None, cores: int | None = None,
+                       db: CostDB | None = None, log: Log | None = None) -> int:
+    """Measure and cache in ``db`` every kernel signature of ``graph`` that `search_plan`
+    would price it by (its first step, inside its budget), and return how many were new: a
+    search that follows starts with its input's kernels known, as on a machine whose cost
+    database has seen the model (the search benchmark warms each model once this way, so no
+    configuration's budget goes on measuring what every configuration shares)."""
+    own_db = db is None
+    db = CostDB() if db is None else db
+    try:
+        meter = _signature_meter(target, kernels, db, tuning_db, cores or cpu_count(), None)
+        meter.seconds(graph, kernels_of(graph), progress=log)
+        return meter.measured
+    finally:
+        if own_db:
+            db.close()
+
+
 def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOptions(),
                 schedule: str = "critical-path", kernels: str = "tvm",
                 tuning_db: str | None = None, top_k: int = 20, rounds: int = 4,
@@ -760,11 +788,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
         threads = cores or (cpu_count() if remote is None else remote.cores)
         model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=threads))
         cost = cost_function(model, options.cost)
-        # on a CPU each kernel is timed on one thread and on all (streams, or one at a time
-        # with every core: the costs price both); a GPU kernel has the device either way
-        on_cpu = resolve_target(target).kind.name == "llvm"
-        meter = SignatureMeter(target, kernels, db, tuning_db, threads=threads if on_cpu else 1,
-                               remote=remote)
+        meter = _signature_meter(target, kernels, db, tuning_db, threads, remote)
 
         def learn(g: Graph) -> None:
             new = [k for k in kernels_of(g) if k.signature not in model.measured]

@@ -10,7 +10,7 @@ from paragraph.interpret import run_graph
 from paragraph.passes.cost import VIEWS, kernels_of
 from paragraph.passes.schedule import sequential
 from paragraph.passes.search import SearchOptions, extract
-from paragraph.planner import search_plan
+from paragraph.planner import measure_signatures, search_plan
 from paragraph.tvm_interop.executor import make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import CostDB, kernel_costs
@@ -39,6 +39,18 @@ def cell(c=8, hw=8):
     p, q = (b.op("avg_pool2d", [x], pool).out for _ in range(2))
     outs.append(b.op("add", [p, q]).out)
     return b.build([b.op("concat", outs, {"axis": 1}).out])
+
+
+def test_measure_signatures_warms_what_a_search_prices(tmp_path):
+    """`measure_signatures` measures the kernels a search prices its input by, on the threads
+    the search times them on, so the search that follows measures none of them again."""
+    g = cell()
+    db = CostDB(tmp_path / "costs.sqlite")
+    n = measure_signatures(g, "llvm", kernels="tvm", cores=2, db=db)
+    assert n == len({k.signature for k in kernels_of(g) if k.kind not in VIEWS})
+    assert measure_signatures(g, "llvm", kernels="tvm", cores=2, db=db) == 0
+    meter = SignatureMeter("llvm", "tvm", db, threads=2)
+    assert all(meter.cached(k) is not None for k in kernels_of(g) if k.kind not in VIEWS)
 
 
 def test_signatures_are_measured_once_and_then_read_from_the_cost_database(tmp_path):

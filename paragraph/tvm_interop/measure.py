@@ -5,7 +5,8 @@
   warm-ups, then repeats, median. `time_kernel` times one kernel with its runs back to back in
   one dispatch, so the hand-off to a worker (about 30 us on a CPU) is not part of its cost;
   `time_in_sequence` times every kernel where it runs in a 1-thread run of the whole model
-  (what `kernel_costs` caches); `measure_handoff` times that hand-off itself.
+  (what `kernel_costs` caches; on a GPU `CUDAExecutor.kernel_seconds` times them between
+  events in one CUDA Graph replay); `measure_handoff` times that hand-off itself.
 * `CostDB` is an SQLite file (``~/.cache/paragraph/costs.sqlite``, or ``$PARAGRAPH_CACHE_DIR``)
   keyed by target, kernel structural hash, tuning database and kernel source (plus a free-form
   configuration such as a thread count or a stage signature). Every write is one transaction;
@@ -187,6 +188,7 @@ SAMPLE_SECONDS = 1e-3  # `time_kernel` repeats a short kernel in one dispatch up
 # (`threads.on_caller`): multi-thread vendor kernels 45-80 us less each; v4: a program with
 # vendor kernels warmed up `SETTLE_RUNS` times first
 IN_SEQUENCE = "in-sequence/v4"
+IN_GRAPH = "in-graph/v1"  # a GPU kernel's time between events in one graph replay
 # calls before a vendor kernel runs only its chosen form: the C++ vendor kernels time each of
 # their forms (up to four: a 3x3 or 1x7 convolution's oneDNN, implicit GEMM and two Winograd
 # forms) in their first five calls per new shape, then keep the fastest. A kernel timed within
@@ -228,13 +230,13 @@ def time_kernel(step: Step, *, threads: int = 1, repeat: int = 10, warmup: int =
 
 
 def time_in_sequence(steps: Sequence[Step], *, threads: int = 1, repeat: int = 10,
-                     warmup: int = 2, sync: Callable[[], object] | None = None
-                     ) -> list[Timing]:
-    """Seconds of each of ``steps`` where it runs: all of them in order on one worker,
-    ``repeat`` times, each step timed on its own (``sync`` after each, on an asynchronous
-    device). This is what a kernel costs inside its model, with its weights as cold and its
-    inputs as warm as in a run: on inception_v3 the same kernels repeated alone added up to
-    8% less than the sequence took (hot caches), timed one dispatch each 5% more."""
+                     warmup: int = 2) -> list[Timing]:
+    """Seconds of each of ``steps`` where it runs on a CPU: all of them in order on one
+    worker, ``repeat`` times, each step timed on its own (a GPU's kernels are timed by
+    `CUDAExecutor.kernel_seconds`). This is what a kernel costs inside its model, with its
+    weights as cold and its inputs as warm as in a run: on inception_v3 the same kernels
+    repeated alone added up to 8% less than the sequence took (hot caches), timed one
+    dispatch each 5% more."""
     if repeat < 1:
         raise ParagraphError(f"repeat must be at least 1, got {repeat}")
     samples = np.zeros((warmup + repeat, len(steps)))
@@ -248,8 +250,6 @@ def time_in_sequence(steps: Sequence[Step], *, threads: int = 1, repeat: int = 1
                     continue
                 start = clock()
                 st.fn(*st.args)
-                if sync is not None:
-                    sync()
                 row[i] = clock() - start
 
     on_workers([run], [threads])
@@ -373,7 +373,9 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
     threads = threads or executor.schedule.threads[0]
     kernels = [k for k in executor.schedule.kernels if graph[k].kind == "kernel"]
     costs: dict[int, float] = dict.fromkeys(executor.schedule.kernels, 0.0)
-    keys = {k: kernel_key(target, graph[k], tuning, threads, IN_SEQUENCE) for k in kernels}
+    on_cpu = program.target.kind.name == "llvm"
+    protocol = IN_SEQUENCE if on_cpu else IN_GRAPH
+    keys = {k: kernel_key(target, graph[k], tuning, threads, protocol) for k in kernels}
     cached = {k: db.get(keys[k]) if db is not None else None for k in kernels}
     if not measure and None in cached.values():
         peaks = measure_cpu_peaks(db, target)
@@ -384,13 +386,13 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
             print(f"  timing {len(kernels)} kernels in model order, {repeat} runs ...",
                   flush=True)
         order = [k for k in graph.topological_order() if k in keys]
-        on_cpu = program.target.kind.name == "llvm"
-        # vendor kernels bound for ``threads``: the executor's may be for another count
-        steps = executor.steps_at(threads) if on_cpu else executor.steps
         with LoadWatch() as watch:
-            timings = time_in_sequence([steps[k] for k in order], threads=threads,
-                                       repeat=repeat, warmup=warmup,
-                                       sync=None if on_cpu else program.device.sync)
+            if on_cpu:  # vendor kernels bound for ``threads``: the executor's may be for another
+                steps = executor.steps_at(threads)
+                timings = time_in_sequence([steps[k] for k in order], threads=threads,
+                                           repeat=repeat, warmup=warmup)
+            else:  # GPU time under a graph replay, not the host's launch and sync
+                timings = executor.kernel_seconds(order, repeat=repeat, warmup=warmup)
         pooled: dict[CostKey, list[float]] = {}  # a kernel used twice: one cost, both runs
         for k, timing in zip(order, timings, strict=True):
             if cached[k] is None:  # a cached cost stays: costs are measured once

@@ -27,10 +27,10 @@ onnxruntime.__version__, torch.cuda.is_available())"; } >> "$log" 2>&1
       --models inception_v3,nasnet_a_mobile --json "$out/gpu-executor.json"
     step "${2:-320}" search python3 benchmarks/search.py --target cuda \
       --models "${3:-nasnet_a_mobile,inception_v3,resnext50_32x4d}" \
-      --budget 15 --top-k 2 --repeat 10 --json "$out/gpu-search.json" ;;
+      --budget 15 --top-k 2 --blocks 5 --json "$out/gpu-search.json" ;;
   search)  # more models for the GPU search table: checks.sh search SECONDS MODELS
     step "${2:-300}" search python3 benchmarks/search.py --target cuda --models "$3" \
-      --budget 15 --top-k 2 --repeat 10 --json "$out/gpu-search-more.json" ;;
+      --budget 15 --top-k 2 --blocks 5 --json "$out/gpu-search-more.json" ;;
   cpu)
     step "${2:-240}" peers python3 benchmarks/peers.py --models inception_v3,nasnet_a_mobile,randwire \
       --blocks 5 --json "$out/peers-cpu-16core.json" ;;
