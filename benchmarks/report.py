@@ -179,7 +179,9 @@ def search_table(r: dict) -> list[str]:
         for n in names:
             x = rows.get(n)
             if x is None:
-                cells.append("-")
+                skipped = n in m.get("skipped_for_time", []) or (
+                    n == "taso+sequential" and "taso+best" in m.get("skipped_for_time", []))
+                cells.append("skipped (time limit)" if skipped else "-")
                 continue
             same = f"= {x['same_as']}; " if "same_as" in x else ""
             extra = (f" ({same}{x['search_s']:.0f} s / {x['candidates_built']})"

@@ -29,10 +29,12 @@ onnxruntime.__version__, torch.cuda.is_available())"; } >> "$log" 2>&1
     # (NASNet-A mobile's 113 in ~45 s), five searches of 20 s and their loops, the timing
     step "${2:-320}" search python3 benchmarks/search.py --target cuda \
       --models "${3:-nasnet_a_mobile}" \
-      --budget 20 --top-k 2 --blocks 5 --json "$out/gpu-search.json" ;;
+      --budget 20 --top-k 2 --blocks 5 --time-limit $(( ${2:-320} - 25 )) \
+      --json "$out/gpu-search.json" ;;
   search)  # more models for the GPU search table: checks.sh search SECONDS MODELS
     step "${2:-300}" search python3 benchmarks/search.py --target cuda --models "$3" \
-      --budget 20 --top-k 2 --blocks 5 --json "$out/gpu-search-more.json" ;;
+      --budget 20 --top-k 2 --blocks 5 --time-limit $(( ${2:-300} - 25 )) \
+      --json "$out/gpu-search-more.json" ;;
   cpu)
     step "${2:-240}" peers python3 benchmarks/peers.py --models inception_v3,nasnet_a_mobile,randwire \
       --blocks 5 --json "$out/peers-cpu-16core.json" ;;
