@@ -190,11 +190,14 @@ def layer_norm_after_residual(bb, x):
     y = bb.emit(relax.op.matmul(x, const(16, 16)))
     ln = bb.emit(relax.op.nn.layer_norm(bb.emit(relax.op.add(y, x)), const(16), const(16),
                                         axes=[-1], epsilon=1e-12))
-    # a constant added before the norm stays a TVM kernel (only a tensor's add is absorbed);
-    # a norm over another axis stays with TVM
+    # a broadcast constant added before the norm stays a TVM kernel; one of the whole shape
+    # (an encoder's position embeddings) is absorbed; a norm over another axis stays with TVM
     shifted = bb.emit(relax.op.add(ln, const(16)))
     ln2 = bb.emit(relax.op.nn.layer_norm(shifted, const(16), const(16), axes=[-1]))
-    return bb.emit(relax.op.nn.layer_norm(ln2, const(4), const(4), axes=[0]))
+    embedded = bb.emit(relax.op.add(ln2, const(4, 16)))
+    ln3 = bb.emit(relax.op.nn.layer_norm(embedded, const(16), const(16), axes=[-1],
+                                         epsilon=1e-6))
+    return bb.emit(relax.op.nn.layer_norm(ln3, const(4), const(4), axes=[0]))
 
 
 OTHERS = {
@@ -206,7 +209,8 @@ OTHERS = {
     "softmax_divided": (softmax_after_scaled_scores("divide"),
                         ["bmm", "softmax.a2.x-0p5", "softmax.a2", "softmax.a1"]),
     "layer_norm": (module((4, 16), layer_norm_after_residual),
-                   ["matmul", "layer_norm.e1e-12.res", "layer_norm.e1e-05"]),
+                   ["matmul", "layer_norm.e1e-12.res", "layer_norm.e1e-05",
+                    "layer_norm.e1e-06.res"]),
 }
 
 CONCATS = {
