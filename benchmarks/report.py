@@ -192,17 +192,17 @@ def search_table(r: dict) -> list[str]:
                          else f" ({same}the graph of {shared})")
             cells.append(f"{x['median_ms']:.2f}{extra}")
         flag = " (contended)" if m.get("contended") else ""
-        if "kernel_costs" in m:  # a file merged from runs with their own settings
+        if "kernel_cost_protocol" in m:  # a file merged from runs with their own settings
             flag += (f" ({m['date'][:10]}, {m['budget_s']:.0f} s / top-k {m['top_k']}, "
-                     f"{'host-timed' if 'host clock' in m['kernel_costs'] else 'GPU-time'} "
-                     "kernel costs)")
+                     f"{'host-timed' if m['kernel_cost_protocol'] == 'host-sync' else 'GPU-time'}"
+                     " kernel costs)")
         # the parallel searches that ran the fastest row's very program (kept their input)
         fastest = " = ".join([m["fastest"], *(c for c in m.get("tied_with_fastest", [])
                                                  if c in ("autograph+best", "simulated+best"))])
         lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {fastest} |")
     for f in r.get("failed", []):
         lines.append(f"| {f['model']} | failed: {f['error'][:100]} |" + " |" * len(names))
-    if any("kernel_costs" in m for m in r["models"]):
+    if any("kernel_cost_protocol" in m for m in r["models"]):
         lines += ["", "Settings differ by row (the model cell says each row's date, budget, "
                   "top-k and kernel costs); the header's are the first row's."]
     return lines
