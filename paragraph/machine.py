@@ -14,15 +14,20 @@ from typing import Any
 
 from paragraph.version import __version__
 
+_PROCESS_CPUS: list[frozenset[int]] = []
+
 
 def process_cpus() -> frozenset[int]:
     """The CPUs this process may run on: the main thread's affinity mask (which respects
-    ``taskset`` and container CPU sets; paragraph binds only its own worker threads, so asking
-    the calling thread could give a worker's one core)."""
-    try:
-        return frozenset(os.sched_getaffinity(os.getpid()))
-    except AttributeError:  # not on Linux
-        return frozenset(range(os.cpu_count() or 1))
+    ``taskset`` and container CPU sets) when first asked, at paragraph's import. Read once:
+    a one-stream run binds its calling thread, the main thread too, to one core for the run
+    (`paragraph.tvm_interop.threads.stream_teams`), and asked then the mask is that core."""
+    if not _PROCESS_CPUS:
+        try:
+            _PROCESS_CPUS.append(frozenset(os.sched_getaffinity(os.getpid())))
+        except AttributeError:  # not on Linux
+            _PROCESS_CPUS.append(frozenset(range(os.cpu_count() or 1)))
+    return _PROCESS_CPUS[0]
 
 
 def cpu_count() -> int:

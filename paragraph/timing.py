@@ -67,6 +67,21 @@ class Config:
                 "runs": len(self.samples), **self.info}
 
 
+def time_after_pauses(configs: Sequence[Config], blocks: int, block: int = 10,
+                      pause_s: float = 0.05) -> None:
+    """As a server with requests now and then sees them: ``blocks`` rounds in which each
+    configuration runs ``block`` times, each run timed after ``pause_s`` idle (threads that
+    went to sleep must be woken, caches were left to others), configurations alternating by
+    block. Appends to each ``samples``."""
+    for _ in range(blocks):
+        for c in configs:
+            for _ in range(block):
+                time.sleep(pause_s)
+                start = time.perf_counter()
+                c.run()
+                c.samples.append(time.perf_counter() - start)
+
+
 def time_round_robin(configs: Sequence[Config], repeat: int, warmup: int = 2, settle: int = 1,
                      progress: Callable[[int], None] | None = None) -> None:
     """Warm every configuration up, then time ``repeat`` rounds of one run each, after

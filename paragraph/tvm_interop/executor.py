@@ -17,7 +17,9 @@
   threads fit the cores) or, without a C++ compiler, in Python (waits on ``threading.Event``;
   TVM releases the GIL inside kernels). Vendor kernels bound in Python take the GIL.
   While the streams' threads fit the cores, each worker is bound to cores of its own for the
-  run (`stream_cores`; ``PARAGRAPH_PIN=0`` turns that off).
+  run (`stream_cores`; ``PARAGRAPH_PIN=0`` turns that off), and a stream of several threads
+  binds its OpenMP team one thread per core of its own (`stream_teams`): unbound, after a pause
+  the OS often put a run's caller and its OpenMP worker on one core, and kept them there.
 * CUDA: one stream per schedule stream, a persistent event per cross-stream producer, and the
   whole run captured once into a CUDA Graph (fork from the capture stream, join at the end,
   Opara section B7) and replayed with inputs copied into static buffers; ``use_cuda_graph=False``
@@ -58,6 +60,7 @@ from paragraph.tvm_interop.threads import (
     pinned,
     release_workers,
     stream_cores,
+    stream_teams,
 )
 from paragraph.tvm_interop.vendor import native as native_vendor
 from paragraph.tvm_interop.vendor import runtime as vendor
@@ -234,6 +237,16 @@ class _Base:
 
 
 # ---------------------------------------------------------------------------- CPU
+_bound = threading.local()  # .team: the cores this thread's OpenMP team is bound to
+
+
+def _bind_team(team: list[int]) -> None:
+    """Bind the calling thread's OpenMP team to ``team`` (`stream_teams`), once per thread
+    and team: the binding outlives the run (the caller's own is undone by `pinned`)."""
+    if getattr(_bound, "team", None) != team and native_vendor.bind_team(team):
+        _bound.team = team
+
+
 class CPUExecutor(_Base):
     """Worker threads over streams; see the module docstring."""
 
@@ -257,6 +270,7 @@ class CPUExecutor(_Base):
         self._workers = acquire_workers(schedule.num_streams - self._on_caller)
         self._done = [threading.Event() for _ in range(schedule.num_streams)]
         self.cores = stream_cores(schedule.threads)  # per stream, or None: unbound
+        self.teams = stream_teams(schedule.threads)  # per stream, or None: OpenMP unbound
 
     def _native_program(self) -> _native.StreamProgram | None:
         """The streams for the native runner (None without it). Waits spin only while the
@@ -322,7 +336,11 @@ class CPUExecutor(_Base):
         try:
             # after sizing the pool: TVM gives the calling thread every core when it does
             config_threads(self.schedule.threads[s])
-            with pinned(None if self.cores is None else self.cores[s]):
+            team = None if self.teams is None else self.teams[s]
+            with pinned(frozenset(team[:1]) if team else
+                        None if self.cores is None else self.cores[s]):
+                if team:
+                    _bind_team(team)
                 if self.native is None:
                     self.run_stream(s)
                 else:

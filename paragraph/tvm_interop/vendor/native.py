@@ -101,6 +101,17 @@ def module() -> Any:
         return _state["module"]
 
 
+def bind_team(cpus: list[int]) -> bool:
+    """Bind the calling thread's OpenMP team (its torch and C++ vendor kernels' threads) one
+    thread per CPU of ``cpus``, this thread on the first; False where the C++ kernels are
+    unavailable (nothing bound)."""
+    m = module()
+    if m is None:
+        return False
+    m["paragraph_vendor_bind_team"](cpus)
+    return True
+
+
 def reason() -> str | None:
     """Why `module` returned None (None when it is available or not tried yet)."""
     return _state.get("reason")

@@ -31,6 +31,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <array>
@@ -2253,8 +2255,31 @@ void ChooseForm(ffi::String key, int64_t index) {
   chosen_forms[std::string(key)] = static_cast<int>(index);
 }
 
+// Bind the calling thread's OpenMP team (the one its torch, oneDNN and own-GEMM regions use) one
+// thread per CPU of ``cpus``, the caller on the first (`threads.stream_teams`): unbound, after a
+// pause the OS often woke the worker on the caller's core and kept the two there.
+void BindTeam(ffi::Array<int64_t> cpus) {
+  std::vector<int> cores;
+  for (int64_t c : cpus) cores.push_back(static_cast<int>(c));
+  if (cores.empty()) return;
+  auto bind = [&cores](int i) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cores[static_cast<size_t>(i) % cores.size()], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  };
+  use_threads(static_cast<int64_t>(cores.size()));
+#ifdef _OPENMP
+#pragma omp parallel num_threads(static_cast<int>(cores.size()))
+  bind(omp_get_thread_num());
+#else
+  bind(0);
+#endif
+}
+
 }  // namespace
 
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_bind_team, BindTeam);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_choose_form, ChooseForm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_chosen_forms, ChosenForms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_packed_keys, PackedKeys);
