@@ -159,6 +159,26 @@ def peers_table(r: dict) -> list[str]:
     return lines
 
 
+def serving_table(r: dict) -> list[str]:
+    lines = [f"Serving, each run after {r['pause_ms']:g} ms idle against back to back, side by "
+             f"side in one process ({r['kernels']} kernels, critical-path; {r['blocks']} "
+             f"alternating blocks of {r['block']} runs, median ms with p10-p90; {_dates(r)}; "
+             "`benchmarks/serving.py`):", "",
+             "| model | ONNX Runtime back to back | paragraph back to back | vs ORT | "
+             "ONNX Runtime after a pause | paragraph after a pause | vs ORT |",
+             "|---|---|---|---|---|---|---|"]
+    for m in r["models"]:
+        cells = []
+        for kind in ("back_to_back", "after_pause"):
+            rows = {x["config"]: x for x in m[kind]}
+            cells += [f"{rows[n]['median_ms']:.1f} ({rows[n]['p10_ms']:.1f}-"
+                      f"{rows[n]['p90_ms']:.1f})" for n in ("onnxruntime", "paragraph")]
+            cells.append(f"{rows['paragraph']['speed_vs_onnxruntime']:.2f}x")
+        flag = " (contended)" if m.get("contended") else ""
+        lines.append(f"| {m['model']}{flag} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def search_table(r: dict) -> list[str]:
     names = ["tvm_vm", "none+sequential", "none+best", "greedy+best", "taso+sequential",
              "taso+best", "taso+loop+best", "autograph+best", "simulated+best"]
@@ -217,6 +237,7 @@ def main() -> None:
                         ("peers-cpu.json", peers_table),
                         # the same benchmark on another 2-core host (an Intel Xeon VM)
                         ("peers-cpu-xeon.json", peers_table),
+                        ("serving-cpu.json", serving_table),
                         ("search-cpu.json", search_table),
                         ("search-cpu-xeon.json", search_table),
                         # the lent GPU machine's runs (`tools/gpu/checks.sh`)
