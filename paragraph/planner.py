@@ -25,7 +25,8 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from types import MappingProxyType
@@ -112,6 +113,19 @@ class Plan:
         object.__setattr__(self, "report", MappingProxyType(dict(self.report)))
 
 
+@contextmanager
+def _opened(db: CostDB | None) -> Iterator[CostDB]:
+    """``db``, or the default cost database opened for the block and closed after it."""
+    if db is not None:
+        yield db
+        return
+    own = CostDB()
+    try:
+        yield own
+    finally:
+        own.close()
+
+
 def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | None = None,
                   db: CostDB | None = None, tuning_db: str | None = None,
                   cores: int | None = None, log: Log | None = None, split: bool = True,
@@ -126,9 +140,7 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
     check_schedule(name)
     if name not in ("critical-path", "ios", *IOS_SCHEDULES):
         return Plan(program, make_schedule(name, program.graph, cores=cores))
-    own_db = db is None
-    db = CostDB() if db is None else db
-    try:
+    with _opened(db) as db:
         if name == "critical-path":
             return _critical_path(program, db, tuning_db, cores, log, split, remote)
         options = options or IOSOptions()
@@ -136,9 +148,6 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
             options = replace(options, mode=name[len("ios-"):])
         plan = plan_ios(program, replace(options, cores=options.cores or cores), db=db,
                         tuning_db=tuning_db, log=log, remote=remote)
-    finally:
-        if own_db:
-            db.close()
     if log is not None:
         log(f"  IOS: {plan.report['search']}")
     return plan
@@ -726,15 +735,10 @@ def measure_signatures(graph: Graph, target: Any, *, kernels: str = "tvm",
     search that follows starts with its input's kernels known, as on a machine whose cost
     database has seen the model (the search benchmark warms each model once this way, so no
     configuration's budget goes on measuring what every configuration shares)."""
-    own_db = db is None
-    db = CostDB() if db is None else db
-    try:
+    with _opened(db) as db:
         meter = _signature_meter(target, kernels, db, tuning_db, cores or cpu_count(), None)
         meter.seconds(graph, kernels_of(graph), progress=log)
         return meter.measured
-    finally:
-        if own_db:
-            db.close()
 
 
 def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOptions(),
@@ -780,9 +784,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     say = log or (lambda _m: None)
     began = time.perf_counter()
     deadline = time.monotonic() + options.seconds
-    own_db = db is None
-    db = CostDB() if db is None else db
-    try:
+    with _opened(db) as db:
         rules = default_library().for_search() if rules is None else _checked(rules)
         peaks = measure_cpu_peaks(db, str(target) if remote is None else "cpu")
         threads = cores or (cpu_count() if remote is None else remote.cores)
@@ -961,6 +963,3 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             "kernels_priced_by_measurement": len(model.measured),
             "kernels_measured_now": meter.measured, "seconds": time.perf_counter() - began}}
         return Plan(best.program, best.schedule, report, graph=best_graph)
-    finally:
-        if own_db:
-            db.close()
