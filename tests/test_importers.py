@@ -388,3 +388,23 @@ def test_importers_import_without_torch_and_onnx():
             "import paragraph.tvm_interop.importers")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_prepare_gives_take_the_clip_mode_so_no_kernel_reads_out_of_bounds():
+    """TVM lowers ``take`` in "fast" mode without a bounds check (and warns at every such
+    kernel, constant folding's included); prepared, it clamps, and ids in range read the
+    same rows."""
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType((1, 5), "int64"))
+    table = np.arange(24, dtype="float32").reshape(6, 4)
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.take(relax.const(table), ids, axis=0))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get())
+    modes = [b.value.attrs.mode for b in mod["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.take"]
+    assert modes == ["clip"]
+    x = np.array([[0, 5, 2, 2, 1]], dtype="int64")
+    got = run_vm(mod, x)
+    np.testing.assert_array_equal(got, table[x])

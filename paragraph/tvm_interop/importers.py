@@ -58,12 +58,15 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
 
     Decomposes batch norm for inference, binds ``main``'s weight parameters when the module
     carries their values (the frontends' ``params`` attribute; parameters without values stay
-    inputs), folds constant subexpressions, canonicalises bindings and removes dead code. Raises
-    `UnsupportedModelError` naming the variable or construct when ``main`` is not one dataflow
-    block over static tensor shapes (symbolic dimensions, control flow, several blocks).
+    inputs), gives ``take`` (an embedding's Gather) the "clip" mode where it has "fast"
+    (`_ClipTake`), folds constant subexpressions, canonicalises bindings and removes dead
+    code. Raises `UnsupportedModelError` naming the variable or construct when ``main`` is not
+    one dataflow block over static tensor shapes (symbolic dimensions, control flow, several
+    blocks).
     """
     _require_main(mod)
     mod = _bind_weight_params(mod)
+    mod = _ClipTake(mod).transform()
     mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = _fold_constants(mod)
     mod = relax.transform.CanonicalizeBindings()(mod)
@@ -336,6 +339,32 @@ def _check_supported(mod: tvm.IRModule) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+@relax.expr_functor.mutator
+class _ClipTake(relax.PyExprMutator):
+    """``relax.take`` in "clip" mode where it is in "fast": TVM's fast mode reads an index out
+    of range without a check (a segfault or a wrong answer, and a warning from TVM for every
+    such kernel it builds, constant folding's included). paragraph refuses such inputs before
+    a run (`paragraph.inputs.check_index_ranges`); the clamp is a guard behind that check, so
+    an index in range reads the same."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.mod_ = mod
+
+    def transform(self) -> tvm.IRModule:
+        for gv, func in self.mod_.functions_items():
+            if isinstance(func, relax.Function):
+                self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
+        call = self.visit_expr_post_order(call)
+        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take"
+                and call.attrs.mode == "fast"):
+            return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
+        return call
 
 
 # ---------------------------------------------------------------------------- constant folding
