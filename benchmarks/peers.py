@@ -47,17 +47,14 @@ from kernels import to_onnx  # noqa: E402  (benchmarks/ is on the path when run 
 
 from paragraph import models  # noqa: E402
 from paragraph.bench import (  # noqa: E402
-    each_model,
+    bench_models,
     executor_config,
-    kept_models,
     settle_and_time_in_blocks,
     vm_config,
 )
-from paragraph.files import atomic_write_json  # noqa: E402
 from paragraph.machine import (  # noqa: E402
     cpu_contention,
     cpu_count,
-    describe_machine,
     is_contended,
     wait_for_quiet_cores,
 )
@@ -477,23 +474,11 @@ def main() -> None:
         print(msg, flush=True)
 
     db = CostDB(Path(tempfile.mkdtemp(prefix="paragraph-peers-")) / "costs.sqlite")
-    load_before = os.getloadavg()
-    names = args.models.split(",")
-    kept = kept_models(out, names) if args.merge else []
-    order = {n: i for i, n in enumerate(MODELS)}
-    def write(results: list[dict], failed: list[dict]) -> None:
-        atomic_write_json(out, {"benchmark": "peers", "machine": describe_machine(),
-                                "blocks": args.blocks, "block": args.block,
-                                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
-                                "load_average_before": load_before,
-                                "load_average": os.getloadavg(),
-                                "models": sorted(kept + results,
-                                                 key=lambda r: order.get(r["model"], 99)),
-                                "failed": failed})
-        log(f"wrote {out}")
-
-    each_model(names, lambda m: bench_model(m, args, db, log), write, log)
+    bench_models(args.models.split(","), lambda m: bench_model(m, args, db, log), out,
+                 {"benchmark": "peers", "blocks": args.blocks, "block": args.block,
+                  "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                  "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")},
+                 merge=args.merge, log=log, order=MODELS)
 
 
 if __name__ == "__main__":

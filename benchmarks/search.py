@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import tempfile
 import time
@@ -41,17 +40,14 @@ from pathlib import Path
 
 from paragraph import models
 from paragraph.bench import (
+    bench_models,
     check_outputs,
-    each_model,
     executor_config,
-    kept_models,
     settle_and_time_in_blocks,
     vm_config,
 )
-from paragraph.files import atomic_write_json
 from paragraph.machine import (
     cpu_contention,
-    describe_machine,
     is_contended,
     wait_for_quiet_cores,
 )
@@ -223,21 +219,11 @@ def main() -> None:
         print(msg, flush=True)
 
     db = CostDB(Path(tempfile.mkdtemp(prefix="paragraph-search-")) / "costs.sqlite")
-    load_before = os.getloadavg()
-    names = args.models.split(",")
-    kept = kept_models(out, names) if args.merge else []
-    def write(results: list[dict], failed: list[dict]) -> None:
-        atomic_write_json(out, {"benchmark": "search", "kernels": args.kernels,
-                                "target": args.target, "machine": describe_machine(),
-                                "timing": "blocks", "blocks": args.blocks, "block": args.block,
-                                "budget_s": args.budget,
-                                "top_k": args.top_k, "reduced": args.reduced,
-                                "load_average_before": load_before,
-                                "load_average": os.getloadavg(), "models": kept + results,
-                                "failed": failed})
-        log(f"wrote {out}")
-
-    each_model(names, lambda m: bench_model(m, args, db, log), write, log)
+    bench_models(args.models.split(","), lambda m: bench_model(m, args, db, log), out,
+                 {"benchmark": "search", "kernels": args.kernels, "target": args.target,
+                  "timing": "blocks", "blocks": args.blocks, "block": args.block,
+                  "budget_s": args.budget, "top_k": args.top_k, "reduced": args.reduced},
+                 merge=args.merge, log=log)
 
 
 if __name__ == "__main__":

@@ -32,11 +32,9 @@ from pathlib import Path  # noqa: E402
 
 from peers import TOLERANCE, model_and_onnx, ort_config  # noqa: E402  (benchmarks/ on the path)
 
-from paragraph.bench import each_model, executor_config, kept_models  # noqa: E402
-from paragraph.files import atomic_write_json  # noqa: E402
+from paragraph.bench import bench_models, executor_config  # noqa: E402
 from paragraph.machine import (  # noqa: E402
     cpu_contention,
-    describe_machine,
     is_contended,
     wait_for_quiet_cores,
 )
@@ -107,8 +105,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     return {"model": name, "reduced": args.reduced, "schedule": plan.schedule.name,
             "streams": plan.schedule.num_streams, "threads": list(plan.schedule.threads),
             "pause_ms": args.pause_ms, **results,
-            "contention_before": before, "contention_after": after, "contended": contended,
-            "date": describe_machine()["date"], "load_average": os.getloadavg()}
+            "contention_before": before, "contention_after": after, "contended": contended}
 
 
 def main() -> None:
@@ -129,24 +126,11 @@ def main() -> None:
         print(msg, flush=True)
 
     db = CostDB(Path(tempfile.mkdtemp(prefix="paragraph-serving-")) / "costs.sqlite")
-    load_before = os.getloadavg()
-    names = args.models.split(",")
-    kept = kept_models(out, names) if args.merge else []
-    order = {n: i for i, n in enumerate(MODELS)}
-
-    def write(results: list[dict], failed: list[dict]) -> None:
-        atomic_write_json(out, {"benchmark": "serving", "machine": describe_machine(),
-                                "kernels": "vendor", "blocks": args.blocks,
-                                "block": args.block, "pause_ms": args.pause_ms,
-                                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
-                                "load_average_before": load_before,
-                                "load_average": os.getloadavg(),
-                                "models": sorted(kept + results,
-                                                 key=lambda r: order.get(r["model"], 99)),
-                                "failed": failed})
-        log(f"wrote {out}")
-
-    each_model(names, lambda m: bench_model(m, args, db, log), write, log)
+    bench_models(args.models.split(","), lambda m: bench_model(m, args, db, log), out,
+                 {"benchmark": "serving", "kernels": "vendor", "blocks": args.blocks,
+                  "block": args.block, "pause_ms": args.pause_ms,
+                  "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")},
+                 merge=args.merge, log=log, order=MODELS)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 
 from paragraph.errors import ParagraphError
+from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.outputs import max_difference
 from paragraph.passes.ios import IOSOptions
@@ -199,6 +200,30 @@ def each_model(names: Sequence[str], bench_one: Callable[[str], dict],
     if failed:
         raise SystemExit(f"{len(failed)} model(s) failed: "
                          f"{', '.join(f['model'] for f in failed)}")
+
+
+def bench_models(names: Sequence[str], bench_one: Callable[[str], dict], out: str,
+                 header: dict, *, merge: bool, log: Callable[[str], None],
+                 order: Sequence[str] = ()) -> None:
+    """`each_model` over ``names``, the results written to ``out`` atomically after each
+    model: ``header``, the machine, the load average before and now, the models' rows (with
+    ``merge``, an earlier file's rows for models not rerun kept beside them, `kept_models`;
+    in the order of ``order`` where given) and the failed ones."""
+    kept = kept_models(out, names) if merge else []
+    load_before = os.getloadavg()
+    rank = {n: i for i, n in enumerate(order)}
+
+    def write(rows: list[dict], failed: list[dict]) -> None:
+        models = kept + rows
+        if rank:
+            models = sorted(models, key=lambda r: rank.get(r["model"], len(rank)))
+        atomic_write_json(out, {**header, "machine": describe_machine(),
+                                "load_average_before": load_before,
+                                "load_average": os.getloadavg(), "models": models,
+                                "failed": failed})
+        log(f"wrote {out}")
+
+    each_model(names, bench_one, write, log)
 
 
 def kept_models(path: str | os.PathLike, rerun: Sequence[str]) -> list[dict]:
