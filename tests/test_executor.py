@@ -449,16 +449,21 @@ def _worker_affinities() -> list[frozenset[int]]:
         release_workers(workers)
 
 
-@needs_two_cores
-def test_streams_run_on_cores_of_their_own(stream_runner):
-    seen = []
-
+def probed_program(seen: list[frozenset[int]]):
+    """`packed_program` whose packed kernel appends the affinity of the thread that runs it
+    to ``seen``."""
     def probe(x, out):
         seen.append(frozenset(os.sched_getaffinity(0)))
         out.copyfrom(x.numpy())
 
     tvm_ffi.register_global_func("paragraph_test.probe_cores", probe, override=True)
-    program = packed_program("paragraph_test.probe_cores")
+    return packed_program("paragraph_test.probe_cores")
+
+
+@needs_two_cores
+def test_streams_run_on_cores_of_their_own(stream_runner):
+    seen: list[frozenset[int]] = []
+    program = probed_program(seen)
     g = program.graph
     s = Schedule.build(g, make_schedule("nimble", g).streams, threads=1)
     assert s.num_streams == 2
@@ -483,14 +488,8 @@ def test_one_stream_on_every_core_binds_its_openmp_team_one_thread_per_core(stre
     if native_vendor.module() is None:
         pytest.skip(f"no C++ vendor kernels: {native_vendor.reason()}")
     cores = sorted(process_cpus())
-    seen = []
-
-    def probe(x, out):
-        seen.append(frozenset(os.sched_getaffinity(0)))
-        out.copyfrom(x.numpy())
-
-    tvm_ffi.register_global_func("paragraph_test.probe_team", probe, override=True)
-    program = packed_program("paragraph_test.probe_team")
+    seen: list[frozenset[int]] = []
+    program = probed_program(seen)
     g = program.graph
     s = Schedule.build(g, make_schedule("sequential", g).streams, threads=len(cores))
     with CPUExecutor(program, s) as ex:

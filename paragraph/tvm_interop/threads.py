@@ -92,7 +92,7 @@ def stream_teams(threads: Sequence[int]) -> list[list[int] | None] | None:
     BERT encoder ran 5.5-6 ms a request instead of 0.9, ResNet-50 22-38 ms instead of 16."""
     if os.environ.get(PIN_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
         return None
-    if on_caller(threads) and threads[0] >= 2 and threads[0] == cpu_count():
+    if on_caller(threads) and threads[0] == cpu_count() >= 2:
         return [sorted(process_cpus())]
     cores = stream_cores(threads)
     if cores is None:
