@@ -228,6 +228,25 @@ def search_table(r: dict) -> list[str]:
     return lines
 
 
+def regroup_table(r: dict) -> list[str]:
+    """ResNeXt-50's grouped convolutions regrouped or split (`benchmarks/regroup.py`)."""
+    rows: dict[str, dict[str, float]] = {}
+    for c in r["configs"]:
+        if " / " in c["config"]:
+            variant, schedule = c["config"].split(" / ")
+            rows.setdefault(variant, {})[schedule] = c["median_ms"]
+    base = rows["32 groups (input)"]["sequential"]
+    lines = [f"ResNeXt-50's 32-group convolutions rewritten as TASO and AutoGraph did on a GPU "
+             f"({r['kernels']} kernels, median of {r['blocks']} alternating blocks of "
+             f"{r['block']} runs, {_date(r)}; `benchmarks/regroup.py`), ms:", "",
+             "| variant | 2 threads (vs input) | 1 thread | critical-path |", "|---|---|---|---|"]
+    for variant, t in rows.items():
+        cp = f"{t['critical-path']:.2f}" if "critical-path" in t else "-"
+        lines.append(f"| {variant} | {t['sequential']:.2f} ({base / t['sequential']:.2f}x) | "
+                     f"{t['sequential, 1 thread']:.2f} | {cp} |")
+    return lines
+
+
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
     out: list[str] = []
@@ -239,6 +258,7 @@ def main() -> None:
                         ("peers-cpu-xeon.json", peers_table),
                         ("serving-cpu.json", serving_table),
                         ("search-cpu.json", search_table),
+                        ("regroup-cpu.json", regroup_table),
                         ("search-cpu-xeon.json", search_table),
                         # the lent GPU machine's runs (`tools/gpu/checks.sh`)
                         ("gpu-h100-executor.json", gpu_executor_table),
