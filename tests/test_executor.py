@@ -473,7 +473,11 @@ def test_streams_run_on_cores_of_their_own(stream_runner):
         assert ex.cores is not None and not ex.cores[0] & ex.cores[1]
         ex.run(np.ones((4, 8), "float32"))
         assert seen == [ex.cores[probe_stream]]
-    # pooled workers get every core back for the next executor or measurement
+        # between runs each stream's worker sleeps bound to its core, so that the OS wakes it
+        # there (unbound, it was often woken beside the stream that woke it, and waited)
+        assert [frozenset(os.sched_getaffinity(w.thread.native_id))
+                for w in ex._workers] == ex.cores
+    # a task that asks for no cores gets every core back (the next executor, a measurement)
     assert set(_worker_affinities()) == {process_cpus()}
 
 

@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from types import FrameType
@@ -310,7 +310,7 @@ class CPUExecutor(_Base):
                     self._interrupts.clear()
                     raise KeyboardInterrupt
             for s, w in enumerate(self._workers, start=int(self._on_caller)):
-                w.submit(partial(self._stream_task, s, self._done[s]))
+                w.submit(partial(self._stream_task, s, self._done[s]), self._binding(s))
             for done in self._done:
                 while not done.wait(0.05):  # short waits keep Ctrl+C responsive
                     pass
@@ -332,13 +332,21 @@ class CPUExecutor(_Base):
                                  f"{type(exc).__name__}: {exc}") from exc
         return self.outputs(copy_outputs)
 
+    def _binding(self, s: int) -> frozenset[int] | None:
+        """The cores stream ``s``'s thread is bound to: its team's first where its OpenMP
+        team is bound, else its own (None: unbound)."""
+        team = None if self.teams is None else self.teams[s]
+        return frozenset(team[:1]) if team else None if self.cores is None else self.cores[s]
+
     def _stream_task(self, s: int, done: threading.Event) -> None:
         try:
             # after sizing the pool: TVM gives the calling thread every core when it does
             config_threads(self.schedule.threads[s])
             team = None if self.teams is None else self.teams[s]
-            with pinned(frozenset(team[:1]) if team else
-                        None if self.cores is None else self.cores[s]):
+            # a worker was bound as it took the task (`Worker.submit`), and stays bound; the
+            # caller only for the run
+            on_caller_thread = s == 0 and self._on_caller
+            with pinned(self._binding(s)) if on_caller_thread else nullcontext():
                 if team:
                     _bind_team(team)
                 if self.native is None:
