@@ -47,8 +47,10 @@ from kernels import to_onnx  # noqa: E402  (benchmarks/ is on the path when run 
 
 from paragraph import models  # noqa: E402
 from paragraph.bench import (  # noqa: E402
+    add_results_options,
     bench_models,
     executor_config,
+    results_path,
     settle_and_time_in_blocks,
     vm_config,
 )
@@ -463,12 +465,9 @@ def main() -> None:
                         help="also time the graph this substitution search picks")
     parser.add_argument("--search-budget", type=float, default=120.0)
     parser.add_argument("--top-k", type=int, default=4)
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the models of an existing --json file that this run does "
-                             "not time (each model records its own date and load)")
+    add_results_options(parser)
     args = parser.parse_args()
-    out = args.json or f"benchmarks/results/peers-cpu{'-reduced' * args.reduced}.json"
+    out = results_path(args, "peers-cpu")
 
     def log(msg: str) -> None:
         print(msg, flush=True)

@@ -40,9 +40,11 @@ from pathlib import Path
 
 from paragraph import models
 from paragraph.bench import (
+    add_results_options,
     bench_models,
     check_outputs,
     executor_config,
+    results_path,
     settle_and_time_in_blocks,
     vm_config,
 )
@@ -202,18 +204,15 @@ def main() -> None:
     parser.add_argument("--reduced", action="store_true")
     parser.add_argument("--budget", type=float, default=600.0, help="seconds per search")
     parser.add_argument("--top-k", type=int, default=20)
-    parser.add_argument("--json", default=None)
+    add_results_options(parser)
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds for the whole run: a search that would end past it is "
                              "skipped (and recorded so), so every model's row is timed and "
                              "written within a lent machine's hard limit")
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the models of an existing --json file that this run does "
-                             "not time (each model records its own date and load)")
     args = parser.parse_args()
     args.deadline = None if args.time_limit is None else time.monotonic() + args.time_limit
     kind = "cpu" if args.target == "cpu" else "gpu"
-    out = args.json or f"benchmarks/results/search-{kind}{'-reduced' * args.reduced}.json"
+    out = results_path(args, f"search-{kind}")
 
     def log(msg: str) -> None:
         print(msg, flush=True)

@@ -32,7 +32,12 @@ from pathlib import Path  # noqa: E402
 
 from peers import TOLERANCE, model_and_onnx, ort_config  # noqa: E402  (benchmarks/ on the path)
 
-from paragraph.bench import bench_models, executor_config  # noqa: E402
+from paragraph.bench import (  # noqa: E402
+    add_results_options,
+    bench_models,
+    executor_config,
+    results_path,
+)
 from paragraph.machine import (  # noqa: E402
     cpu_contention,
     is_contended,
@@ -115,12 +120,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--block", type=int, default=10)
     parser.add_argument("--reduced", action="store_true")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--merge", action="store_true",
-                        help="keep the models of an existing --json file that this run does "
-                             "not time (each model records its own date and load)")
+    add_results_options(parser)
     args = parser.parse_args()
-    out = args.json or f"benchmarks/results/serving-cpu{'-reduced' * args.reduced}.json"
+    out = results_path(args, "serving-cpu")
 
     def log(msg: str) -> None:
         print(msg, flush=True)

@@ -9,6 +9,7 @@ run of each configuration per round), so that drift on a shared machine hits all
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -200,6 +201,22 @@ def each_model(names: Sequence[str], bench_one: Callable[[str], dict],
     if failed:
         raise SystemExit(f"{len(failed)} model(s) failed: "
                          f"{', '.join(f['model'] for f in failed)}")
+
+
+def add_results_options(parser: argparse.ArgumentParser) -> None:
+    """The results-file options of a benchmark that writes through `bench_models`: ``--json``
+    (see `results_path`) and ``--merge``."""
+    parser.add_argument("--json", default=None,
+                        help="the results file (default: benchmarks/results/NAME.json)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the models of an existing --json file that this run does "
+                             "not time (each model records its own date and load)")
+
+
+def results_path(args: argparse.Namespace, stem: str) -> str:
+    """``--json``, else ``benchmarks/results/<stem>.json`` (``-reduced`` added for reduced
+    models)."""
+    return args.json or f"benchmarks/results/{stem}{'-reduced' * args.reduced}.json"
 
 
 def bench_models(names: Sequence[str], bench_one: Callable[[str], dict], out: str,

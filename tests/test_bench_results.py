@@ -33,3 +33,18 @@ def test_rows_are_written_after_each_model_with_failures_and_merged_rows(tmp_pat
     assert [m["model"] for m in second["models"]] == ["a", "b", "c"]
     assert second["failed"] == [{"model": "broken", "error": "no such kernel"}]
     assert said.count(f"wrote {out}") == 5
+
+
+def test_results_options_name_the_file_and_merge():
+    import argparse
+
+    from paragraph.bench import add_results_options, results_path
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reduced", action="store_true")
+    add_results_options(parser)
+    assert results_path(parser.parse_args([]), "peers-cpu") == "benchmarks/results/peers-cpu.json"
+    reduced = parser.parse_args(["--reduced", "--merge"])
+    assert reduced.merge
+    assert results_path(reduced, "peers-cpu") == "benchmarks/results/peers-cpu-reduced.json"
+    assert results_path(parser.parse_args(["--json", "r.json"]), "peers-cpu") == "r.json"
