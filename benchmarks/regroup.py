@@ -117,17 +117,14 @@ def main() -> None:
         applied[variant] = used
         program = KernelProgram.build(to_relax(rewritten), target, kernels="vendor",
                                       rewrites=tuple(used))
-        schedules = [("sequential", make_schedule("sequential", program.graph)),
-                     ("sequential, 1 thread",
-                      make_schedule("sequential", program.graph, cores=1))]
-        if "split" in variant:
+        runs = [("sequential", program, make_schedule("sequential", program.graph)),
+                ("sequential, 1 thread", program,
+                 make_schedule("sequential", program.graph, cores=1))]
+        if "split" in variant:  # the planner may split convolutions: its own program
             plan = plan_schedule("critical-path", program, log=log)
-            schedules.append(("critical-path", plan.schedule))
-            program_for = {"critical-path": plan.program}
-        else:
-            program_for = {}
-        for label, schedule in schedules:
-            c = executor_config(program_for.get(label, program), schedule, inputs)
+            runs.append(("critical-path", plan.program, plan.schedule))
+        for label, prog, schedule in runs:
+            c = executor_config(prog, schedule, inputs)
             configs.append(dataclasses.replace(c, name=f"{variant} / {label}",
                                                info={**c.info, "rewrites": used}))
     before = wait_for_quiet_cores(log)
