@@ -1239,16 +1239,19 @@ def test_the_one_row_product_streams_the_weight(threads, k, n, bias, act):
     ([(1, 17, 17, 192), (1, 17, 17, 192)], 3, "relu", torch.float32),
     ([(1, 9, 9, 11), (1, 9, 9, 11), (1, 9, 9, 22)], 3, "relu", torch.float32),  # NASNet's
     ([(1, 6, 6, 17), (1, 6, 6, 40)], 3, "", torch.float32),  # whole vectors and tails
+    # tails stored whole over the next part, rows split over the threads (> 64 KB)
+    ([(1, 40, 40, 11), (1, 40, 40, 3), (1, 40, 40, 19)], 3, "relu", torch.float32),
     ([(2, 3, 5), (2, 1, 5), (2, 4, 5)], 1, "", torch.float32),  # along a middle axis
     ([(3, 4), (5, 4)], 0, "relu", torch.float32),               # one row: whole parts
     ([(1, 9, 9, 7), (1, 9, 9, 1)], 3, "", torch.int64),         # another element size
     ([(4, 0, 3), (4, 2, 3)], 1, "", torch.float32),             # an empty part
 ])
 def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype):
-    """A concat's two C++ forms (PyTorch's cat_out, paragraph's own row-by-row copy with the
-    relu applied in the same pass, rows split over the threads) each run in the first calls,
-    which time them: every call equals torch.cat, negative and NaN values included (relu keeps
-    NaN, as torch's does), for channel joins, middle and first axes and integer tensors."""
+    """A concat's C++ forms (PyTorch's cat_out, paragraph's own row-by-row copy with the
+    relu applied in the same pass, rows split over the threads, and on several threads the
+    own copy on one) each run in the first calls, which time them: every call equals
+    torch.cat, negative and NaN values included (relu keeps NaN, as torch's does), for
+    channel joins, middle and first axes and integer tensors."""
     import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native
@@ -1266,7 +1269,7 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
     fn = module["paragraph_vendor_concat"](tvm_ffi.from_dlpack(out),
                                            [tvm_ffi.from_dlpack(p) for p in parts], axis, act,
                                            threads)
-    for _ in range(12):  # both forms timed five times, then the faster
+    for _ in range(20):  # each form timed five times, then the fastest
         out.fill_(7)
         fn()
         torch.testing.assert_close(out, want, equal_nan=True, rtol=0, atol=0)
