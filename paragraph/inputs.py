@@ -23,7 +23,8 @@ from paragraph.graph import Graph, TensorType
 
 # operators whose second input indexes their first, by name as the Relax importer records them
 GATHERS = ("relax.take", "relax.gather_elements", "relax.gather_nd")
-# how ONNX's importer lets a Gather take negative ids: where(ids < 0, ids + size, ids)
+# how ONNX's importer lets a Gather take negative ids: where(ids < 0, ids + size, ids), which
+# paragraph's import turns into a take in "wrap" mode (`importers._SafeTake`)
 _WRAPS = ("relax.where",)
 DEFAULT_HIGH = 8  # integer inputs nothing indexes with: small non-negative values
 
@@ -83,7 +84,8 @@ def index_ranges(graph: Graph) -> dict[int, IndexRange]:
             if np.dtype(graph[i].type.dtype).kind not in "iu":
                 continue
             on_path = feeding & (graph.descendants(i) | {i})
-            wraps = any(graph[n].attrs.get("op") in _WRAPS for n in on_path)
+            wraps = 'mode="wrap"' in str(node.attrs.get("attrs", "")) \
+                or any(graph[n].attrs.get("op") in _WRAPS for n in on_path)
             found = IndexRange(-extent if wraps else 0, extent,
                                f"{op} ({graph[node.id].name or f'node {node.id}'})")
             old = ranges.get(position[i])

@@ -27,7 +27,7 @@ from paragraph.tvm_interop.vm import build_vm, run_vm
 TAKE = {"op": "relax.take", "attrs": 'relax.attrs.TakeAttrs(axis=0, mode="fast")'}
 
 
-def _embedding(wrap: bool, rows: int = 50):
+def _embedding(wrap: bool, rows: int = 50, take: dict = TAKE):
     """ids (1, 6) -> an embedding table of ``rows`` rows, as ONNX's importer writes it when
     ``wrap`` (negative ids counted from the end) and as torch's does otherwise."""
     b = GraphBuilder()
@@ -43,7 +43,7 @@ def _embedding(wrap: bool, rows: int = 50):
                        outputs=[TensorType((1, 6), "int64")]).out
         index = b.op("opaque", [less, shifted, ids], {"op": "relax.where"},
                      outputs=[TensorType((1, 6), "int64")]).out
-    rows_of = b.op("opaque", [table, index], TAKE, outputs=[TensorType((1, 6, 4), "float32")])
+    rows_of = b.op("opaque", [table, index], take, outputs=[TensorType((1, 6, 4), "float32")])
     return b.build([rows_of.out, mask])
 
 
@@ -52,6 +52,10 @@ def test_ids_get_the_range_of_the_table_they_index():
     assert set(plain) == {0}  # the mask indexes nothing
     assert (plain[0].low, plain[0].high) == (0, 50)
     assert (wrapped[0].low, wrapped[0].high) == (-50, 50)
+    # the normalisation folded into the take's "wrap" mode (`importers._SafeTake`)
+    folded = index_ranges(_embedding(False, take={**TAKE, "attrs": TAKE["attrs"].replace(
+        "fast", "wrap")}))
+    assert (folded[0].low, folded[0].high) == (-50, 50)
     assert "relax.take" in plain[0].reader
 
 

@@ -25,6 +25,7 @@ from tvm.script import relax as R  # noqa: N812
 
 from paragraph.errors import ModelLoadError, UnsupportedModelError
 from paragraph.tvm_interop import from_relax, load, prepare, to_relax
+from paragraph.tvm_interop.kernels import KernelProgram
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 SHAPE = (1, 3, 16, 16)
@@ -408,3 +409,46 @@ def test_prepare_gives_take_the_clip_mode_so_no_kernel_reads_out_of_bounds():
     x = np.array([[0, 5, 2, 2, 1]], dtype="int64")
     got = run_vm(mod, x)
     np.testing.assert_array_equal(got, table[x])
+
+
+def _gather_with_negative_ids(shift: int):
+    """main(ids) = take(table, where(ids < 0, ids + shift, ids)): ONNX's Gather, as its
+    importer lets ids count from the end (``shift`` the table's rows)."""
+    bb = relax.BlockBuilder()
+    ids = relax.Var("ids", relax.TensorType((1, 5), "int64"))
+    table = np.arange(24, dtype="float32").reshape(6, 4)
+    with bb.function("main", [ids]):
+        with bb.dataflow():
+            negative = bb.emit(relax.op.less(ids, relax.const(0, "int64")))
+            shifted = bb.emit(relax.op.add(ids, relax.const(shift, "int64")))
+            index = bb.emit(relax.op.where(negative, shifted, ids))
+            out = bb.emit_output(relax.op.take(relax.const(table), index, axis=0))
+        bb.emit_func_output(out)
+    return bb.get(), table
+
+
+def _ops(mod) -> list[tuple[str, str | None]]:
+    return [(b.value.op.name, getattr(b.value.attrs, "mode", None))
+            for b in mod["main"].body.blocks[0].bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def test_prepare_folds_the_negative_id_normalisation_into_a_wrapping_take():
+    """ONNX's ``where(ids < 0, ids + n, ids)`` before a take over n rows becomes the take's
+    "wrap" mode (one kernel fewer per run): every id in [-n, n) reads the same row, and the
+    program's input range still admits the negative ones."""
+    mod, table = _gather_with_negative_ids(6)
+    prepared = prepare(mod)
+    assert _ops(prepared) == [("relax.take", "wrap")]
+    x = np.array([[0, -1, 5, -6, 2]], dtype="int64")
+    np.testing.assert_array_equal(run_vm(prepared, x), table[x])
+    program = KernelProgram.build(prepared, "llvm")
+    assert (program.input_ranges[0].low, program.input_ranges[0].high) == (-6, 6)
+
+
+def test_prepare_keeps_a_normalisation_by_another_extent():
+    """A shift that is not the table's row count is not ONNX's normalisation: kept, and the
+    take clamps."""
+    prepared = prepare(_gather_with_negative_ids(5)[0])
+    assert [op for op in _ops(prepared) if op[0] == "relax.take"] == [("relax.take", "clip")]
+    assert ("relax.where", None) in _ops(prepared)

@@ -58,15 +58,15 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
 
     Decomposes batch norm for inference, binds ``main``'s weight parameters when the module
     carries their values (the frontends' ``params`` attribute; parameters without values stay
-    inputs), gives ``take`` (an embedding's Gather) the "clip" mode where it has "fast"
-    (`_ClipTake`), folds constant subexpressions, canonicalises bindings and removes dead
+    inputs), gives ``take`` (an embedding's Gather) a mode that cannot read out of bounds
+    (`_SafeTake`), folds constant subexpressions, canonicalises bindings and removes dead
     code. Raises `UnsupportedModelError` naming the variable or construct when ``main`` is not
     one dataflow block over static tensor shapes (symbolic dimensions, control flow, several
     blocks).
     """
     _require_main(mod)
     mod = _bind_weight_params(mod)
-    mod = _ClipTake(mod).transform()
+    mod = _SafeTake(mod).transform()
     mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = _fold_constants(mod)
     mod = relax.transform.CanonicalizeBindings()(mod)
@@ -342,12 +342,15 @@ def _first_line(exc: BaseException) -> str:
 
 
 @relax.expr_functor.mutator
-class _ClipTake(relax.PyExprMutator):
-    """``relax.take`` in "clip" mode where it is in "fast": TVM's fast mode reads an index out
-    of range without a check (a segfault or a wrong answer, and a warning from TVM for every
-    such kernel it builds, constant folding's included). paragraph refuses such inputs before
-    a run (`paragraph.inputs.check_index_ranges`); the clamp is a guard behind that check, so
-    an index in range reads the same."""
+class _SafeTake(relax.PyExprMutator):
+    """``relax.take`` in a mode that never reads out of bounds: TVM's "fast" mode reads an
+    index out of range without a check (a segfault or a wrong answer, and a warning from TVM
+    for every such kernel it builds, constant folding's included). paragraph refuses such
+    inputs before a run (`paragraph.inputs.check_index_ranges`); the guard behind that check
+    is "clip", or "wrap" where the indices are ONNX's Gather normalisation
+    ``where(i < 0, i + n, i)`` of the axis's ``n`` entries: "wrap" reads the same entry for
+    every i in [-n, n) and takes i as it is, so the normalisation, a kernel of its own in
+    every run (the token-id encoder's only element-wise kernel), goes."""
 
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
@@ -361,10 +364,53 @@ class _ClipTake(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
         call = self.visit_expr_post_order(call)
-        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take"
-                and call.attrs.mode == "fast"):
-            return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.take"):
+            return call
+        x, indices = call.args
+        axis = call.attrs.axis
+        shape = x.ty.shape if isinstance(x.ty, relax.TensorType) else None
+        wrapped = None
+        if shape is not None and len(shape) > 0 and (axis is not None or len(shape) == 1):
+            dim = shape[int(axis) % len(shape)] if axis is not None else shape[0]
+            if isinstance(dim, tvm.tirx.IntImm):  # not a symbolic dimension
+                wrapped = self._normalised(indices, int(dim))
+        if wrapped is not None:
+            return relax.op.take(x, wrapped, axis, mode="wrap")
+        if call.attrs.mode == "fast":
+            return relax.op.take(x, indices, axis, mode="clip")
         return call
+
+    def _bound(self, expr: relax.Expr, op: str) -> relax.Call | None:
+        """The call of ``op`` that the variable ``expr`` is bound to, else None."""
+        value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
+                and value.op.name == op:
+            return value
+        return None
+
+    def _normalised(self, indices: relax.Expr, extent: int) -> relax.Expr | None:
+        """``i`` where ``indices`` is ``where(i < 0, i + extent, i)``, else None."""
+        where = self._bound(indices, "relax.where")
+        if where is None:
+            return None
+        cond, shifted, i = where.args
+        less, add = self._bound(cond, "relax.less"), self._bound(shifted, "relax.add")
+        if less is None or add is None or not less.args[0].same_as(i) \
+                or _int_const(less.args[1]) != 0:
+            return None
+        a, b = add.args
+        n = _int_const(b) if a.same_as(i) else _int_const(a) if b.same_as(i) else None
+        return i if n == extent else None
+
+
+def _int_const(expr: relax.Expr) -> int | None:
+    """The value of a one-element integer constant, else None."""
+    if not _is_constant(expr):
+        return None
+    arr = expr.value.numpy()
+    if arr.size != 1 or arr.dtype.kind not in "iu":
+        return None
+    return int(arr.reshape(-1)[0])
 
 
 # ---------------------------------------------------------------------------- constant folding
