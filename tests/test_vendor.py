@@ -101,13 +101,13 @@ CONVS = {
                                 "conv2d.NHWC.s2x2.p1x1x2x2.d1x1.g1"),
     "depthwise_dilated": (conv_block(out=8, groups=8, dilation=2, padding=2, bias=True),
                           "conv2d.NHWC.s1x1.p2x2.d2x2.g8.bias"),
-    # a padded stem (few input channels) reads the model's NCHW input, no transpose kernel
-    # before it; an unpadded one reads the transpose's NHWC output where it lies
+    # a stem (few input channels), padded or not, reads the model's NCHW input: no
+    # transpose kernel before it
     "stem_nchw_input": (module((1, 3, 19, 17), lambda bb, x: bb.emit(relax.op.nn.relu(bb.emit(
         relax.op.nn.conv2d(x, const(8, 3, 3, 3), strides=2, padding=1))))),
         "conv2d.NCHW2NHWC.s2x2.p1x1.d1x1.g1.relu"),
     "stem_unpadded": (module((1, 3, 19, 17), lambda bb, x: bb.emit(relax.op.nn.conv2d(
-        x, const(4, 3, 3, 3), strides=2))), "conv2d.NHWC.s2x2.p0x0.d1x1.g1"),
+        x, const(4, 3, 3, 3), strides=2))), "conv2d.NCHW2NHWC.s2x2.p0x0.d1x1.g1"),
     "conv_1x7": (module((1, 8, 9, 9), lambda bb, x: bb.emit(relax.op.nn.conv2d(
         x, const(6, 8, 1, 7), padding=(0, 3)))), "conv2d.NHWC.s1x1.p0x3.d1x1.g1"),
 }

@@ -91,16 +91,16 @@ class _Rewriter:
         (sh, sw), (dh, dw) = (int(v) for v in a.strides), (int(v) for v in a.dilation)
         op = VendorOp("conv2d", layout, (sh, sw), tuple(pad[:2] if symmetric else pad),
                       (dh, dw), int(a.groups))
-        # a padded stem's few input channels, whose zero-bordered copy reorders the input
-        # as it pads (ResNet-50: 0.5% faster end to end on 1 and 2 threads). Not an unpadded
-        # stem, read where it lies without a copy (Inception-v3: the reordering copy cost more
-        # in the model than the transpose kernel, 1% end to end), nor a larger input, which
-        # keeps the NHWC forms (Winograd, the depthwise form) that read a contiguous NHWC
-        # tensor
+        # a stem's few input channels, reordered from NCHW as they are copied (padded or not:
+        # with padding, into the zero-bordered copy), where a transpose kernel before the
+        # convolution read and wrote the image once more (ResNet-50: 0.5% faster end to end
+        # on 1 and 2 threads; Inception-v3's unpadded stem, in one process: 0.8-1.9% on one
+        # thread, equal on two, and its 40 us transpose kernel gone). Not a larger input,
+        # which keeps the NHWC forms (Winograd, the depthwise form) that read a contiguous
+        # NHWC tensor
         w_shape = _shape(w)
         few = w_shape is not None and w_shape[3] <= 4  # OHWI: the input channels
-        nchw = self._nchw_source(x) if layout == "NHWC" and op.groups == 1 and any(pad) \
-            and few else None
+        nchw = self._nchw_source(x) if layout == "NHWC" and op.groups == 1 and few else None
         if nchw is not None:  # the model's NCHW input, reordered inside the convolution
             op, x = replace(op, layout="NCHW2NHWC"), nchw
         return _vendor_call(op, [x, w], call.ty)
