@@ -1507,6 +1507,8 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
 @pytest.mark.parametrize(("shape", "kind", "window", "stride", "pad", "include_pad"), [
     ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), True),    # Inception's, a 24-channel tail
     ((1, 35, 35, 40), "avg", 3, 1, (1, 1, 1, 1), False),   # NASNet's: padding not counted
+    ((2, 6, 9, 33), "avg", 3, 1, (0, 0, 0, 0), False),     # unpadded; row blocks end at images
+    ((1, 7, 5, 16), "avg", 3, 1, (1, 1, 1, 1), True),      # 7 rows: a block of 3 after 4
     ((2, 17, 17, 7), "max", 3, 2, (0, 0, 0, 0), False),    # fewer channels than a vector
     ((1, 12, 11, 16), "max", 3, 2, (1, 1, 1, 1), False),
     ((1, 9, 10, 20), "max", 2, 1, (0, 0, 1, 1), False),    # uneven padding (C++ only)
@@ -1514,7 +1516,8 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
 def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad, include_pad):
     """The C++ pools on NHWC buffers equal PyTorch's: padding left out of a max and counted in
     an average's divisor only where asked, channels that fill no whole vector, a NaN in a
-    max's window giving NaN, rows split over one thread or two."""
+    max's window giving NaN, rows split over one thread or two; a 3 x 3 stride-1 average by
+    both of its forms (each window reduced, sliding sums)."""
     import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native
@@ -1538,8 +1541,10 @@ def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad
     fn = module["paragraph_vendor_pool2d"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(x),
                                            [window, window, stride, stride, *pad],
                                            kind == "max", include_pad, threads)
-    fn()
-    torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-5, atol=1e-5)
+    for _ in range(12):  # a 3 x 3 stride-1 average's two forms each timed five times, then one
+        out.fill_(7.0)
+        fn()
+        torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-5, atol=1e-5)
 
 
 def test_the_python_pool_refuses_uneven_padding():
