@@ -1275,6 +1275,39 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
         torch.testing.assert_close(out, want, equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [
+    (4, 64, 64, 64),     # a small encoder's four heads
+    (12, 128, 64, 128),  # BERT's scores: rows in 12-row blocks, columns in 32-column panels
+    (3, 13, 7, 45),      # a 1-row and a 4-row block, a partial second panel
+    (2, 5, 3, 10),       # one panel, less than one vector
+])
+def test_native_batched_product_forms_agree_with_torch(threads, shape):
+    """A batched product's C++ forms (MKL's batched GEMM, paragraph's own tiles over 12-row
+    blocks split over the threads) each run in the first calls, which time them: every call
+    equals torch's product, NaN included."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    batch, m, k, n = shape
+    gen = torch.Generator().manual_seed(sum(shape))
+    a = torch.randn(1, batch, m, k, generator=gen)
+    b = torch.randn(1, batch, k, n, generator=gen)
+    a[0, 0, 1, 0] = float("nan")  # row 1 of the first product is NaN throughout
+    want = a @ b
+    out = torch.empty_like(want)
+    fn = module["paragraph_vendor_product"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(a),
+                                            tvm_ffi.from_dlpack(b), None, "", threads)
+    for _ in range(12):  # both forms timed five times, then the faster
+        out.fill_(7.0)
+        fn()
+        torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-4, atol=1e-4)
+
+
 def test_the_own_concat_holds_its_buffers_once_chosen():
     """The own concat holds its output and parts alive as long as the function: once it is
     chosen the other forms are dropped (PyTorch's had held them), and a caller that kept the
