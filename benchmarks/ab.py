@@ -3,7 +3,7 @@ working tree's, each bound into an executor of its own, whole runs in alternatin
 
 Usage: python benchmarks/ab.py [--models resnet50,inception_v3] [--threads 2] [--base HEAD]
            [--schedule sequential] [--same-forms] [--blocks 12] [--block 8] [--reduced]
-           [--json F]
+           [--profile CLASS] [--json F]
 
 ``--base`` is a git revision (its ``paragraph/tvm_interop/vendor/native_kernels.cc``) or the path
 of a copy of that file. Both builds load as libraries of their own
@@ -19,6 +19,10 @@ the forms that differ between the two are listed. With ``--same-forms`` the work
 the base build's choices (where it has the form), so that only the kernels' code differs. The
 machine's contention is recorded before and after, and a model timed while another process held
 a core is flagged.
+
+With ``--profile CLASS`` (pooling, concat, product, ...) each kernel of that class is also
+profiled in the model in both builds, in alternating blocks, and reported kernel by kernel: a
+change worth a few percent of a class is lost in a whole run's noise.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ import paragraph  # noqa: F401
 # isort: split
 import argparse  # noqa: E402
 import os  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from peers import model_and_onnx  # noqa: E402  (benchmarks/ is on the path as a script)
+from kernel_classes import kernel_class  # noqa: E402  (benchmarks/ is on the path as a script)
+from peers import model_and_onnx  # noqa: E402
 
 from paragraph.errors import ParagraphError  # noqa: E402
 from paragraph.files import atomic_write_json  # noqa: E402
@@ -97,6 +103,8 @@ def bench_model(name: str, base, args, log) -> dict:
         for b in range(args.blocks):  # drifts hit both orders
             time_in_blocks(configs if b % 2 == 0 else configs[::-1], 1, args.block, settle=2)
         after = cpu_contention(1.0)
+        profile = profile_class(program, old, new, inputs, args.profile, args.blocks, log) \
+            if args.profile else None
     finally:
         old.close()
         new.close()
@@ -117,7 +125,35 @@ def bench_model(name: str, base, args, log) -> dict:
     return {"model": name, "reduced": args.reduced, "threads": args.threads,
             "schedule": args.schedule, "configs": rows, "work_speed_vs_base": ratio,
             "same_forms": args.same_forms, "max_diff": diff, "forms_differ": moved,
-            "contention_before": before, "contention_after": after, "contended": contended}
+            "contention_before": before, "contention_after": after, "contended": contended,
+            "profile": profile}
+
+
+def profile_class(program, old, new, inputs, cls: str, blocks: int, log) -> dict:
+    """Each kernel of class ``cls`` (`kernel_classes.kernel_class`) in both builds, in the
+    model: profiled runs in alternating blocks (five runs each, the order reversed every
+    block), per-kernel medians in microseconds. A kernel change that moves a class by a few
+    percent is lost in a whole run's noise; here it shows kernel by kernel."""
+    samples: dict[str, dict[int, list[float]]] = {"base": {}, "work": {}}
+    pair = [("base", old), ("work", new)]
+    for b in range(blocks):
+        for label, executor in pair if b % 2 == 0 else pair[::-1]:
+            for _ in range(5):
+                executor.run(*inputs, profile=True)
+                for node, (_, start, end) in executor.timeline.items():
+                    samples[label].setdefault(node, []).append((end - start) / 1e3)
+    kernels = []
+    for node in sorted(samples["base"]):
+        func = program.graph[node].attrs.get("func") or program.graph[node].name or ""
+        if kernel_class(func) != cls:
+            continue
+        base_us, work_us = (statistics.median(samples[k][node]) for k in ("base", "work"))
+        kernels.append({"node": node, "func": func, "base_us": base_us, "work_us": work_us})
+        log(f"  %{node} {func[:60]}: base {base_us:.1f} us, work {work_us:.1f} us")
+    totals = {k: sum(r[f"{k}_us"] for r in kernels) for k in ("base", "work")}
+    log(f"  {cls}: base {totals['base']:.1f} us, work {totals['work']:.1f} us")
+    return {"class": cls, "kernels": kernels, "base_us": totals["base"],
+            "work_us": totals["work"]}
 
 
 def main() -> None:
@@ -131,6 +167,9 @@ def main() -> None:
     parser.add_argument("--same-forms", action="store_true",
                         help="the work build takes the base build's timed form choices")
     parser.add_argument("--reduced", action="store_true")
+    parser.add_argument("--profile", metavar="CLASS",
+                        help="also each kernel of this class (pooling, concat, product, ...: "
+                             "benchmarks/kernel_classes.py), profiled in the model")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
