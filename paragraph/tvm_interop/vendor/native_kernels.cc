@@ -1720,7 +1720,8 @@ __attribute__((target("avx512f"))) void bmm_tile(const float* a, const float* b,
   }
 }
 
-// rows [i, i + rows) (rows <= 12) of one product, all columns, by the widest tiles that fit
+// ``rows`` rows (at most 12; a, c at the first) of one product, all columns, by the widest
+// tiles that fit
 __attribute__((target("avx512f"))) void bmm_rows(const float* a, const float* b, float* c,
                                                  int64_t rows, int64_t k_len, int64_t n) {
   for (int64_t j = 0; j < n; j += 32) {
@@ -1747,7 +1748,8 @@ c10::optional<Form> own_bmm(at::Tensor o3, at::Tensor a3, at::Tensor b3, int64_t
     const int64_t blocks = (m + 11) / 12, tasks = batch * blocks;
     const float *a = a3.data_ptr<float>(), *b = b3.data_ptr<float>();
     float* c = o3.data_ptr<float>();
-    const int64_t nt = tasks * m * n * k_len >= (int64_t{1} << 18) ? threads : 1;
+    // below 2^18 multiply-adds (a few microseconds) the calling thread alone
+    const int64_t nt = batch * m * n * k_len >= (int64_t{1} << 18) ? threads : 1;
     parallel(nt, [&](int64_t t, int64_t count) {
       for (int64_t task = tasks * t / count; task < tasks * (t + 1) / count; ++task) {
         const int64_t q = task / blocks, i = task % blocks * 12;
@@ -2023,6 +2025,16 @@ struct Pool {
   // from L3, its 35 x 35 x 288 average pool 55 -> 47 us)
   static constexpr int64_t kRowBlock = 4;
 
+  // 1 / an average's divisor for the window at input row hs, column ws (its first, padding
+  // included): the padded window's size with include_pad, else its pixels inside the image
+  float inverse_count(int64_t hs, int64_t ws) const {
+    const int64_t count =
+        include_pad ? (std::min(hs + kh, h + pb) - hs) * (std::min(ws + kw, w + pr) - ws)
+                    : (std::min(hs + kh, h) - std::max<int64_t>(hs, 0)) *
+                          (std::min(ws + kw, w) - std::max<int64_t>(ws, 0));
+    return count > 0 ? 1.0f / count : 0.0f;
+  }
+
   __attribute__((target("avx512f"))) void rows(int64_t r0, int64_t r1) const {
     for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
       const int64_t re = std::min(rb + kRowBlock, r1);
@@ -2032,10 +2044,7 @@ struct Pool {
         for (int64_t r = rb; r < re; ++r) {  // r = (image, output row)
           const int64_t img = r / oh, hs = (r % oh) * sh - pt;
           const int64_t h0 = std::max<int64_t>(hs, 0), h1 = std::min(hs + kh, h);
-          const int64_t count =
-              include_pad ? (std::min(hs + kh, h + pb) - hs) * (std::min(ws + kw, w + pr) - ws)
-                          : (h1 - h0) * (w1 - w0);
-          const __m512 scale = _mm512_set1_ps(count > 0 ? 1.0f / count : 0.0f);
+          const __m512 scale = _mm512_set1_ps(inverse_count(hs, ws));
           float* o = out + (r * ow + j) * c;
           (is_max ? pool_pixel<true> : pool_pixel<false>)(x + img * h * w * c, w, c, h0, h1, w0,
                                                           w1, scale, o);
@@ -2115,17 +2124,9 @@ struct Pool {
     std::vector<float> scales(2 * ow);
     for (int64_t r = r0; r < r1;) {
       const int64_t nr = std::min({int64_t{2}, r1 - r, (r / oh + 1) * oh - r});
-      for (int64_t i = 0; i < nr; ++i) {
-        const int64_t hs = (r + i) % oh - pt, h0 = std::max<int64_t>(hs, 0),
-                      h1 = std::min(hs + kh, h);
-        for (int64_t j = 0; j < ow; ++j) {
-          const int64_t ws = j - pl, w0 = std::max<int64_t>(ws, 0), w1 = std::min(ws + kw, w);
-          const int64_t count =
-              include_pad ? (std::min(hs + kh, h + pb) - hs) * (std::min(ws + kw, w + pr) - ws)
-                          : (h1 - h0) * (w1 - w0);
-          scales[i * ow + j] = count > 0 ? 1.0f / count : 0.0f;
-        }
-      }
+      for (int64_t i = 0; i < nr; ++i)
+        for (int64_t j = 0; j < ow; ++j)
+          scales[i * ow + j] = inverse_count((r + i) % oh - pt, j - pl);
       if (nr == 2) {
         slide_rows<2, 2>(r, scales.data());
       } else {
