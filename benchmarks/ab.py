@@ -39,7 +39,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from kernel_classes import kernel_class  # noqa: E402  (benchmarks/ is on the path as a script)
-from peers import model_and_onnx  # noqa: E402
+from peers import model_and_onnx, profiled_runs  # noqa: E402
 
 from paragraph.errors import ParagraphError  # noqa: E402
 from paragraph.files import atomic_write_json  # noqa: E402
@@ -134,20 +134,17 @@ def profile_class(program, old, new, inputs, cls: str, blocks: int, log) -> dict
     model: profiled runs in alternating blocks (five runs each, the order reversed every
     block), per-kernel medians in microseconds. A kernel change that moves a class by a few
     percent is lost in a whole run's noise; here it shows kernel by kernel."""
-    samples: dict[str, dict[int, list[float]]] = {"base": {}, "work": {}}
+    samples: dict[str, dict[int, list[float]]] = {"base": {}, "work": {}}  # ms
     pair = [("base", old), ("work", new)]
     for b in range(blocks):
         for label, executor in pair if b % 2 == 0 else pair[::-1]:
-            for _ in range(5):
-                executor.run(*inputs, profile=True)
-                for node, (_, start, end) in executor.timeline.items():
-                    samples[label].setdefault(node, []).append((end - start) / 1e3)
+            profiled_runs(executor, inputs, 5, samples[label])
     kernels = []
     for node in sorted(samples["base"]):
         func = program.graph[node].attrs.get("func") or program.graph[node].name or ""
         if kernel_class(func) != cls:
             continue
-        base_us, work_us = (statistics.median(samples[k][node]) for k in ("base", "work"))
+        base_us, work_us = (statistics.median(samples[k][node]) * 1e3 for k in ("base", "work"))
         kernels.append({"node": node, "func": func, "base_us": base_us, "work_us": work_us})
         log(f"  %{node} {func[:60]}: base {base_us:.1f} us, work {work_us:.1f} us")
     totals = {k: sum(r[f"{k}_us"] for r in kernels) for k in ("base", "work")}

@@ -104,15 +104,12 @@ def carried_by_paragraph(onnx_bytes: bytes) -> dict[str, str]:
 
 
 def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, blocks: int,
-                runs: int, between) -> dict[str, float]:
+                runs: int, between, carried: dict[str, str]) -> dict[str, float]:
     """Median ms per ORT node kind summed by class, from its profiler over ``blocks`` x
-    ``runs`` runs; ``between()`` runs after each block (the other runtime's block). A node
-    whose work paragraph fuses into a kernel of another class counts in that class
-    (`carried_by_paragraph`)."""
+    ``runs`` runs of ``onnx_bytes`` (its nodes named: `named_nodes`); ``between()`` runs after
+    each block (the other runtime's block). A node of ``carried`` (`carried_by_paragraph`)
+    counts in the class it maps to."""
     import onnxruntime as ort
-
-    onnx_bytes = named_nodes(onnx_bytes)
-    carried = carried_by_paragraph(onnx_bytes)
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -150,6 +147,8 @@ def bench_model(name: str, args, log) -> dict:
         mod, onnx_bytes, _ = model_and_onnx(name, args.reduced, Path(tmp))
     program = KernelProgram.build(mod, resolve_target("cpu"), kernels="vendor")
     inputs = random_inputs(mod)
+    onnx_bytes = named_nodes(onnx_bytes)
+    carried = carried_by_paragraph(onnx_bytes)
     row: dict = {"model": name, "threads": {}}
     before = wait_for_quiet_cores(log)
     for threads in args.threads:
@@ -162,7 +161,8 @@ def bench_model(name: str, args, log) -> dict:
                 executor.run(*inputs)
             ort = ort_profile(onnx_bytes, inputs, threads, args.blocks, args.runs,
                               lambda ex=executor, s=samples: profiled_runs(ex, inputs,
-                                                                            args.runs, s))
+                                                                            args.runs, s),
+                              carried)
         ours: dict[str, float] = {}
         for node, times in samples.items():
             func = program.graph[node].attrs.get("func") or program.graph[node].name or ""
