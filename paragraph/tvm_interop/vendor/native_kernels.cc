@@ -1949,23 +1949,22 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
 }
 
 #ifdef PARAGRAPH_AVX512
-// one step of a window's reduction: acc = max(acc, v) or acc + v; for a max, a lane of ``nan``
-// turns NaN where v is NaN (max alone drops a NaN met before a number)
+// one step of a window's reduction: acc = max(acc, v), NaN once either is NaN, or acc + v.
+// MAXPS returns its second operand where either is NaN, so max(v, acc) keeps a NaN acc; a
+// NaN v is taken where the compare finds it (two operations a load: a NaN accumulator of its
+// own, one more blend, ran the stride-2 pools 1.4-5.7% slower alone)
 template <bool MAX>
-__attribute__((target("avx512f"))) inline void pool_step(__m512& acc, __m512& nan, __m512 v) {
+__attribute__((target("avx512f"))) inline void pool_step(__m512& acc, __m512 v) {
   if (MAX) {
-    acc = _mm512_max_ps(acc, v);
-    nan = _mm512_mask_mov_ps(nan, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
+    acc = _mm512_mask_max_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v, acc);
   } else {
     acc = _mm512_add_ps(acc, v);
   }
 }
 
 template <bool MAX>
-__attribute__((target("avx512f"))) inline __m512 pool_result(__m512 acc, __m512 nan,
-                                                             __m512 scale) {
-  return MAX ? _mm512_mask_mov_ps(acc, _mm512_cmp_ps_mask(nan, nan, _CMP_UNORD_Q), nan)
-             : _mm512_mul_ps(acc, scale);
+__attribute__((target("avx512f"))) inline __m512 pool_result(__m512 acc, __m512 scale) {
+  return MAX ? acc : _mm512_mul_ps(acc, scale);
 }
 
 // one output pixel: the window rows [h0, h1) x columns [w0, w1) of x (at the image's first
@@ -1977,32 +1976,30 @@ __attribute__((target("avx512f"))) void pool_pixel(const float* x, int64_t w, in
                                                    int64_t h0, int64_t h1, int64_t w0,
                                                    int64_t w1, __m512 scale, float* o) {
   const __m512 init = MAX ? _mm512_set1_ps(-INFINITY) : _mm512_setzero_ps();
-  const __m512 zero = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 64 <= c; k += 64) {
     __m512 a0 = init, a1 = init, a2 = init, a3 = init;
-    __m512 n0 = zero, n1 = zero, n2 = zero, n3 = zero;
     for (int64_t y = h0; y < h1; ++y) {
       for (int64_t z = w0; z < w1; ++z) {
         const float* p = x + (y * w + z) * c + k;
-        pool_step<MAX>(a0, n0, _mm512_loadu_ps(p));
-        pool_step<MAX>(a1, n1, _mm512_loadu_ps(p + 16));
-        pool_step<MAX>(a2, n2, _mm512_loadu_ps(p + 32));
-        pool_step<MAX>(a3, n3, _mm512_loadu_ps(p + 48));
+        pool_step<MAX>(a0, _mm512_loadu_ps(p));
+        pool_step<MAX>(a1, _mm512_loadu_ps(p + 16));
+        pool_step<MAX>(a2, _mm512_loadu_ps(p + 32));
+        pool_step<MAX>(a3, _mm512_loadu_ps(p + 48));
       }
     }
-    _mm512_storeu_ps(o + k, pool_result<MAX>(a0, n0, scale));
-    _mm512_storeu_ps(o + k + 16, pool_result<MAX>(a1, n1, scale));
-    _mm512_storeu_ps(o + k + 32, pool_result<MAX>(a2, n2, scale));
-    _mm512_storeu_ps(o + k + 48, pool_result<MAX>(a3, n3, scale));
+    _mm512_storeu_ps(o + k, pool_result<MAX>(a0, scale));
+    _mm512_storeu_ps(o + k + 16, pool_result<MAX>(a1, scale));
+    _mm512_storeu_ps(o + k + 32, pool_result<MAX>(a2, scale));
+    _mm512_storeu_ps(o + k + 48, pool_result<MAX>(a3, scale));
   }
   for (; k < c; k += 16) {
     const __mmask16 m = tail_mask(c - k);
-    __m512 a = init, n = zero;
+    __m512 a = init;
     for (int64_t y = h0; y < h1; ++y)
       for (int64_t z = w0; z < w1; ++z)
-        pool_step<MAX>(a, n, _mm512_maskz_loadu_ps(m, x + (y * w + z) * c + k));
-    _mm512_mask_storeu_ps(o + k, m, pool_result<MAX>(a, n, scale));
+        pool_step<MAX>(a, _mm512_maskz_loadu_ps(m, x + (y * w + z) * c + k));
+    _mm512_mask_storeu_ps(o + k, m, pool_result<MAX>(a, scale));
   }
 }
 #endif
