@@ -1333,7 +1333,7 @@ def test_the_own_concat_holds_its_buffers_once_chosen():
 
 
 def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual, act, threads,
-                       gen, equal_nan=False, layout="NHWC"):
+                       gen, equal_nan=False, layout="NHWC", calls=16):
     """``paragraph_vendor_conv2d`` bound to NHWC ``x`` (given as an NCHW tensor where
     ``layout`` is NCHW2NHWC), OHWI ``w``, bias ``b``, padding ``pad``
     ((top, left) or (top, left, bottom, right)) and a residual ("", "own" buffer or "in
@@ -1355,7 +1355,7 @@ def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual,
     fn = module["paragraph_vendor_conv2d"](
         *(tvm_ffi.from_dlpack(t) for t in (out, given, w, b)),
         None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, layout, act, threads)
-    for _ in range(16):
+    for _ in range(calls):
         if residual == "in place":
             out.copy_(res)
         else:
@@ -1451,7 +1451,8 @@ def test_native_conv_reads_an_nchw_input(threads, hw, cin, k, stride, pad):
                        layout="NCHW2NHWC")
 
 
-def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing):
+def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing,
+                       calls=16):
     """Form ``form`` of a stride-1 ``paragraph_vendor_conv2d`` chosen before its first call
     (the key as the C++ kernel builds it from its parameters and shapes), then
     `_check_native_conv`: every call equals torch's, the form listed as chosen and the weight
@@ -1466,7 +1467,7 @@ def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, 
     key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
            + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
     module["paragraph_vendor_choose_form"](key, form)
-    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen)
+    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen, calls=calls)
     assert f"{key}={form}" in map(str, module["paragraph_vendor_chosen_forms"]())
     assert any(str(p).startswith(f"{w.data_ptr()}{packing}")
                for p in module["paragraph_vendor_packed_keys"]())
@@ -1503,6 +1504,26 @@ def test_the_winograd_forms_agree_with_torch(k, form, packing, threads, n, hw, c
     b = torch.randn(cout, generator=gen)
     pad = tuple(p * (k - 1) // 2 for p in pad)
     _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("form", "packing"), [(4, "winograd23"), (5, "winograd43")])
+def test_the_winograd_forms_in_small_blocks_agree_with_torch(form, packing, threads):
+    """A streamed Winograd form also comes in blocks of tiles sized to stay in L2 beside the
+    weight's panels (listed after the other forms): each agrees with torch's convolution, with
+    the weight packed once for both block sizes."""
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(form)
+    x = torch.randn(1, 30, 30, 160, generator=gen)  # 225 F(2x2) tiles or 64 F(4x4): 1.6 and
+    w = torch.randn(160, 3, 3, 160, generator=gen) / 38  # 3.7 MB weights: 2 or 5 and 6 blocks
+    b = torch.randn(160, generator=gen)
+    # past the trials of every form (had the form not existed, they would have chosen another)
+    _check_forced_form(module, x, w, b, (1, 1), "", "relu", threads, gen, form, packing,
+                       calls=40)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
