@@ -52,10 +52,11 @@ from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
 from paragraph.tvm_interop.lowering import resolve_target  # noqa: E402
+from paragraph.tvm_interop.measure import SETTLE_RUNS  # noqa: E402
 from paragraph.tvm_interop.vendor import native  # noqa: E402
 
 KERNELS = "paragraph/tvm_interop/vendor/native_kernels.cc"
-WARMUP = 20  # runs per executor before timing: past every form's timed trials
+WARMUP = SETTLE_RUNS  # runs per executor before timing: past every form's timed trials
 
 
 def base_source(base: str) -> bytes:

@@ -1524,6 +1524,10 @@ def test_the_winograd_forms_in_small_blocks_agree_with_torch(form, packing, thre
     # past the trials of every form (had the form not existed, they would have chosen another)
     _check_forced_form(module, x, w, b, (1, 1), "", "relu", threads, gen, form, packing,
                        calls=40)
+    # the most forms a kernel has (this one's six): `SETTLE_RUNS` warms a program up past them
+    from paragraph.tvm_interop.measure import SETTLE_RUNS
+
+    assert 30 <= module["paragraph_vendor_timing_calls"]() < SETTLE_RUNS
 
 
 @pytest.mark.parametrize("threads", [1, 2])
