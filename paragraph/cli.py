@@ -44,7 +44,7 @@ from paragraph.tvm_interop.artifact import is_artifact
 from paragraph.tvm_interop.executor import CPUExecutor, gpu_available, make_executor
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.lowering import resolve_target
-from paragraph.tvm_interop.measure import SETTLE_RUNS
+from paragraph.tvm_interop.measure import settle
 from paragraph.tvm_interop.remote import Remote
 from paragraph.tvm_interop.tune import check_models, format_summary, tune
 from paragraph.tvm_interop.tuning_db import RECORDS
@@ -328,11 +328,11 @@ def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, labe
             _write_json(args, {"equal": False, "max_difference": difference})
             return 1
         # past the vendor kernels' timing of their forms (their first calls): timed within it,
-        # a run of a ~1 ms model measured up to 1.3x its settled time
-        warmup = SETTLE_RUNS if any(s in ("vendor", "auto") for s in program.sources()) else 1
+        # a ~1 ms model measured 1.9 ms with p10 1.5
         with _Step(f"timing {args.repeat} runs"):
+            settle(lambda: executor.run(*inputs, copy_outputs=False), program.sources())
             timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), args.repeat,
-                                warmup=warmup)
+                                warmup=0)
     _say(f"{label}: median {timing.median_ms:.2f} ms (p10 {timing.percentile_ms(10):.2f}, "
          f"p90 {timing.percentile_ms(90):.2f}) over {args.repeat} runs, {schedule.name} "
          "schedule")

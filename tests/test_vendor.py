@@ -24,7 +24,7 @@ from paragraph.tvm_interop import from_relax, random_inputs
 from paragraph.tvm_interop.executor import gpu_available, make_executor
 from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB
+from paragraph.tvm_interop.measure import SETTLE_RUNS, CostDB
 from paragraph.tvm_interop.threads import config_threads
 from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, vendor_names
 from paragraph.tvm_interop.vendor.names import VendorOp, cost_name
@@ -890,6 +890,44 @@ def test_compile_then_run_in_a_fresh_process(tmp_path, capsys):
         load(tmp_path)
 
 
+def test_a_program_settles_once_its_kernels_have_chosen_their_forms():
+    """`measure.settle` runs a vendor program until no C++ kernel is timing its forms: a first
+    executor takes several runs (at most SETTLE_RUNS), a second of the same program, whose
+    kernels start with the first's choices, one. In a fresh process (the count is the
+    process's), with the kernels this one built."""
+    from paragraph.tvm_interop.vendor import native
+
+    if native.module() is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    script = textwrap.dedent("""
+        from paragraph import models
+        from paragraph.passes.schedule import make_schedule
+        from paragraph.tvm_interop import random_inputs
+        from paragraph.tvm_interop.executor import make_executor
+        from paragraph.tvm_interop.kernels import KernelProgram
+        from paragraph.tvm_interop.measure import settle
+        from paragraph.tvm_interop.vendor.native import timing_kernels
+        mod = models.get("inception_v3", reduced=True)
+        program = KernelProgram.build(mod, "llvm", kernels="vendor")
+        inputs = random_inputs(mod)
+        schedule = make_schedule("sequential", program.graph, cores=2)
+        with make_executor(program, schedule) as first:
+            print("BOUND", timing_kernels())
+            print("FIRST", settle(lambda: first.run(*inputs), program.sources()), timing_kernels())
+            with make_executor(program, schedule) as second:
+                print("SECOND", settle(lambda: second.run(*inputs), program.sources()))
+    """)
+    env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(native._state["path"].parent.parent)}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert run.returncode == 0, run.stderr
+    got = dict(line.split(" ", 1) for line in run.stdout.splitlines() if " " in line)
+    assert int(got["BOUND"]) > 0
+    first, left = (int(v) for v in got["FIRST"].split())
+    assert 1 < first <= SETTLE_RUNS and left == 0
+    assert int(got["SECOND"]) == 1
+
+
 def test_without_pytorch_the_pass_says_so_and_tvm_kernels_run(tmp_path):
     script = textwrap.dedent("""
         import sys, warnings
@@ -1525,8 +1563,6 @@ def test_the_winograd_forms_in_small_blocks_agree_with_torch(form, packing, thre
     _check_forced_form(module, x, w, b, (1, 1), "", "relu", threads, gen, form, packing,
                        calls=40)
     # the most forms a kernel has (this one's six): `SETTLE_RUNS` warms a program up past them
-    from paragraph.tvm_interop.measure import SETTLE_RUNS
-
     assert 30 <= module["paragraph_vendor_timing_calls"]() < SETTLE_RUNS
 
 

@@ -39,6 +39,7 @@ from paragraph.schedule import bytes_moved
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop import native
 from paragraph.tvm_interop.vendor.native import revision as vendor_revision
+from paragraph.tvm_interop.vendor.native import timing_kernels
 
 if TYPE_CHECKING:  # steps are the executor's; measuring them needs no executor
     from paragraph.tvm_interop.executor import Step
@@ -198,6 +199,22 @@ IN_GRAPH = "in-graph/v1"  # a GPU kernel's time between events in one graph repl
 # form's time. `tests/test_vendor.py` checks it against the kernels' own count
 # (``paragraph_vendor_timing_calls``) for the kernel with the most forms
 SETTLE_RUNS = 31
+
+
+def settle(run: Callable[[], object], sources: Iterable[str]) -> int:
+    """Run ``run`` until the vendor kernels of a program with these kernel ``sources`` run
+    only their chosen forms, and return how many runs that took: at most `SETTLE_RUNS`, at
+    least one; fewer where the C++ kernels say none is still timing (an executor bound after
+    the planner timed the same kernels starts with their choices: a fixed 31 runs would be
+    8 s of NASNet-A large's ~260 ms runs spent on nothing). Without vendor kernels, one run."""
+    if not any(s in ("vendor", "auto") for s in sources):
+        run()
+        return 1
+    for done in range(1, SETTLE_RUNS + 1):
+        run()
+        if timing_kernels() == 0:  # None (the Python kernels): all SETTLE_RUNS
+            return done
+    return SETTLE_RUNS
 
 
 def kernel_key(target: str, node: Node, tuning: str, threads: int,

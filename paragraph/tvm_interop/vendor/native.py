@@ -93,6 +93,7 @@ def module() -> Any:
                 if not path.exists():
                     _build(torch, path)
                 _state["module"] = tvm_ffi.load_module(str(path))
+                _state["path"] = path  # where it was built: a subprocess can load it too
             except Exception as exc:  # the Python kernels work: warn once, go on
                 _state["reason"] = f"{type(exc).__name__}: {exc}"
                 warnings.warn("paragraph's C++ vendor kernels are unavailable, so vendor calls "
@@ -110,6 +111,14 @@ def bind_team(cpus: list[int]) -> bool:
         return False
     m["paragraph_vendor_bind_team"](cpus)
     return True
+
+
+def timing_kernels() -> int | None:
+    """How many C++ vendor kernels bound and alive in this process have not yet chosen their
+    form (each times its forms in its first calls); None where the C++ kernels are unavailable
+    (the Python kernels' choices are not counted)."""
+    m = module()
+    return None if m is None else int(m["paragraph_vendor_timing_kernels"]())
 
 
 def reason() -> str | None:

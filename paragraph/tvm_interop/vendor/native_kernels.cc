@@ -141,12 +141,20 @@ std::map<std::string, int> chosen_forms;
 // One kernel with several forms on the same buffers, in order of preference: the first calls
 // alternate between them, timed, then the fastest by median runs, a later form only where it
 // is 3% faster than the earlier ones (see `runtime._Fastest`).
+// the kernels alive that have not chosen their form yet (see `TimingKernels`)
+std::atomic<int64_t> timing_kernels{0};
+
 struct Fastest {
   std::vector<Form> forms;
   std::string key;
   int64_t threads;
   int chosen = -1;
   std::vector<std::vector<double>> samples;
+  bool timing = false;  // counted in timing_kernels
+
+  ~Fastest() {
+    if (timing) --timing_kernels;
+  }
 
   void operator()() {
     use_threads(threads);
@@ -194,6 +202,10 @@ struct Fastest {
   // release the forms not chosen and the packed weights only they held: each form packs its
   // own copy of a weight (BERT's 384 MB of weights would be held three times over)
   void keep_chosen() {
+    if (timing) {
+      timing = false;
+      --timing_kernels;
+    }
     for (size_t j = 0; j < forms.size(); ++j)
       if (static_cast<int>(j) != chosen) forms[j] = Form();
     samples.clear();
@@ -235,6 +247,8 @@ ffi::Function fastest_of(std::vector<Form> forms, std::string key, int64_t threa
        now > seen && !most_forms.compare_exchange_weak(seen, now);)
     continue;
   auto fastest = std::make_shared<Fastest>();
+  fastest->timing = true;
+  ++timing_kernels;
   fastest->forms = std::move(forms);
   fastest->threads = threads;
   fastest->key = std::move(key);
@@ -2473,6 +2487,11 @@ ffi::Array<ffi::String> PackedKeys() {
 // each runs only its chosen one (the most forms of any, each timed kTrials + 1 times)
 int64_t TimingCalls() { return most_forms.load() * (kTrials + 1); }
 
+// the kernels bound and alive in this process that have not yet chosen their form: 0 once
+// every one runs only its chosen form (a kernel whose form an earlier binding chose counts
+// until its first call)
+int64_t TimingKernels() { return timing_kernels.load(); }
+
 ffi::Array<ffi::String> ChosenForms() {
   std::lock_guard<std::mutex> lock(chosen_mutex);
   ffi::Array<ffi::String> out;
@@ -2518,6 +2537,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_bind_team, BindTeam);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_choose_form, ChooseForm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_chosen_forms, ChosenForms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_timing_calls, TimingCalls);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_timing_kernels, TimingKernels);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_packed_keys, PackedKeys);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_conv2d, Conv2d);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_linear, Linear);
