@@ -201,13 +201,18 @@ IN_GRAPH = "in-graph/v1"  # a GPU kernel's time between events in one graph repl
 SETTLE_RUNS = 31
 
 
+def uses_vendor(sources: Iterable[str]) -> bool:
+    """Whether kernels of these sources include vendor kernels (``vendor``, or ``auto``'s)."""
+    return any(s in ("vendor", "auto") for s in sources)
+
+
 def settle(run: Callable[[], object], sources: Iterable[str]) -> int:
     """Run ``run`` until the vendor kernels of a program with these kernel ``sources`` run
     only their chosen forms, and return how many runs that took: at most `SETTLE_RUNS`, at
     least one; fewer where the C++ kernels say none is still timing (an executor bound after
     the planner timed the same kernels starts with their choices: a fixed 31 runs would be
     8 s of NASNet-A large's ~260 ms runs spent on nothing). Without vendor kernels, one run."""
-    if not any(s in ("vendor", "auto") for s in sources):
+    if not uses_vendor(sources):
         run()
         return 1
     for done in range(1, SETTLE_RUNS + 1):
@@ -231,7 +236,7 @@ def vendor_tag(sources: Iterable[str]) -> str:
     """What a cost key's config gets where vendor kernels (``vendor``, or ``auto``'s) take
     part: their implementation (`vendor.native.revision`), so that a change to how they run
     voids their cached times; "" otherwise."""
-    return f"/{vendor_revision()}" if any(s in ("vendor", "auto") for s in sources) else ""
+    return f"/{vendor_revision()}" if uses_vendor(sources) else ""
 
 
 def time_kernel(step: Step, *, threads: int = 1, repeat: int = 10, warmup: int = 2,
@@ -387,7 +392,7 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
     in their first calls, else 2)."""
     graph, program = executor.graph, executor.program
     if warmup is None:
-        warmup = SETTLE_RUNS if any(s in ("vendor", "auto") for s in program.sources()) else 2
+        warmup = SETTLE_RUNS if uses_vendor(program.sources()) else 2
     target = str(program.target)
     threads = threads or executor.schedule.threads[0]
     kernels = [k for k in executor.schedule.kernels if graph[k].kind == "kernel"]

@@ -138,20 +138,21 @@ std::string ints(const std::vector<int64_t>& v) {
 std::mutex chosen_mutex;
 std::map<std::string, int> chosen_forms;
 
-// One kernel with several forms on the same buffers, in order of preference: the first calls
-// alternate between them, timed, then the fastest by median runs, a later form only where it
-// is 3% faster than the earlier ones (see `runtime._Fastest`).
 // the kernels alive that have not chosen their form yet (see `TimingKernels`)
 std::atomic<int64_t> timing_kernels{0};
 
+// One kernel with several forms on the same buffers, in order of preference: the first calls
+// alternate between them, timed, then the fastest by median runs, a later form only where it
+// is 3% faster than the earlier ones (see `runtime._Fastest`).
 struct Fastest {
   std::vector<Form> forms;
   std::string key;
   int64_t threads;
   int chosen = -1;
   std::vector<std::vector<double>> samples;
-  bool timing = false;  // counted in timing_kernels
+  bool timing = true;  // counted in timing_kernels until a form is chosen
 
+  Fastest() { ++timing_kernels; }
   ~Fastest() {
     if (timing) --timing_kernels;
   }
@@ -247,8 +248,6 @@ ffi::Function fastest_of(std::vector<Form> forms, std::string key, int64_t threa
        now > seen && !most_forms.compare_exchange_weak(seen, now);)
     continue;
   auto fastest = std::make_shared<Fastest>();
-  fastest->timing = true;
-  ++timing_kernels;
   fastest->forms = std::move(forms);
   fastest->threads = threads;
   fastest->key = std::move(key);
@@ -1545,21 +1544,16 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
       if (auto own = own_conv(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                               {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
         std::vector<Form> forms{onednn, *own};
+        // the streamed forms in small blocks after all the others (whose indices stay)
         if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1 && !nchw_in)
-          for (auto wino : {own_winograd<F2x3, 2>, own_winograd<F4x3, 2>, own_winograd<F2x3, 1>,
-                            own_winograd<F4x3, 1>, own_winograd<F2x7, 1>,
-                            own_winograd<F2x5, 2>, own_winograd<F3x7, 1>})
-            if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
-                                 {pt, pl, pb, pr}, a, threads, false))
-              forms.push_back(*form);
-        // the streamed forms in small blocks, after the others (whose indices stay)
-        if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1 && !nchw_in)
-          for (auto wino : {own_winograd<F2x3, 2>, own_winograd<F4x3, 2>, own_winograd<F2x3, 1>,
-                            own_winograd<F4x3, 1>, own_winograd<F2x7, 1>,
-                            own_winograd<F2x5, 2>, own_winograd<F3x7, 1>})
-            if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
-                                 {pt, pl, pb, pr}, a, threads, true))
-              forms.push_back(*form);
+          for (bool small_blocks : {false, true})
+            for (auto wino : {own_winograd<F2x3, 2>, own_winograd<F4x3, 2>,
+                              own_winograd<F2x3, 1>, own_winograd<F4x3, 1>,
+                              own_winograd<F2x7, 1>, own_winograd<F2x5, 2>,
+                              own_winograd<F3x7, 1>})
+              if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
+                                   {pt, pl, pb, pr}, a, threads, small_blocks))
+                forms.push_back(*form);
         return fastest_of(forms, key("conv_kxk"), threads);
       }
     }
@@ -2481,8 +2475,6 @@ ffi::Array<ffi::String> PackedKeys() {
   return keys;
 }
 
-// the forms chosen so far, as "key=index" (index into the kernel's forms, in their order of
-// preference): for tests and for finding where a library's form lost
 // the calls the kernels bound so far in this process may spend timing their forms before
 // each runs only its chosen one (the most forms of any, each timed kTrials + 1 times)
 int64_t TimingCalls() { return most_forms.load() * (kTrials + 1); }
@@ -2492,6 +2484,8 @@ int64_t TimingCalls() { return most_forms.load() * (kTrials + 1); }
 // until its first call)
 int64_t TimingKernels() { return timing_kernels.load(); }
 
+// the forms chosen so far, as "key=index" (index into the kernel's forms, in their order of
+// preference): for tests and for finding where a library's form lost
 ffi::Array<ffi::String> ChosenForms() {
   std::lock_guard<std::mutex> lock(chosen_mutex);
   ffi::Array<ffi::String> out;
