@@ -1606,12 +1606,15 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
     ((2, 17, 17, 7), "max", 3, 2, (0, 0, 0, 0), False),    # fewer channels than a vector
     ((1, 12, 11, 16), "max", 3, 2, (1, 1, 1, 1), False),
     ((1, 9, 10, 20), "max", 2, 1, (0, 0, 1, 1), False),    # uneven padding (C++ only)
+    ((1, 71, 71, 80), "max", 3, 2, (0, 0, 0, 0), False),   # 64 channels and a tail, rows split
+    ((2, 23, 20, 64), "max", 3, 2, (1, 1, 1, 1), False),   # mid-image over two threads
 ])
 def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad, include_pad):
     """The C++ pools on NHWC buffers equal PyTorch's: padding left out of a max and counted in
     an average's divisor only where asked, channels that fill no whole vector, a NaN in a
-    max's window giving NaN, rows split over one thread or two; a 3 x 3 stride-1 average by
-    both of its forms (each window reduced, sliding sums)."""
+    max's window giving NaN, rows split over one thread or two (within an image too); a 3 x 3
+    stride-1 average by both of its forms (each window reduced, sliding sums), a max by both of
+    its (each window reduced, the input read in its order)."""
     import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native
@@ -1637,7 +1640,7 @@ def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad
     fn = module["paragraph_vendor_pool2d"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(x),
                                            [window, window, stride, stride, *pad],
                                            kind == "max", include_pad, threads)
-    for _ in range(12):  # a 3 x 3 stride-1 average's two forms each timed five times, then one
+    for _ in range(12):  # a pool's two forms each timed five times, then the chosen one
         out.fill_(7.0)
         fn()
         torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-5, atol=1e-5)
