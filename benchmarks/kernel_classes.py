@@ -2,7 +2,8 @@
 own profiler, on 1 thread and on 2, side by side in one process.
 
 Usage: python benchmarks/kernel_classes.py [--models bert,encoder] [--threads 1,2] [--runs N]
-           [--blocks N] [--reduced] [--json benchmarks/results/kernel-classes-cpu.json]
+           [--blocks N] [--reduced] [--per-node CLASS]
+           [--json benchmarks/results/kernel-classes-cpu.json]
 
 Per model and thread count: paragraph's executor (vendor kernels, the sequential schedule with
 that many threads, profiled: each kernel's median over ``runs``) and ONNX Runtime's sequential
@@ -17,6 +18,10 @@ class does the work of an ORT node of another (NASNet's joins apply the relu tha
 its Concat), that node counts in paragraph's class. Runs alternate between the runtimes in
 blocks; the contention on the cores is recorded and a model timed while another process held a
 core is flagged.
+
+A class's total moves 10-20% between runs minutes apart (the host's phases); with
+``--per-node CLASS`` each node of that class is also reported, both runtimes', in the order they
+ran (paired where they ran as many), which is how a class's gap is traced to its nodes.
 """
 
 from __future__ import annotations
@@ -104,11 +109,13 @@ def carried_by_paragraph(onnx_bytes: bytes) -> dict[str, str]:
 
 
 def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, blocks: int,
-                runs: int, between, carried: dict[str, str]) -> dict[str, float]:
+                runs: int, between, carried: dict[str, str],
+                per_node: str | None = None) -> tuple[dict[str, float], list[dict]]:
     """Median ms per ORT node kind summed by class, from its profiler over ``blocks`` x
     ``runs`` runs of ``onnx_bytes`` (its nodes named: `named_nodes`); ``between()`` runs after
     each block (the other runtime's block). A node of ``carried`` (`carried_by_paragraph`)
-    counts in the class it maps to."""
+    counts in the class it maps to. Also each node of class ``per_node`` in the order ORT ran
+    them: its name, op, output shape and median ms."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -129,17 +136,24 @@ def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, block
         time.sleep(SETTLE_S)
     with open(session.end_profiling()) as f:
         events = json.load(f)
-    per_node: dict[str, list[float]] = {}
+    durations: dict[str, list[float]] = {}  # in the order ORT first ran the nodes
     kind: dict[str, str] = {}
+    shape: dict[str, list] = {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            per_node.setdefault(e["name"], []).append(e["dur"] / 1e3)
+            durations.setdefault(e["name"], []).append(e["dur"] / 1e3)
             kind[e["name"]] = e["args"]["op_name"]
+            shape[e["name"]] = [list(t.values())[0] for t in e["args"].get("output_type_shape", [])]
     out: dict[str, float] = {}
-    for node, durs in per_node.items():
+    nodes: list[dict] = []
+    for node, durs in durations.items():
         cls = carried.get(node.removesuffix("_kernel_time")) or kernel_class(kind[node])
-        out[cls] = out.get(cls, 0.0) + statistics.median(durs[WARMUP:] or durs)
-    return out
+        ms = statistics.median(durs[WARMUP:] or durs)
+        out[cls] = out.get(cls, 0.0) + ms
+        if cls == per_node:
+            nodes.append({"name": node.removesuffix("_kernel_time"), "op": kind[node],
+                          "shape": shape[node], "ms": ms})
+    return out, nodes
 
 
 def bench_model(name: str, args, log) -> dict:
@@ -159,15 +173,22 @@ def bench_model(name: str, args, log) -> dict:
             # calls each): two warm-ups profiled those calls, the slower forms' among them
             for _ in range(SETTLE_RUNS):
                 executor.run(*inputs)
-            ort = ort_profile(onnx_bytes, inputs, threads, args.blocks, args.runs,
-                              lambda ex=executor, s=samples: profiled_runs(ex, inputs,
-                                                                            args.runs, s),
-                              carried)
+            ort, ort_nodes = ort_profile(
+                onnx_bytes, inputs, threads, args.blocks, args.runs,
+                lambda ex=executor, s=samples: profiled_runs(ex, inputs, args.runs, s),
+                carried, args.per_node)
         ours: dict[str, float] = {}
-        for node, times in samples.items():
+        our_nodes: list[dict] = []
+        for node in schedule.kernels:  # one stream: the order the kernels ran in
+            if node not in samples:
+                continue
             func = program.graph[node].attrs.get("func") or program.graph[node].name or ""
             cls = kernel_class(func)
-            ours[cls] = ours.get(cls, 0.0) + statistics.median(times)
+            ms = statistics.median(samples[node])
+            ours[cls] = ours.get(cls, 0.0) + ms
+            if cls == args.per_node:
+                our_nodes.append({"node": node, "kernel": func,
+                                  "shape": list(program.graph[node].outputs[0].shape), "ms": ms})
         classes = sorted(set(ours) | set(ort), key=lambda c: -max(ours.get(c, 0), ort.get(c, 0)))
         row["threads"][str(threads)] = {
             "paragraph_ms": {c: ours.get(c, 0.0) for c in classes},
@@ -177,10 +198,30 @@ def bench_model(name: str, args, log) -> dict:
             f"ONNX Runtime {sum(ort.values()):.2f} ms")
         for c in classes:
             log(f"  {c:14} {ours.get(c, 0.0):8.3f} {ort.get(c, 0.0):8.3f}")
+        if args.per_node:
+            row["threads"][str(threads)]["per_node"] = {
+                "class": args.per_node, "paragraph": our_nodes, "onnxruntime": ort_nodes}
+            log_per_node(our_nodes, ort_nodes, log)
     after = cpu_contention(2.0)
     row.update(contention_before=before, contention_after=after,
                contended=is_contended(before, after))
     return row
+
+
+def log_per_node(ours: list[dict], theirs: list[dict], log) -> None:
+    """Each runtime's nodes of one class in the order they ran, side by side where the two
+    ran as many (paired by position: compare the shapes), else one list after the other."""
+    if len(ours) == len(theirs):
+        for a, b in zip(ours, theirs, strict=True):
+            log(f"    %{a['node']:<5} {str(tuple(a['shape'])):20} {a['ms'] * 1e3:8.1f} us   "
+                f"{b['op']:18} {str(tuple(b['shape'][0]) if b['shape'] else ()):20} "
+                f"{b['ms'] * 1e3:8.1f} us")
+        return
+    log(f"    paragraph ran {len(ours)} kernels of the class, ONNX Runtime {len(theirs)} nodes")
+    for a in ours:
+        log(f"    paragraph %{a['node']:<5} {str(tuple(a['shape'])):20} {a['ms'] * 1e3:8.1f} us")
+    for b in theirs:
+        log(f"    onnxruntime {b['op']:18} {str(b['shape']):24} {b['ms'] * 1e3:8.1f} us")
 
 
 def main() -> None:
@@ -190,6 +231,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--runs", type=int, default=4, help="runs per block")
     parser.add_argument("--reduced", action="store_true")
+    parser.add_argument("--per-node", metavar="CLASS",
+                        help="also each node of this class (pooling, softmax, ...), both "
+                             "runtimes', in the order they ran")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results"
                                               / "kernel-classes-cpu.json"))
     args = parser.parse_args()
