@@ -2304,15 +2304,16 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
             x_buffer.size(1), x_buffer.size(2), x_buffer.size(3), out_buffer.size(1),
             out_buffer.size(2), p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], is_max,
             include_pad};
-  // the views hold TVM's buffers alive as long as the function
-  Form windows = [pool, x_buffer, out_buffer, threads]() { pool(threads); };
+  // pool form ``f`` (see `Pool::operator()`); the views hold TVM's buffers alive as long as
+  // the function
+  auto form = [=](int f) -> Form {
+    return [pool, x_buffer, out_buffer, threads, f]() { pool(threads, f); };
+  };
   // forms by index: windows, then the sliding sums or the input's order where they apply
-  std::vector<Form> forms{windows};
-  for (int form : {1, 2}) {
-    if (form == 1 ? pool.slides() : pool.streams())
-      forms.push_back([pool, x_buffer, out_buffer, threads, form]() { pool(threads, form); });
-  }
-  if (forms.size() == 1) return wrap(windows);
+  std::vector<Form> forms{form(0)};
+  if (pool.slides()) forms.push_back(form(1));
+  if (pool.streams()) forms.push_back(form(2));
+  if (forms.size() == 1) return wrap(forms[0]);
   return fastest_of(std::move(forms),
                     (is_max ? "maxpool" : "avgpool3") + std::to_string(threads) + ints(p) +
                         (include_pad ? "i" : "") + shape_key({x_buffer}),
