@@ -2,11 +2,14 @@
 own profiler, on 1 thread and on 2, side by side in one process.
 
 Usage: python benchmarks/kernel_classes.py [--models bert,encoder] [--threads 1,2] [--runs N]
-           [--blocks N] [--reduced] [--per-node CLASS]
+           [--blocks N] [--reduced] [--per-node CLASS] [--as-imported]
            [--json benchmarks/results/kernel-classes-cpu.json]
 
-Per model and thread count: paragraph's executor (vendor kernels, the sequential schedule with
-that many threads, profiled: each kernel's median over ``runs``) and ONNX Runtime's sequential
+Per model and thread count: paragraph's executor (vendor kernels, the model's graph with the
+rewrite the default plan applies, average pools moved after the 1 x 1 convolutions that narrow
+them, `paragraph.passes.pools`; ``--as-imported`` for the model's own graph; the sequential
+schedule with that many threads, profiled: each kernel's median over ``runs``) and ONNX
+Runtime's sequential
 executor with that many intra-op threads and its profiler on (each node's median ``kernel_time``
 over the same runs, first two of each dropped), a pause between the blocks (ORT's pool threads
 spin after its runs and took the second core from paragraph's next block), both summed by kernel
@@ -48,12 +51,15 @@ from paragraph.machine import (  # noqa: E402
     is_contended,
     wait_for_quiet_cores,
 )
+from paragraph.passes.pools import pools_after_convs  # noqa: E402
 from paragraph.passes.schedule import make_schedule  # noqa: E402
 from paragraph.planner import SETTLE_RUNS  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.executor import make_executor  # noqa: E402
+from paragraph.tvm_interop.importers import prepare  # noqa: E402
 from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
 from paragraph.tvm_interop.lowering import resolve_target  # noqa: E402
+from paragraph.tvm_interop.relax_graph import from_relax, to_relax  # noqa: E402
 from paragraph.tvm_interop.vendor.names import VendorOp, is_vendor_name  # noqa: E402
 
 # class, words of an ORT op type or a TVM fused function's name (first match wins)
@@ -159,11 +165,15 @@ def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, block
 def bench_model(name: str, args, log) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         mod, onnx_bytes, _ = model_and_onnx(name, args.reduced, Path(tmp))
-    program = KernelProgram.build(mod, resolve_target("cpu"), kernels="vendor")
+    done: list[str] = []
+    if not args.as_imported:  # the graph the default (critical-path) plan runs
+        moved, done = pools_after_convs(from_relax(prepare(mod)))
+    program = KernelProgram.build(to_relax(moved) if done else mod, resolve_target("cpu"),
+                                  kernels="vendor", rewrites=tuple(done))
     inputs = random_inputs(mod)
     onnx_bytes = named_nodes(onnx_bytes)
     carried = carried_by_paragraph(onnx_bytes)
-    row: dict = {"model": name, "threads": {}}
+    row: dict = {"model": name, "rewrites": list(program.rewrites), "threads": {}}
     before = wait_for_quiet_cores(log)
     for threads in args.threads:
         schedule = make_schedule("sequential", program.graph, cores=threads)
@@ -234,6 +244,9 @@ def main() -> None:
     parser.add_argument("--per-node", metavar="CLASS",
                         help="also each node of this class (pooling, softmax, ...), both "
                              "runtimes', in the order they ran")
+    parser.add_argument("--as-imported", action="store_true",
+                        help="the model's own graph, without the pools moved after their 1 x 1 "
+                             "convolutions (what ONNX Runtime runs, kernel for kernel)")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results"
                                               / "kernel-classes-cpu.json"))
     args = parser.parse_args()
@@ -249,7 +262,8 @@ def main() -> None:
         atomic_write_json(args.json, {
             "benchmark": "kernel-classes", "kernels": "vendor", "schedule": "sequential",
             "machine": describe_machine(), "blocks": args.blocks, "runs": args.runs,
-            "reduced": args.reduced, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "reduced": args.reduced, "as_imported": args.as_imported,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "load_average_before": load_before, "load_average": os.getloadavg(),
             "models": results})

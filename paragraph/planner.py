@@ -62,6 +62,7 @@ from paragraph.passes.ios import (
     search,
     to_schedule,
 )
+from paragraph.passes.pools import pools_after_convs
 from paragraph.passes.schedule import ALGORITHMS, critical_path, make_schedule, sequential
 from paragraph.passes.search import Applied, Candidate, SearchOptions
 from paragraph.passes.search import search as substitution_search
@@ -177,6 +178,8 @@ def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
     plain = _measured_critical_path(program, db, tuning, streams, cores, log, remote)
     if on_cpu and streams is not None and streams >= 2:
         plain = _one_stream_if_faster(plain, db, tuning, streams, log, remote)
+    plain = _with_pools_moved(plain, db, tuning_db, cores, log, remote)
+    program = plain.program
     if not (split and on_cpu and streams is not None and streams >= 2):
         return plain
     try:
@@ -199,8 +202,59 @@ def _critical_path(program: KernelProgram, db: CostDB, tuning_db: str | None,
             f"{split_s * 1e3:.2f} ms: keeping the {'split' if keep else 'unsplit'} program")
     chosen = other if keep else plain
     return Plan(chosen.program, chosen.schedule,
-                {**chosen.report, "split": list(rebuilt.rewrites) if keep else [],
+                {**chosen.report, **_moved_report(plain.report),
+                 "split": list(_split_rewrites(rebuilt)) if keep else [],
                  "unsplit_ms": unsplit_s * 1e3, "split_ms": split_s * 1e3})
+
+
+def _split_rewrites(program: KernelProgram) -> tuple[str, ...]:
+    return tuple(r for r in program.rewrites if r.startswith("split-conv-"))
+
+
+def _moved_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: report[k] for k in ("pools", "unmoved_ms", "moved_ms") if k in report}
+
+
+def _with_pools_moved(plan: Plan, db: CostDB, tuning_db: str | None, cores: int | None,
+                      log: Log | None, remote: Remote | None) -> Plan:
+    """``plan``, or where average pools of its program feed only 1 x 1 convolutions to fewer
+    channels, the program rebuilt with each pool moved after its convolution
+    (`pools_after_convs`: the library's ``pool-after-conv1x1``) and planned as ``plan`` is
+    (`plan_like`): it does less work and adds no kernel, so it is kept unless its outputs
+    differ (`ParagraphError`) or whole runs of ``plan`` time clearly faster
+    (`clearly_faster`). The report names the pools moved (``pools``)."""
+    program = plan.program
+    if program.source is None:
+        return plan
+    try:
+        source = program.source
+        opgraph = source if isinstance(source, Graph) else from_relax(prepare(source))
+        moved, done = pools_after_convs(opgraph, log=log)
+        if not done:
+            return plan
+        other = plan_like(plan, moved, program.target, kernels=program.kernel_source,
+                          rewrites=(*program.rewrites, *done), tuning_db=tuning_db, db=db,
+                          cores=cores, remote=remote)
+    except Exception as exc:  # an optional rewrite: the program as it is still stands
+        warnings.warn(f"critical-path: the program with its pools moved could not be built "
+                      f"({type(exc).__name__}: {exc}); keeping the model's own kernels",
+                      RuntimeWarning, stacklevel=4)
+        return plan
+    if log is not None:
+        log("  critical-path: checking the outputs with the pools moved, timing both ...")
+    as_is_s, moved_s = end_to_end([(program, plan.schedule), (other.program, other.schedule)],
+                                  db, tuning_id(tuning_db), check=True, remote=remote)
+    keep = not clearly_faster(as_is_s, moved_s)
+    if log is not None:
+        log(f"  critical-path end to end: {as_is_s * 1e3:.2f} ms, pools moved "
+            f"{moved_s * 1e3:.2f} ms: keeping the {'moved' if keep else 'unmoved'} pools")
+    # the moved program's kernel-time summary over the stream choices made for ``plan``
+    summary = {k: v for k, v in other.report.items()
+               if k not in ("planned_like", "pools", "split")}
+    chosen = Plan(other.program, other.schedule, {**plan.report, **summary}) if keep else plan
+    return Plan(chosen.program, chosen.schedule,
+                {**chosen.report, "pools": list(done) if keep else [],
+                 "unmoved_ms": as_is_s * 1e3, "moved_ms": moved_s * 1e3})
 
 
 # how much faster end to end the planner's more elaborate choice (several streams, kernels capped
@@ -272,13 +326,13 @@ def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
               remote: Remote | None = None) -> Plan:
     """``graph`` (an operator graph rewritten from ``reference``'s) built with ``kernels`` and
     given a critical-path schedule with the choices that timing whole runs made for
-    ``reference`` (`plan_schedule`): its lone convolutions split if ``reference``'s were,
-    and one stream of every core if ``reference`` kept one, its kernels capped to one thread
-    where ``reference``'s were. The kernel times are still
-    measured (or taken from the cache); what is saved are the end-to-end comparisons (and the
-    split program's build) that make those choices: 22 s of timing whole runs a NASNet-A
-    large candidate of the substitution search, whose rewrites are local and do not turn
-    them."""
+    ``reference`` (`plan_schedule`): its pools moved after their 1 x 1 convolutions and its
+    lone convolutions split if ``reference``'s were, and one stream of every core if
+    ``reference`` kept one, its kernels capped to one thread where ``reference``'s were. The
+    kernel times are still measured (or taken from the cache); what is saved are the
+    end-to-end comparisons (and the rewritten programs' builds) that make those choices: 22 s
+    of timing whole runs a NASNet-A large candidate of the substitution search, whose rewrites
+    are local and do not turn them."""
     if db is None:  # the default cache, opened for this plan alone
         own = CostDB()
         try:
@@ -289,12 +343,15 @@ def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
     target = resolve_target(target)
     on_cpu = target.kind.name == "llvm"
     streams = (cores or cpu_count()) if on_cpu else None
+    pools: Sequence[str] = ()
+    if reference.report.get("pools"):
+        graph, pools = pools_after_convs(from_relax(prepare(to_relax(graph))))
     done: Sequence[str] = ()
     if reference.report.get("split") and streams is not None:
         graph, done = split_lone_convs(from_relax(prepare(to_relax(graph))),
                                        4 if streams >= 4 else 2)
     program = KernelProgram.build(to_relax(graph), target, tuning_db=tuning_db, kernels=kernels,
-                                  rewrites=(*rewrites, *done))
+                                  rewrites=(*rewrites, *pools, *done))
     tuning = tuning_id(tuning_db)
     plan = _measured_critical_path(program, db, tuning, streams, cores, None, remote)
     if (len(reference.schedule.streams) == 1 and len(plan.schedule.streams) > 1
@@ -302,8 +359,8 @@ def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
         plan = Plan(program, _one_stream(plan, db, tuning, streams, None, remote,
                                          caps=bool(reference.schedule.kernel_threads)),
                     plan.report)
-    return Plan(program, plan.schedule, {**plan.report, "split": list(done),
-                                         "planned_like": "reference"})
+    return Plan(program, plan.schedule, {**plan.report, "pools": list(pools),
+                                         "split": list(done), "planned_like": "reference"})
 
 
 def fewer_threads_where_faster(program: KernelProgram, schedule: Schedule, db: CostDB,

@@ -46,6 +46,12 @@ WRONG = [
     Axiom("16-order", app("transpose", app("matmul", x, y)),
           app("matmul", app("transpose", x), app("transpose", y)), "(xy)^T = x^T y^T",
           ({"x": (3, 3), "y": (3, 3)}, {"x": (2, 4, 4), "y": (2, 4, 4)})),
+    # pc for any kernel: a 3 x 3 convolution does not commute with a padded pool (borders)
+    Axiom("pc-3x3", _conv(app("pool_avg", x, kh=3, kw=3, stride=1, pad=SAME), y, c=NONE, g=1,
+                          pad=VALID, stride=1),
+          app("pool_avg", _conv(x, y, c=NONE, g=1, pad=VALID, stride=1), kh=3, kw=3, stride=1,
+              pad=SAME), "a convolution commutes with an average pool",
+          ({"x": (2, 4, 6, 5), "y": (3, 4, 3, 3)},)),
     # relu does not commute with scaling by a (possibly negative) scalar
     Axiom("relu-smul", app("relu", app("smul", x, var("s"))),
           app("smul", app("relu", x), var("s")), "relu(sx) = s relu(x)",

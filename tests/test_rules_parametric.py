@@ -10,6 +10,7 @@ from paragraph.rules.parametric import (
     AvgPoolPair,
     MergeConvs,
     MergeMatmulRows,
+    PoolAfterConv,
     Regroup,
     all_parametric,
     block_diagonal,
@@ -166,6 +167,43 @@ def test_avg_pool_pair_needs_the_same_input():
     g = b.build([b.op("add", [b.op("avg_pool2d", [x], attrs).out,
                               b.op("avg_pool2d", [y], attrs).out]).out])
     assert AvgPoolPair("a", "a", "", "avg_pool_pair").find(g) == []
+
+
+def _pool_branch(pool_attrs, cout=2, conv_attrs=None, kernel=1, read_pool=False):
+    """Inception's pool branch: avg pool -> conv -> bias -> relu over 8 channels."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    x = b.input((1, 8, 7, 7))
+    pool = b.op("avg_pool2d", [x], {"pool_size": 3, "padding": 1, **pool_attrs})
+    w = b.weight(rng.standard_normal((cout, 8, kernel, kernel)).astype("f4"))
+    conv = b.op("conv2d", [pool.out, w], {"padding": kernel // 2, **(conv_attrs or {})})
+    bias = b.weight(rng.standard_normal((1, cout, 1, 1)).astype("f4"))
+    out = b.op("relu", [b.op("add", [conv.out, bias]).out]).out
+    return b.build([out, pool.out] if read_pool else [out])
+
+
+def test_pool_after_conv_moves_the_pool_past_a_narrowing_1x1_conv():
+    """Inception's pool branch (in the model 768 -> 192 channels): the 1 x 1 convolution reads
+    the pool's input and the pool its output, the bias and relu after the pool, equal; not
+    where it does not hold (a pool leaving its padding out of the divisor, a 3 x 3 or strided
+    convolution) or would not pay (no fewer channels after the convolution, a strided pool:
+    the convolution would run on 4x the pixels, the pool's output read elsewhere too)."""
+    rule = PoolAfterConv("p", "p", "", "pool_after_conv")
+    g = _pool_branch({"count_include_pad": True})
+    (match,) = rule.find(g)
+    new = rule.rewrite(g, match)
+    assert [n.kind for n in new.operators] == ["conv2d", "avg_pool2d", "add", "relu"]
+    assert new.operators[0].type.shape == (1, 2, 7, 7)
+    feeds = [np.random.default_rng(6).standard_normal((1, 8, 7, 7)).astype("f4")]
+    np.testing.assert_allclose(run_graph(new, feeds)[0], run_graph(g, feeds)[0], rtol=1e-5,
+                               atol=1e-5)
+    for refused in (_pool_branch({"count_include_pad": False}),
+                    _pool_branch({"count_include_pad": True}, kernel=3),
+                    _pool_branch({"count_include_pad": True}, conv_attrs={"strides": 2}),
+                    _pool_branch({"count_include_pad": True, "strides": 2}),
+                    _pool_branch({"count_include_pad": True}, cout=8),
+                    _pool_branch({"count_include_pad": True}, read_pool=True)):
+        assert rule.find(refused) == []
 
 
 def test_merge_matmul_rows_batches_independent_steps_and_not_a_recurrence():

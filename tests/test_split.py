@@ -110,8 +110,9 @@ def test_critical_path_keeps_whichever_program_runs_faster(inception, tmp_path):
     plan = plan_schedule("critical-path", inception, db=db, cores=2)
     program, report = plan.program, plan.report
     assert report["split_ms"] > 0 and report["unsplit_ms"] > 0
-    assert (program is not inception) == (report["split_ms"] < report["unsplit_ms"])
-    assert report["split"] == (list(program.rewrites) if program is not inception else [])
+    assert bool(report["split"]) == (report["split_ms"] < report["unsplit_ms"])
+    # the program may also have its pools moved first (tests/test_pools.py)
+    assert report["split"] == [r for r in program.rewrites if r.startswith("split-conv-")]
     x = random_inputs(inception.lowered, seed=5)
     with make_executor(program, plan.schedule) as ex:
         for g, e in zip(ex.run(*x), run_vm(inception.vm(), x), strict=True):
@@ -119,9 +120,10 @@ def test_critical_path_keeps_whichever_program_runs_faster(inception, tmp_path):
     # the choice is cached: planning again measures nothing new and decides the same
     again = plan_schedule("critical-path", inception, db=db, cores=2)
     assert again.report["split_ms"] == report["split_ms"]
-    assert (again.program is inception) == (program is inception)
+    assert again.program.rewrites == program.rewrites
     unsplit = plan_schedule("critical-path", inception, db=db, cores=2, split=False)
-    assert unsplit.program is inception and "split" not in unsplit.report
+    assert "split" not in unsplit.report
+    assert not any(r.startswith("split-conv-") for r in unsplit.program.rewrites)
 
 
 def test_end_to_end_check_refuses_a_program_that_computes_something_else(inception):
@@ -148,7 +150,8 @@ def test_a_split_that_cannot_be_built_leaves_the_plain_schedule(inception, tmp_p
     with pytest.warns(RuntimeWarning, match="could not be built.*lowering failed"):
         plan = plan_schedule("critical-path", inception, db=CostDB(tmp_path / "c.sqlite"),
                              cores=2)
-    assert plan.program is inception and "split" not in plan.report
+    assert "split" not in plan.report
+    assert not any(r.startswith("split-conv-") for r in plan.program.rewrites)
 
 
 def test_a_comparison_timed_under_load_is_timed_again_when_quiet(inception, monkeypatch,

@@ -26,7 +26,7 @@ from paragraph.tvm_interop.importers import prepare
 from paragraph.tvm_interop.kernels import KernelProgram
 from paragraph.tvm_interop.measure import SETTLE_RUNS, CostDB
 from paragraph.tvm_interop.threads import config_threads
-from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, vendor_names
+from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, undispatch, vendor_names
 from paragraph.tvm_interop.vendor.names import VendorOp, cost_name
 from paragraph.tvm_interop.vendor.runtime import bind, ensure_registered
 from paragraph.tvm_interop.vendor.select import choose_fastest
@@ -146,6 +146,22 @@ def conv_pools(bb, x):
     return bb.emit(relax.op.nn.max_pool2d(bb.emit(relax.op.add(with_pad, without)), 3, 2, 0))
 
 
+def pools_with_epilogues(bb, x):
+    """Inception's pool branch after rule pool-after-conv1x1: a 1 x 1 convolution, then its
+    pool, the convolution's batch norm (as `prepare` decomposes it) and relu after the pool;
+    a pool not counting its padding with a relu alone; and a constant minus a pool, which is
+    not affine in the pool's terms and stays a TVM kernel."""
+    y = bb.emit(relax.op.nn.conv2d(x, const(6, 8, 1, 1)))
+    pooled = bb.emit(relax.op.nn.avg_pool2d(y, 3, 1, 1, count_include_pad=True))
+    for kind in ("subtract", "divide", "multiply", "add"):
+        pooled = bb.emit(getattr(relax.op, kind)(pooled, const(1, 6, 1, 1)))
+    branch = bb.emit(relax.op.nn.relu(pooled))
+    plain = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.avg_pool2d(y, 3, 1, 1))))
+    flipped = bb.emit(relax.op.subtract(const(1, 6, 1, 1), bb.emit(relax.op.nn.avg_pool2d(
+        y, 3, 2, 1, count_include_pad=True))))
+    return bb.emit(relax.Tuple([branch, plain, flipped]))
+
+
 def erf_gelu(order):
     """PyTorch's ONNX export of GELU after a linear layer, with the products in ``order``."""
     def body(bb, x):
@@ -222,6 +238,11 @@ CONCATS = {
     "conv_pools": (module((1, 8, 9, 9), conv_pools),
                    ["conv2d.NHWC.s1x1.p1x1.d1x1.g1.relu", "avg_pool2d.NHWC.k3x3.s1x1.p1x1.incpad",
                     "avg_pool2d.NHWC.k3x3.s1x1.p1x1", "max_pool2d.NHWC.k3x3.s2x2.p0x0"]),
+    "pools_with_epilogues": (module((1, 8, 9, 9), pools_with_epilogues),
+                             ["conv2d.NHWC.s1x1.p0x0.d1x1.g1",
+                              "avg_pool2d.NHWC.k3x3.s1x1.p1x1.incpad.bias.relu",
+                              "avg_pool2d.NHWC.k3x3.s1x1.p1x1.relu",
+                              "avg_pool2d.NHWC.k3x3.s2x2.p1x1.incpad"]),
 }
 
 
@@ -250,6 +271,19 @@ def test_every_pattern_matches_tvm_kernels(case):
     tvm_kernels = KernelProgram.build(mod, "llvm")
     for got, want in zip(vm_outputs(vendor, inputs), vm_outputs(tvm_kernels, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
+
+
+def test_a_pool_epilogue_has_a_tvm_form():
+    """`--kernels auto` weighs each vendor call against its TVM form: an average pool's affine
+    epilogue and relu come back as Relax operators that compute the same."""
+    mod, _ = CONCATS["pools_with_epilogues"]
+    back = undispatch(dispatch_to_vendor(mod, local_cpu_target()), lambda call: False)
+    assert vendor_names(back) == []
+    inputs = random_inputs(mod, seed=6)
+    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    got = vm_outputs(KernelProgram.build(back, "llvm"), inputs)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
 def test_nchw_layout_and_what_is_not_dispatched():
@@ -305,7 +339,10 @@ def test_vendor_op_names_round_trip():
                 "paragraph.vendor.max_pool2d.NHWC.k3x3.s2x2",
                 "paragraph.vendor.max_pool2d.NCHW.k3x3.s2x2.p0x0",
                 "paragraph.vendor.max_pool2d.NHWC.k3x3.s2x2.p0x0.incpad",
-                "paragraph.vendor.avg_pool2d.NHWC.k3x3.s1x1.p1x1.relu"]:
+                "paragraph.vendor.max_pool2d.NHWC.k3x3.s1x1.p1x1.relu",
+                "paragraph.vendor.max_pool2d.NHWC.k3x3.s1x1.p1x1.bias",
+                "paragraph.vendor.avg_pool2d.NHWC.k3x3.s1x1.p1x1.res",
+                "paragraph.vendor.avg_pool2d.NHWC.k3x3.s1x1.p1x1.gelu"]:
         with pytest.raises(ParagraphError):
             VendorOp.from_name(bad)
 
@@ -1639,11 +1676,52 @@ def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad
     out = torch.full(want.shape, 7.0)
     fn = module["paragraph_vendor_pool2d"](tvm_ffi.from_dlpack(out), tvm_ffi.from_dlpack(x),
                                            [window, window, stride, stride, *pad],
-                                           kind == "max", include_pad, threads)
+                                           kind == "max", include_pad, None, None, False,
+                                           threads)
     for _ in range(12):  # a pool's two forms each timed five times, then the chosen one
         out.fill_(7.0)
         fn()
         torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("shape", "stride", "affine", "relu"), [
+    ((1, 35, 35, 40), 1, True, True),    # both forms, rows split over blocks of four
+    ((2, 7, 5, 21), 1, True, False),     # a block of three after four, two images
+    ((1, 9, 9, 16), 2, False, True),     # the window form alone, relu alone
+])
+def test_native_average_pools_apply_their_epilogue(threads, shape, stride, affine, relu):
+    """An average pool's epilogue (what it absorbs after rule pool-after-conv1x1: a batch
+    norm's per-channel scale and shift, a relu) equals the same operators after PyTorch's pool,
+    in every form and over one thread or two, a NaN kept through the relu."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.vendor import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(sum(shape) + stride)
+    x = torch.randn(*shape, generator=gen)
+    x[0, 2, 2, 0] = float("nan")
+    c = shape[-1]
+    scale, shift = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
+    want = torch.nn.functional.avg_pool2d(x.permute(0, 3, 1, 2), 3, stride, 1)
+    want = want.permute(0, 2, 3, 1)
+    if affine:
+        want = want * scale + shift
+    if relu:
+        want = torch.where(want.isnan(), want, want.clamp(min=0))
+    out = torch.full(want.shape, 7.0)
+    ffi = tvm_ffi.from_dlpack
+    fn = module["paragraph_vendor_pool2d"](ffi(out), ffi(x), [3, 3, stride, stride, 1, 1, 1, 1],
+                                           False, True, ffi(scale) if affine else None,
+                                           ffi(shift) if affine else None, relu, threads)
+    for _ in range(12):  # the forms each timed, then the chosen one
+        out.fill_(7.0)
+        fn()
+        torch.testing.assert_close(out, want.contiguous(), equal_nan=True, rtol=1e-5,
+                                   atol=1e-5)
 
 
 def test_the_python_pool_refuses_uneven_padding():

@@ -38,7 +38,10 @@ from paragraph.graph import Graph, Node, TensorRef
 COSTS = ("sum", "critical-path", "mixed", "simulated")
 ALPHA = 0.25  # AutoGraph's weight of the critical path (eq. 1)
 
-ANCHORS = frozenset({"conv2d", "matmul", "linear"})  # absorb the element-wise ops after them
+# absorb the element-wise ops after them: an average pool too (TVM fuses what follows a pool,
+# and the vendor pool takes a per-channel affine and a relu: rule pool-after-conv1x1 leaves a
+# convolution's batch norm and activation after its pool)
+ANCHORS = frozenset({"conv2d", "matmul", "linear", "avg_pool2d"})
 ELEMENTWISE = frozenset({"add", "subtract", "multiply", "divide", "relu", "sigmoid", "tanh",
                          "gelu", "erf", "exp", "sqrt", "rsqrt", "negative", "power",
                          "maximum", "minimum", "clip", "batch_norm"})
@@ -121,8 +124,8 @@ def fuse(graph: Graph) -> list[tuple[int, ...]]:
     first, in topological order of their anchors. An element-wise operator joins the kernel
     that produced its first computed operand when that kernel is an anchor's or an
     element-wise chain's and the operand has no other reader (TVM's OutEWiseFusable and
-    injective fusion; the vendor path's conv + bias + activation). Views are their own
-    (free) kernels."""
+    injective fusion; the vendor path's conv + bias + activation, average pool + affine +
+    relu). Views are their own (free) kernels."""
     group_of: dict[int, int] = {}
     groups: list[list[int]] = []
     fusable: list[bool] = []

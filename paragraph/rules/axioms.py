@@ -13,10 +13,11 @@ Axioms 1-43 are table 2.2 with two corrections and one generalisation found by v
   re-partition the channels); they hold with ``groups = 1`` only and are stated so.
 * 30 (geometry of concat) is stated for any two distinct axes, not only rows and columns.
 
-The extensions after them (``g1``, ``e*``, ``sub``, ``z*``) are marked ``table=False``: grouped
-convolution split into two halves, the opaque element-wise functions (sigmoid, tanh, gelu)
-commuting with concat and transpose as relu does, subtraction, and zero kernels. The parametric
-rules (regrouping, SRU) need them.
+The extensions after them (``g1``, ``e*``, ``pc``, ``sub``, ``z*``) are marked ``table=False``:
+grouped convolution split into two halves, the opaque element-wise functions (sigmoid, tanh,
+gelu) commuting with concat and transpose as relu does, a 1 x 1 convolution commuting with an
+average pool, subtraction, and zero kernels. The parametric rules (regrouping, pools after
+their 1 x 1 convolutions, SRU) need them.
 
 Shapes are not modelled (TASO section 2.4) except where an axiom needs them: a hypothesis may
 compare dimensions, ``("dim", "x1", -3)`` (the size of tensor ``x1`` along axis -3; z3's
@@ -422,6 +423,16 @@ def _build() -> list[Axiom]:
             f"{f} commutes with concat (as relu, 34)", _concat_cases("x", "y"), table=False)
         add(f"e-{f}-transpose", app(f, app("transpose", x)), app("transpose", app(f, x)),
             f"{f} commutes with transpose (as relu, 23)", mats, table=False)
+    one_by_one = (("eq", ("dim", "w", -2), 1), ("eq", ("dim", "w", -1), 1))
+    add("pc", _conv(_pool("pool_avg", x), w, c=NONE, g=1, pad=VALID, stride=1),
+        _pool("pool_avg", _conv(x, w, c=NONE, g=1, pad=VALID, stride=1)),
+        "a 1 x 1 convolution commutes with an average pool that counts its padding: both are "
+        "linear, one mixes channels pixel by pixel, the other pixels channel by channel, and "
+        "the padding's zeros map to zeros",
+        tuple({**c, "x": (2, 4, 6, 5), "w": (3, 4, 1, 1)} for c in _grid(
+            kh=(3, 1), kw=(3, 2), s=(1, 2), p=(SAME, VALID)) if c["p"] == VALID
+            or c["kh"] % 2 == c["kw"] % 2 == 1),
+        hypotheses=one_by_one, table=False)
     add("sub", app("ewsub", x, y), app("ewadd", x, app("smul", y, app("neg_one"))),
         "definition of subtraction", _same_shape("xy"), table=False)
     add("z1", app("ewadd", x, app("ewmul", y, app("zeros"))), x, "x + 0 = x",

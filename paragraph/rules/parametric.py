@@ -30,7 +30,7 @@ from paragraph.graph import Graph, GraphBuilder, Node, TensorRef
 from paragraph.interpret import run_graph
 from paragraph.rules.axioms import Hypothesis, by_name
 from paragraph.rules.match import Builder, Match, commit
-from paragraph.rules.specs import NONE, SAME, Term, app, var
+from paragraph.rules.specs import NONE, SAME, VALID, Term, app, var
 from paragraph.rules.verify import DEFAULT_RLIMIT, Prover, axiom_order, z3_version
 
 # a proof obligation: its description, lhs[i] == rhs[i] for all i, under the hypotheses
@@ -647,6 +647,75 @@ class AvgPoolPair(ParametricRule):
         return b.build([b.op("add", [p1.out, p2.out]).out])
 
 
+@dataclass(frozen=True)
+class PoolAfterConv(ParametricRule):
+    """conv1x1(avg_pool(x)) -> avg_pool(conv1x1(x)): a 1 x 1 convolution (stride 1, no
+    padding, groups 1) commutes with an average pool that counts its padding (axiom ``pc``:
+    both linear, the padding's zeros map to zeros; TASO section 2.2's linearity axioms, one
+    more operator pair). Where the convolution has fewer output channels than the pool has
+    channels, as every Inception block's pool branch (768 -> 192, 288 -> 64, 2048 -> 192), the
+    pool then averages 4-10x fewer channels; what followed the convolution (its bias, batch
+    norm, activation) now follows the pool, which is exact because nothing of it moved
+    inside the window. Only for that case, and for pools that keep the image's size: after a
+    strided pool (NASNet-A's 1 x 1 stride-2 pool before its halving convolution) the
+    convolution would run on stride^2 times the pixels; the other direction never saves work
+    here."""
+
+    def find(self, graph: Graph) -> list[Match]:
+        out = []
+        for conv in graph.nodes:
+            if conv.kind != "conv2d" or not _plain_conv(conv, graph):
+                continue
+            a = conv.attrs
+            pool = graph[conv.inputs[0].node]
+            p = pool.attrs
+            if (a["groups"] != 1 or a["strides"] != (1, 1) or any(a["padding"])
+                    or a["data_layout"] != "NCHW" or a["kernel_layout"] != "OIHW"
+                    or graph.type_of(conv.inputs[1]).shape[2:] != (1, 1)
+                    or pool.kind != "avg_pool2d" or p["ceil_mode"] or p["dilation"] != (1, 1)
+                    or p["layout"] != "NCHW" or p["out_layout"] != "NCHW"
+                    or not (p["count_include_pad"] or not any(p["padding"]))
+                    or not _only_reader(graph, pool.out, conv.id)
+                    or conv.type.shape[1] >= pool.type.shape[1]
+                    or pool.type.shape[2:] != graph.type_of(pool.inputs[0]).shape[2:]):
+                continue
+            out.append(Match(self, (conv.id, pool.id)))
+        return out
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        conv, pool = graph[match.nodes[0]], graph[match.nodes[1]]
+        b = Builder(graph)
+        mixed = b.op("conv2d", [pool.inputs[0], conv.inputs[1]], dict(conv.attrs),
+                     name=conv.name)
+        pooled = b.op("avg_pool2d", [mixed.out], dict(pool.attrs), name=pool.name)
+        return commit(graph, match.nodes, b, {conv.out: pooled.out})
+
+    def obligations(self) -> list[Obligation]:
+        x, w = var("x"), var("w")
+        pool = app("pool_avg", x, kh="kh", kw="kw", stride="s", pad="p")
+        one_by_one = (("eq", ("dim", "w", -2), 1), ("eq", ("dim", "w", -1), 1))
+        return [("a 1 x 1 kernel w, a pool counting its padding",
+                 [_conv(pool, w, stride=1, pad=VALID, act=NONE, groups=1)],
+                 [app("pool_avg", _conv(x, w, stride=1, pad=VALID, act=NONE, groups=1),
+                      kh="kh", kw="kw", stride="s", pad="p")], one_by_one)]
+
+    def hint(self) -> tuple[str, ...]:
+        return ("pc",)
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        c = int(rng.integers(3, 7))
+        x = b.input((int(rng.integers(1, 3)), c, 7, 6))
+        k = int(rng.choice([1, 3, 5]))  # odd, stride 1: the image keeps its size
+        pool = b.op("avg_pool2d", [x], {"pool_size": k, "padding": k // 2,
+                                         "count_include_pad": True})
+        o = int(rng.integers(1, c))
+        w = b.weight(rng.standard_normal((o, c, 1, 1)).astype("f4"))
+        y = b.op("conv2d", [pool.out, w], {"padding": 0})
+        y = b.op("add", [y.out, b.weight(rng.standard_normal((1, o, 1, 1)).astype("f4"))])
+        return b.build([b.op("relu", [y.out]).out])
+
+
 # ---------------------------------------------------------------------------- matmuls
 def _split_back(graph: Graph, b: Builder, nodes: Sequence[Node], merged: TensorRef,
                 axis: int) -> Graph | None:
@@ -1016,6 +1085,15 @@ DESCRIPTIONS = {
         "constraints": ["equal pool attributes", "ceil_mode false", "dilation 1",
                         "each pool read by the add only"],
         "outputs": "add -> conv2d (or the multiply)"},
+    "pool_after_conv": {
+        "source": "conv2d(avg_pool2d(x), W), W 1 x 1",
+        "target": "avg_pool2d(conv2d(x, W))",
+        "constraints": ["conv: stride 1, no padding, groups 1, no bias operand, W a weight",
+                        "fewer output channels than the pool's",
+                        "the pool keeps the height and width",
+                        "the pool counts its padding (or has none)", "ceil_mode false",
+                        "dilation 1", "the pool read by the conv only"],
+        "outputs": "conv2d -> avg_pool2d"},
     "merge_matmuls": {
         "source": "matmul(x, W_i) (or linear(x, W_i, b_i)) for i = 1..n, n >= 2, the same x",
         "target": "split(matmul(x, concat_1(W_i))) (linear: concat_0 of W_i and b_i)",
@@ -1049,7 +1127,8 @@ DESCRIPTIONS = {
 }
 
 SCHEMAS = {"merge_convs": MergeConvs, "regroup": Regroup, "split_grouped_conv": SplitGroupedConv,
-           "split_conv": SplitConv, "avg_pool_pair": AvgPoolPair, "merge_matmuls": MergeMatmuls,
+           "split_conv": SplitConv, "avg_pool_pair": AvgPoolPair,
+           "pool_after_conv": PoolAfterConv, "merge_matmuls": MergeMatmuls,
            "merge_matmul_rows": MergeMatmulRows,
            "fold_batch_norm": FoldBatchNorm, "conv_add_identity": ConvAddIdentity,
            "sru_distribute": SruDistribute}
@@ -1070,6 +1149,8 @@ def all_parametric() -> list[ParametricRule]:
                          "AutoGraph fig. 9", "split_grouped_conv", 4),
         AvgPoolPair("taso-avgpool-pair-dwconv", "avg_pool(x) + avg_pool(x) -> depth-wise conv",
                     "TASO fig. 2.8b", "avg_pool_pair"),
+        PoolAfterConv("pool-after-conv1x1", "avg_pool + 1x1 conv -> 1x1 conv + avg_pool",
+                      "TASO section 2.2 (linearity; axiom pc)", "pool_after_conv"),
         MergeMatmuls("taso-merge-matmuls", "merge matmuls sharing an operand (concat + split)",
                      "TASO fig. 2.2b", "merge_matmuls"),
         MergeMatmulRows("taso-merge-matmul-rows",

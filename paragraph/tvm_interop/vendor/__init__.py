@@ -25,6 +25,11 @@ Patterns (after `importers.prepare`, batch norm is a chain of per-channel consta
   the critical path of every block;
 * on the CPU, ``softmax`` of a static-shape tensor (``aten._softmax.out``: an attention's
   12x128x128 scores in 0.13 ms against 0.7 ms for TVM's untuned kernel);
+* on the CPU, max and average pools of static NHWC tensors (symmetric padding, no dilation,
+  floor rounding); an average pool then takes any chain of per-channel constant ``add``/
+  ``subtract``/``multiply``/``divide`` (folded into a per-channel scale and shift, in numpy) and
+  a ``relu`` as its epilogue: where the critical-path planner moved a pool after its 1 x 1
+  convolution (rule ``pool-after-conv1x1``) the convolution's batch norm and relu follow it;
 * the erf form of GELU that PyTorch exports to ONNX, ``x * (1 + erf(x / sqrt 2)) * 0.5`` in any
   order of the products, after a vendor matmul: that matmul's exact ``gelu``.
 

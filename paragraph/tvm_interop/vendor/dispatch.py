@@ -128,6 +128,8 @@ class _Rewriter:
                 return call  # c - conv and c / conv are not affine in the weight
             inner, const = const, inner
         op, args = self.vendor(inner)
+        if op is not None and op.kind == "avg_pool2d":
+            return self._pool_affine(call, op, args, const)
         if (op is None or op.kind != "conv2d" or op.residual or op.act
                 or not _is_const(const) or _dtype(const) != _dtype(call)):
             return call
@@ -151,6 +153,32 @@ class _Rewriter:
         new_args = [args[0], relax.const(w.astype(dtype)), relax.const(b.astype(dtype))]
         return _vendor_call(replace(op, bias=True), new_args, call.ty)
 
+    def _pool_affine(self, call: relax.Call, op: VendorOp, args: list[relax.Expr],
+                     const: relax.Expr) -> relax.Expr:
+        """``op(vendor average pool, c)`` with a per-channel constant -> the pool with an
+        affine epilogue ``pool * scale + shift`` (per channel, NHWC): where a 1 x 1
+        convolution's pool was moved after it (rule ``pool-after-conv1x1``) the convolution's
+        batch norm follows the pool, and a kernel of its own would read and write the pool's
+        output once more."""
+        shape = _shape(call)
+        c = (None if shape is None or op.act or not _is_const(const)
+             or _dtype(const) != _dtype(call) else _per_channel(_numpy(const), shape, 3))
+        if c is None:
+            return call
+        scale = _numpy(args[1]).astype(np.float64) if op.bias else np.ones(len(c))
+        shift = _numpy(args[2]).astype(np.float64) if op.bias else np.zeros(len(c))
+        name = call.op.name
+        if name == "relax.add":
+            shift = shift + c
+        elif name == "relax.subtract":
+            shift = shift - c
+        else:
+            factor = c if name == "relax.multiply" else 1.0 / c
+            scale, shift = scale * factor, shift * factor
+        dtype = _dtype(call)
+        new_args = [args[0], relax.const(scale.astype(dtype)), relax.const(shift.astype(dtype))]
+        return _vendor_call(replace(op, bias=True), new_args, call.ty)
+
     def absorb_residual(self, call: relax.Call) -> relax.Expr:
         """``add(vendor conv, y)`` with ``y`` a tensor of the same type -> conv + residual."""
         for inner, other in (call.args, call.args[::-1]):
@@ -164,8 +192,9 @@ class _Rewriter:
     def absorb_activation(self, call: relax.Call) -> relax.Expr:
         act = ACTIVATIONS[call.op.name]
         op, args = self.vendor(call.args[0])
-        if (op is None or op.act or op.kind in ("bmm", "softmax", *POOLS)
-                or op.kind in ("conv2d", "concat") and act != "relu"):  # oneDNN: relu only
+        if (op is None or op.act or op.kind in ("bmm", "softmax", "max_pool2d")
+                or op.kind in ("conv2d", "concat", "avg_pool2d")
+                and act != "relu"):  # oneDNN, and the pools' epilogue: relu only
             return call
         return _vendor_call(replace(op, act=act), args, call.ty)
 
@@ -657,6 +686,8 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
         pool = relax.op.nn.max_pool2d if op.kind == "max_pool2d" else relax.op.nn.avg_pool2d
         y = pool(args[0], op.window, op.stride, list(op.pads),
                  count_include_pad=op.include_pad, layout="NHWC")
+        if op.bias:  # the affine epilogue, per channel (NHWC)
+            y = relax.op.add(relax.op.multiply(y, args[1]), args[2])
     elif op.kind == "layer_norm":
         x = relax.op.add(args[0], args[3]) if op.residual else args[0]
         y = relax.op.nn.layer_norm(x, args[1], args[2], axes=[-1], epsilon=op.eps)

@@ -39,6 +39,8 @@ class VendorOp:
     padding: tuple[int, ...] = (0, 0)  # (top, left) if symmetric, else (top, left, bottom, right)
     dilation: tuple[int, int] = (1, 1)
     groups: int = 1
+    # conv2d, matmul: a bias operand; avg_pool2d: two per-channel operands, scale and shift, of
+    # an affine epilogue (a batch norm or a bias the pool absorbed)
     bias: bool = False
     residual: bool = False
     act: str | None = None
@@ -129,7 +131,8 @@ class VendorOp:
                 raise ParagraphError(f"malformed vendor layer_norm name {name!r}")
             op, rest = replace(op, eps=eps), rest[1:]
         for flag in rest:
-            if op.kind in POOLS:  # a pool takes no bias, residual, activation or weight
+            if op.kind in POOLS and not (op.kind == "avg_pool2d" and flag in ("bias", "relu")):
+                # an average pool takes an affine epilogue and a relu; no pool anything else
                 raise ParagraphError(f"unknown part {flag!r} in vendor kernel name {name!r}")
             if flag == "bias":
                 op = replace(op, bias=True)

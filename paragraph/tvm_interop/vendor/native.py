@@ -184,8 +184,10 @@ def bind(name: str, args: tuple, threads: int) -> Any:
         return m["paragraph_vendor_softmax"](args[-1], args[0], op.axis, op.scale,
                                              threads)
     if op.kind in POOLS:
+        scale, shift = (args[1], args[2]) if op.bias else (None, None)
         return m["paragraph_vendor_pool2d"](args[-1], args[0], [*op.window, *op.stride, *op.pads],
-                                            op.kind == "max_pool2d", op.include_pad, threads)
+                                            op.kind == "max_pool2d", op.include_pad, scale,
+                                            shift, op.act == "relu", threads)
     if op.kind == "layer_norm":
         return m["paragraph_vendor_layer_norm"](args[-1], args[0], args[1], args[2],
                                                 args[3] if op.residual else None, op.eps,

@@ -2052,6 +2052,31 @@ struct Pool {
   float* out;
   int64_t n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl, pb, pr;
   bool is_max, include_pad;
+  // an average pool's epilogue: out = out * scale + shift per channel (both or neither), then
+  // relu; applied to each block of output rows right after it is written, while in L1
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+  bool relu = false;
+
+  bool has_epilogue() const { return scale != nullptr || relu; }
+
+#ifdef PARAGRAPH_AVX512
+  __attribute__((target("avx512f"))) void epilogue(int64_t r0, int64_t r1) const {
+    const __m512 zero = _mm512_setzero_ps();
+    float* o = out + r0 * ow * c;
+    for (int64_t i = 0; i < (r1 - r0) * ow; ++i, o += c) {
+      for (int64_t k = 0; k < c; k += 16) {
+        const __mmask16 m = c - k >= 16 ? __mmask16(0xffff) : tail_mask(c - k);
+        __m512 v = _mm512_maskz_loadu_ps(m, o + k);
+        if (scale != nullptr)
+          v = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, scale + k),
+                              _mm512_maskz_loadu_ps(m, shift + k));
+        if (relu) v = _mm512_max_ps(zero, v);  // MAXPS returns its second operand, a NaN
+        _mm512_mask_storeu_ps(o + k, m, v);
+      }
+    }
+  }
+#endif
 
 #ifdef PARAGRAPH_AVX512
   // output rows four at a time, column by column: the input rows the four windows share are
@@ -2258,12 +2283,18 @@ struct Pool {
   void operator()(int64_t threads, int form = 0) const {
 #ifdef PARAGRAPH_AVX512
     split_rows(n * oh, n * oh * ow * c * 4, threads, [this, form](int64_t r0, int64_t r1) {
-      if (form == 1) {
-        slide(r0, r1);
-      } else if (form == 2) {
-        stream(r0, r1);
-      } else {
-        rows(r0, r1);
+      // with an epilogue, kRowBlock rows at a time (each form's own block or a multiple of it)
+      const int64_t step = has_epilogue() ? kRowBlock : r1 - r0;
+      for (int64_t rb = r0; rb < r1; rb += step) {
+        const int64_t re = std::min(rb + step, r1);
+        if (form == 1) {
+          slide(rb, re);
+        } else if (form == 2) {
+          stream(rb, re);
+        } else {
+          rows(rb, re);
+        }
+        if (has_epilogue()) epilogue(rb, re);
       }
     });
 #endif
@@ -2273,11 +2304,20 @@ struct Pool {
 // a max (is_max) or average pool on TVM's NHWC buffers; params: window (2), stride (2),
 // padding (top, left, bottom, right)
 ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> params,
-                     bool is_max, bool include_pad, int64_t threads) {
+                     bool is_max, bool include_pad, ffi::Optional<ffi::Tensor> scale_t,
+                     ffi::Optional<ffi::Tensor> shift_t, bool relu, int64_t threads) {
   at::Tensor out_buffer = to_aten(out_t), x_buffer = to_aten(x_t);
   std::vector<int64_t> p(params.begin(), params.end());
   TVM_FFI_ICHECK(p.size() == 8) << "pool2d: 8 parameters";
   TVM_FFI_ICHECK(x_buffer.dim() == 4 && out_buffer.dim() == 4) << "pool2d: NHWC tensors";
+  TVM_FFI_ICHECK(scale_t.has_value() == shift_t.has_value()) << "pool2d: scale and shift";
+  at::Tensor scale, shift;  // the epilogue's, (C) each
+  if (scale_t.has_value()) {
+    scale = to_aten(scale_t.value()).reshape({-1});
+    shift = to_aten(shift_t.value()).reshape({-1});
+    TVM_FFI_ICHECK(scale.numel() == out_buffer.size(3) && shift.numel() == out_buffer.size(3))
+        << "pool2d: a scale and shift per channel";
+  }
   at::Tensor x = nchw(x_buffer), out = nchw(out_buffer);
   Form aten = [=]() {  // PyTorch's pools (symmetric padding) on NCHW views of the NHWC buffers
     at::Tensor o = out;
@@ -2286,11 +2326,14 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
     } else {
       o.copy_(at::avg_pool2d(x, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}, false, include_pad));
     }
+    if (scale.defined()) o.copy_(at::addcmul(shift.view({-1, 1, 1}), o, scale.view({-1, 1, 1})));
+    if (relu) o.relu_();
   };
 #ifdef PARAGRAPH_AVX512
   const bool own_ok = __builtin_cpu_supports("avx512f") && plain_float(x_buffer) &&
                       plain_float(out_buffer) && x_buffer.size(0) == out_buffer.size(0) &&
-                      x_buffer.size(3) == out_buffer.size(3);
+                      x_buffer.size(3) == out_buffer.size(3) &&
+                      (!scale.defined() || (plain_float(scale) && plain_float(shift)));
 #else
   const bool own_ok = false;
 #endif
@@ -2303,11 +2346,12 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
   Pool pool{x_buffer.data_ptr<float>(), out_buffer.data_ptr<float>(), x_buffer.size(0),
             x_buffer.size(1), x_buffer.size(2), x_buffer.size(3), out_buffer.size(1),
             out_buffer.size(2), p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], is_max,
-            include_pad};
+            include_pad, scale.defined() ? scale.data_ptr<float>() : nullptr,
+            shift.defined() ? shift.data_ptr<float>() : nullptr, relu};
   // pool form ``f`` (see `Pool::operator()`); the views hold TVM's buffers alive as long as
   // the function
   auto form = [=](int f) -> Form {
-    return [pool, x_buffer, out_buffer, threads, f]() { pool(threads, f); };
+    return [pool, x_buffer, out_buffer, scale, shift, threads, f]() { pool(threads, f); };
   };
   // forms by index: windows, then the sliding sums or the input's order where they apply
   std::vector<Form> forms{form(0)};
@@ -2316,7 +2360,8 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
   if (forms.size() == 1) return wrap(forms[0]);
   return fastest_of(std::move(forms),
                     (is_max ? "maxpool" : "avgpool3") + std::to_string(threads) + ints(p) +
-                        (include_pad ? "i" : "") + shape_key({x_buffer}),
+                        (include_pad ? "i" : "") + (pool.has_epilogue() ? "e" : "") +
+                        shape_key({x_buffer}),
                     threads);
 }
 

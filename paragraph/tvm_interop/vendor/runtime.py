@@ -426,7 +426,10 @@ def _pool_kernel(op: VendorOp) -> Callable:
         if len(op.padding) == 4 and op.padding[:2] != op.padding[2:]:
             raise ParagraphError(f"{op.name}: PyTorch's pools take symmetric padding only "
                                  "(paragraph dispatches no other)")
-        x, out = (torch.from_dlpack(a).permute(0, 3, 1, 2) for a in args)
+        x, out = (torch.from_dlpack(a).permute(0, 3, 1, 2) for a in (args[0], args[-1]))
+        # an average pool's affine epilogue: per-channel scale and shift, as (C, 1, 1)
+        scale, shift = ((torch.from_dlpack(a).reshape(-1, 1, 1) for a in args[1:3]) if op.bias
+                        else (None, None))
         kw = {"kernel_size": op.window, "stride": op.stride, "padding": op.padding[:2]}
 
         def call() -> None:
@@ -435,6 +438,10 @@ def _pool_kernel(op: VendorOp) -> Callable:
                 y = functional.max_pool2d(x, **kw)
             else:
                 y = functional.avg_pool2d(x, count_include_pad=op.include_pad, **kw)
+            if scale is not None:
+                y = torch.addcmul(shift, y, scale)
+            if op.act == "relu":
+                y = torch.relu_(y)
             out.copy_(y)
         return call
 
