@@ -96,7 +96,9 @@ def test_critical_path_splits_lone_convolutions_unless_told_not_to(capsys, tmp_p
     assert code == 0  # outputs checked against the VM of the model's own program
     assert "into 2 on output channels" in out and "critical-path end to end" in out
     code, out, _ = run_cli(capsys, *args, "--no-split")
-    assert code == 0 and "output channels" not in out and "end to end" not in out
+    # the pools moved after their 1 x 1 convolutions are still timed against the model as is
+    assert code == 0 and "output channels" not in out and "split program" not in out
+    assert "pools moved" in out
 
 
 QUICK_IOS = ("--ios-protocol", "0,1,1")  # one run per stage: tests check wiring, not speed

@@ -58,7 +58,7 @@ def test_critical_path_moves_the_pools_unless_the_model_as_it_is_runs_clearly_fa
     assert len(report["pools"]) == (9 if kept else 0)
     assert [r for r in plan.program.rewrites if r.startswith(RULE_ID)] == report["pools"]
     if kept:
-        names = {k.attrs["func"] for k in plan.program.kernels}
+        names = {k.attrs.get("func", "") for k in plan.program.kernels}
         assert sum(".avg_pool2d." in f and f.endswith(".incpad.bias.relu") for f in names) >= 1
     x = random_inputs(inception.lowered, seed=5)
     with make_executor(plan.program, plan.schedule) as ex:

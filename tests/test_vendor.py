@@ -1645,13 +1645,16 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
     ((1, 9, 10, 20), "max", 2, 1, (0, 0, 1, 1), False),    # uneven padding (C++ only)
     ((1, 71, 71, 80), "max", 3, 2, (0, 0, 0, 0), False),   # 64 channels and a tail, rows split
     ((2, 23, 20, 64), "max", 3, 2, (1, 1, 1, 1), False),   # mid-image over two threads
+    ((1, 73, 73, 64), "max", 3, 2, (0, 0, 0, 0), False),   # Inception's stem, columns carried
+    ((1, 30, 29, 40), "max", 3, 2, (1, 1, 1, 1), False),   # ResNet's stem's, a 8-channel tail
 ])
 def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad, include_pad):
     """The C++ pools on NHWC buffers equal PyTorch's: padding left out of a max and counted in
     an average's divisor only where asked, channels that fill no whole vector, a NaN in a
     max's window giving NaN, rows split over one thread or two (within an image too); a 3 x 3
-    stride-1 average by both of its forms (each window reduced, sliding sums), a max by both of
-    its (each window reduced, the input read in its order)."""
+    stride-1 average by both of its forms (each window reduced, sliding sums), a max by each of
+    its (each window reduced, the input read in its order, 3-wide windows two columns apart
+    with a column carried)."""
     import tvm_ffi
 
     from paragraph.tvm_interop.vendor import native
@@ -1678,7 +1681,7 @@ def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad
                                            [window, window, stride, stride, *pad],
                                            kind == "max", include_pad, None, None, False,
                                            threads)
-    for _ in range(12):  # a pool's two forms each timed five times, then the chosen one
+    for _ in range(20):  # a pool's forms (up to three) each run five times, then the chosen
         out.fill_(7.0)
         fn()
         torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-5, atol=1e-5)

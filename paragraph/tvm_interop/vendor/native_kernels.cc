@@ -2274,12 +2274,86 @@ struct Pool {
   }
 #endif
 
+#ifdef PARAGRAPH_AVX512
+  // the maximum over the window rows rowp[0, nrows) of input column z (-inf outside the image)
+  template <int V>
+  __attribute__((target("avx512f"), always_inline)) inline void carry_column(
+      const float* const* rowp, int64_t nrows, int64_t z, const __mmask16* m, __m512* v) const {
+#pragma GCC unroll 4
+    for (int q = 0; q < V; ++q) v[q] = _mm512_set1_ps(-INFINITY);
+    if (z < 0 || z >= w) return;
+    for (int64_t i = 0; i < nrows; ++i) {
+#pragma GCC unroll 4
+      for (int q = 0; q < V; ++q)
+        pool_step<true>(v[q], _mm512_maskz_loadu_ps(m[q], rowp[i] + z * c + 16 * q));
+    }
+  }
+
+  // a 3-wide, column-stride-2 max pool over at most 64 channels (the stem pools after a
+  // 64-channel convolution): per output row, each input column's maximum over the window rows
+  // once, the window's third column carried in registers to the next output's first (six loads
+  // an output where the windows form makes nine), the output written once (the input-order
+  // form merges each input row into it: read and written three times); the rows new to this
+  // output row are prefetched ahead in software, past a row's end into the next output row's
+  template <int V>
+  __attribute__((target("avx512f"))) void carry_rows(int64_t r0, int64_t r1) const {
+    __mmask16 m[V];
+    for (int q = 0; q < V; ++q) m[q] = tail_mask(c - 16 * q);
+    const int64_t row_bytes = w * c * 4, step_bytes = sw * c * 4;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t img = r / oh, hs = (r % oh) * sh - pt;
+      const int64_t h0 = std::max<int64_t>(hs, 0), h1 = std::min(hs + kh, h);
+      const float* xi = x + img * h * w * c;
+      const float* rowp[kStreamRows];
+      for (int64_t y = h0; y < h1; ++y) rowp[y - h0] = xi + y * w * c;
+      const int64_t nrows = h1 - h0, fresh = std::max(h0, h1 - sh);
+      float* o = out + r * ow * c;
+      __m512 c0[V], c1[V], c2[V];
+      carry_column<V>(rowp, nrows, -pl, m, c0);
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t ws = j * sw - pl;
+        const int64_t ahead = (ws + kw) * c * 4 + kPrefetch;
+        for (int64_t y = fresh; y < h1; ++y) {
+          const char* row = reinterpret_cast<const char*>(xi + y * w * c);
+          const char* pf =
+              ahead < row_bytes ? row + ahead : row + sh * row_bytes + (ahead - row_bytes);
+          for (int64_t b = 0; b < step_bytes; b += 64) _mm_prefetch(pf + b, _MM_HINT_T0);
+        }
+        carry_column<V>(rowp, nrows, ws + 1, m, c1);
+        carry_column<V>(rowp, nrows, ws + 2, m, c2);
+#pragma GCC unroll 4
+        for (int q = 0; q < V; ++q) {
+          __m512 v = c0[q];
+          pool_step<true>(v, c1[q]);
+          pool_step<true>(v, c2[q]);
+          _mm512_mask_storeu_ps(o + j * c + 16 * q, m[q], v);
+          c0[q] = c2[q];
+        }
+      }
+    }
+  }
+
+  __attribute__((target("avx512f"))) void carry(int64_t r0, int64_t r1) const {
+    switch ((c + 15) / 16) {
+      case 1: carry_rows<1>(r0, r1); break;
+      case 2: carry_rows<2>(r0, r1); break;
+      case 3: carry_rows<3>(r0, r1); break;
+      default: carry_rows<4>(r0, r1); break;
+    }
+  }
+#endif
+
+  // the carried form's condition: a max pool of 3-wide windows two columns apart, at most 64
+  // channels, at most kStreamRows rows a window
+  bool carries() const { return is_max && kw == 3 && sw == 2 && c <= 64 && kh <= kStreamRows; }
+
   // the streamed form's condition: a max pool whose input rows are each in the windows of at
   // most kStreamRows output rows
   static constexpr int64_t kStreamRows = 8;
   bool streams() const { return is_max && (kh + sh - 1) / sh <= kStreamRows; }
 
-  // form 0: windows (`rows`), 1: sliding sums (`slide`), 2: the input's order (`stream`)
+  // form 0: windows (`rows`), 1: sliding sums (`slide`), 2: the input's order (`stream`),
+  // 3: columns carried (`carry`)
   void operator()(int64_t threads, int form = 0) const {
 #ifdef PARAGRAPH_AVX512
     split_rows(n * oh, n * oh * ow * c * 4, threads, [this, form](int64_t r0, int64_t r1) {
@@ -2291,6 +2365,8 @@ struct Pool {
           slide(rb, re);
         } else if (form == 2) {
           stream(rb, re);
+        } else if (form == 3) {
+          carry(rb, re);
         } else {
           rows(rb, re);
         }
@@ -2353,10 +2429,12 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
   auto form = [=](int f) -> Form {
     return [pool, x_buffer, out_buffer, scale, shift, threads, f]() { pool(threads, f); };
   };
-  // forms by index: windows, then the sliding sums or the input's order where they apply
+  // forms by index: windows, then the sliding sums, the input's order or the carried columns
+  // where they apply
   std::vector<Form> forms{form(0)};
   if (pool.slides()) forms.push_back(form(1));
   if (pool.streams()) forms.push_back(form(2));
+  if (pool.carries()) forms.push_back(form(3));
   if (forms.size() == 1) return wrap(forms[0]);
   return fastest_of(std::move(forms),
                     (is_max ? "maxpool" : "avgpool3") + std::to_string(threads) + ints(p) +
