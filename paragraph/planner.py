@@ -592,7 +592,8 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
     candidate once untimed and then ``block`` times timed, more where a block would last under
     `MIN_BLOCK_S` (a candidate's steady state, which strict alternation disturbs:
     `paragraph.timing.time_in_blocks`), cached in ``db`` (a
-    `CostDB` or None) so that choices made from them are deterministic. With ``check``, the
+    `CostDB` or None) for this comparison (these candidates in this order) so that choices
+    made from them are deterministic. With ``check``, the
     candidates' outputs on one random input must agree (`tolerance`), else `ParagraphError`:
     a rewrite that changed the model is a bug, not a slower choice. Timed while another
     process held a core (`LoadWatch`), the comparison is timed once more after waiting up to
@@ -603,11 +604,17 @@ def end_to_end(candidates: Sequence[tuple[KernelProgram, Schedule]], db: CostDB 
         if check:
             _require_equal(candidates, diffs, f" on {remote.describe()}")
         return remote_s
-    keys = [CostKey(str(p.target), f"run:{p.graph.structural_hash()}:{plan_digest(s)}",
+    runs = [f"{p.graph.structural_hash()}:{plan_digest(s)}" for p, s in candidates]
+    # a time is cached for this comparison only: times are comparable within one comparison,
+    # and a candidate's time stored by a later comparison (the critical-path planner compares
+    # the program it kept with the pools moved, then with its lone convolutions split) made a
+    # replayed decision read times from two different comparisons, and flip
+    beside = hashlib.sha256("|".join(runs).encode()).hexdigest()[:16]
+    keys = [CostKey(str(p.target), "run:" + (f"in:{beside}:" if len(runs) > 1 else "") + run,
                     tuning, ",".join(sorted(p.sources())),
                     f"blocks={repeat}x{block}>={MIN_BLOCK_S}s,w{SETTLE_RUNS}"
                     f"{vendor_tag(p.sources())}")
-            for p, s in candidates]
+            for run, (p, s) in zip(runs, candidates, strict=True)]
     seconds = [db.get(k) if db is not None else None for k in keys]
     if None not in seconds and not check:
         return [s for s in seconds if s is not None]
