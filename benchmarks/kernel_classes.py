@@ -9,18 +9,17 @@ Per model and thread count: paragraph's executor (vendor kernels, the model's gr
 rewrite the default plan applies, average pools moved after the 1 x 1 convolutions that narrow
 them, `paragraph.passes.pools`; ``--as-imported`` for the model's own graph; the sequential
 schedule with that many threads, profiled: each kernel's median over ``runs``) and ONNX
-Runtime's sequential
-executor with that many intra-op threads and its profiler on (each node's median ``kernel_time``
-over the same runs, first two of each dropped), a pause between the blocks (ORT's pool threads
-spin after its runs and took the second core from paragraph's next block), both summed by kernel
-class: convolution, matrix product, softmax, layer norm, GELU, pooling, concatenation, data
-movement (transposes, reshapes, slices, gathers), element-wise. The two runtimes fuse
-differently (ORT's FusedConv carries the activation, paragraph's vendor products their bias and
-GELU), so a class is compared as a whole, not per node; and where paragraph's kernel of one
-class does the work of an ORT node of another (NASNet's joins apply the relu that ORT runs after
-its Concat), that node counts in paragraph's class. Runs alternate between the runtimes in
-blocks; the contention on the cores is recorded and a model timed while another process held a
-core is flagged.
+Runtime's sequential executor with that many intra-op threads and its profiler on (each node's
+median ``kernel_time`` over the same runs, first two of each dropped), a pause between the
+blocks (ORT's pool threads spin after its runs and took the second core from paragraph's next
+block), both summed by kernel class: convolution, matrix product, softmax, layer norm, GELU,
+pooling, concatenation, data movement (transposes, reshapes, slices, gathers), element-wise. The
+two runtimes fuse differently (ORT's FusedConv carries the activation, paragraph's vendor
+products their bias and GELU), so a class is compared as a whole, not per node; and where
+paragraph's kernel of one class does the work of an ORT node of another (NASNet's joins apply
+the relu that ORT runs after its Concat), that node counts in paragraph's class. Runs alternate
+between the runtimes in blocks; the contention on the cores is recorded and a model timed while
+another process held a core is flagged.
 
 A class's total moves 10-20% between runs minutes apart (the host's phases); with
 ``--per-node CLASS`` each node of that class is also reported, both runtimes', in the order they

@@ -227,9 +227,7 @@ def _with_pools_moved(plan: Plan, db: CostDB, tuning_db: str | None, cores: int 
     if program.source is None:
         return plan
     try:
-        source = program.source
-        opgraph = source if isinstance(source, Graph) else from_relax(prepare(source))
-        moved, done = pools_after_convs(opgraph, log=log)
+        moved, done = pools_after_convs(_model_graph(program), log=log)
         if not done:
             return plan
         other = plan_like(plan, moved, program.target, kernels=program.kernel_source,
@@ -428,16 +426,21 @@ def _measured_critical_path(program: KernelProgram, db: CostDB, tuning: str,
         "optimum_ms": free.info["optimum"] * 1e3, "optimum_exact": free.info["optimum_exact"]})
 
 
+def _model_graph(program: KernelProgram) -> Graph:
+    """The operator graph of the model ``program`` was built from (it keeps one)."""
+    source = program.source
+    assert source is not None, "a program built from a model"
+    return source if isinstance(source, Graph) else from_relax(prepare(source))
+
+
 def split_program(program: KernelProgram, parts: int, *, tuning_db: str | None = None,
                   log: Log | None = None) -> KernelProgram | None:
     """``program`` rebuilt from its model with its lone convolutions split (`split_lone_convs`:
     the library's ``split-conv-<parts>``), or None when there are none to split (or the
     program does not keep the model it was built from)."""
-    source = program.source
-    if source is None or parts < 2:
+    if program.source is None or parts < 2:
         return None
-    opgraph = source if isinstance(source, Graph) else from_relax(prepare(source))
-    split, done = split_lone_convs(opgraph, parts, log=log)
+    split, done = split_lone_convs(_model_graph(program), parts, log=log)
     if not done:
         return None
     return KernelProgram.build(to_relax(split), program.target, device=program.device,

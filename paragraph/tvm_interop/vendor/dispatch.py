@@ -121,16 +121,18 @@ class _Rewriter:
             else None
 
     def absorb_affine(self, call: relax.Call) -> relax.Expr:
-        """``op(vendor conv, c)`` with a per-output-channel constant -> a new weight and bias."""
+        """``op(vendor conv, c)`` with a per-output-channel constant -> a new weight and bias;
+        ``op(vendor average pool, c)`` -> the pool with an affine epilogue ``pool * scale +
+        shift`` (per channel, NHWC): where a 1 x 1 convolution's pool was moved after it (rule
+        ``pool-after-conv1x1``) the convolution's batch norm follows the pool, and a kernel of
+        its own would read and write the pool's output once more."""
         inner, const = call.args
         if _is_const(inner):
             if call.op.name in ("relax.subtract", "relax.divide"):
                 return call  # c - conv and c / conv are not affine in the weight
             inner, const = const, inner
         op, args = self.vendor(inner)
-        if op is not None and op.kind == "avg_pool2d":
-            return self._pool_affine(call, op, args, const)
-        if (op is None or op.kind != "conv2d" or op.residual or op.act
+        if (op is None or op.kind not in ("conv2d", "avg_pool2d") or op.residual or op.act
                 or not _is_const(const) or _dtype(const) != _dtype(call)):
             return call
         axis = 1 if op.layout == "NCHW" else 3
@@ -138,45 +140,16 @@ class _Rewriter:
         c = None if shape is None else _per_channel(_numpy(const), shape, axis)
         if c is None:
             return call
-        w = _numpy(args[1]).astype(np.float64)
-        b = _numpy(args[2]).astype(np.float64) if op.bias else np.zeros(len(c))
-        name = call.op.name
-        if name == "relax.add":
-            b = b + c
-        elif name == "relax.subtract":
-            b = b - c
-        else:
-            scale = c if name == "relax.multiply" else 1.0 / c
-            w = w * scale.reshape((-1,) + (1,) * (w.ndim - 1))
-            b = b * scale
+        factor, offset = _affine_step(call.op.name, c)
+        if op.kind == "conv2d":  # the weight's output channels scaled
+            w = _numpy(args[1]).astype(np.float64)
+            first = w * factor.reshape((-1,) + (1,) * (w.ndim - 1))
+        else:  # the pool's epilogue scale
+            first = (_numpy(args[1]).astype(np.float64) if op.bias else np.ones(len(c))) * factor
+        b = (_numpy(args[2]).astype(np.float64) if op.bias else np.zeros(len(c))) * factor
         dtype = _dtype(call)
-        new_args = [args[0], relax.const(w.astype(dtype)), relax.const(b.astype(dtype))]
-        return _vendor_call(replace(op, bias=True), new_args, call.ty)
-
-    def _pool_affine(self, call: relax.Call, op: VendorOp, args: list[relax.Expr],
-                     const: relax.Expr) -> relax.Expr:
-        """``op(vendor average pool, c)`` with a per-channel constant -> the pool with an
-        affine epilogue ``pool * scale + shift`` (per channel, NHWC): where a 1 x 1
-        convolution's pool was moved after it (rule ``pool-after-conv1x1``) the convolution's
-        batch norm follows the pool, and a kernel of its own would read and write the pool's
-        output once more."""
-        shape = _shape(call)
-        c = (None if shape is None or op.act or not _is_const(const)
-             or _dtype(const) != _dtype(call) else _per_channel(_numpy(const), shape, 3))
-        if c is None:
-            return call
-        scale = _numpy(args[1]).astype(np.float64) if op.bias else np.ones(len(c))
-        shift = _numpy(args[2]).astype(np.float64) if op.bias else np.zeros(len(c))
-        name = call.op.name
-        if name == "relax.add":
-            shift = shift + c
-        elif name == "relax.subtract":
-            shift = shift - c
-        else:
-            factor = c if name == "relax.multiply" else 1.0 / c
-            scale, shift = scale * factor, shift * factor
-        dtype = _dtype(call)
-        new_args = [args[0], relax.const(scale.astype(dtype)), relax.const(shift.astype(dtype))]
+        new_args = [args[0], relax.const(first.astype(dtype)),
+                    relax.const((b + offset).astype(dtype))]
         return _vendor_call(replace(op, bias=True), new_args, call.ty)
 
     def absorb_residual(self, call: relax.Call) -> relax.Expr:
@@ -410,6 +383,14 @@ def _free_uses(func: relax.Function) -> list[relax.Var]:
             visitor.visit_expr(b.value)
     visitor.visit_expr(func.body.body)
     return found
+
+
+def _affine_step(name: str, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(factor, offset)`` with ``op(y, c) = y * factor + offset`` per channel, for the affine
+    operator ``name`` (add, subtract, multiply, divide) of a per-channel constant ``c``."""
+    ones, zeros = np.ones_like(c), np.zeros_like(c)
+    return {"relax.add": (ones, c), "relax.subtract": (ones, -c),
+            "relax.multiply": (c, zeros)}.get(name, (1.0 / c, zeros))
 
 
 def _per_channel(c: np.ndarray, out_shape: tuple[int, ...], axis: int) -> np.ndarray | None:

@@ -2062,16 +2062,15 @@ struct Pool {
 
 #ifdef PARAGRAPH_AVX512
   __attribute__((target("avx512f"))) void epilogue(int64_t r0, int64_t r1) const {
-    const __m512 zero = _mm512_setzero_ps();
     float* o = out + r0 * ow * c;
     for (int64_t i = 0; i < (r1 - r0) * ow; ++i, o += c) {
       for (int64_t k = 0; k < c; k += 16) {
-        const __mmask16 m = c - k >= 16 ? __mmask16(0xffff) : tail_mask(c - k);
+        const __mmask16 m = tail_mask(c - k);
         __m512 v = _mm512_maskz_loadu_ps(m, o + k);
         if (scale != nullptr)
           v = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, scale + k),
                               _mm512_maskz_loadu_ps(m, shift + k));
-        if (relu) v = _mm512_max_ps(zero, v);  // MAXPS returns its second operand, a NaN
+        if (relu) v = relu_keep_nan(v);
         _mm512_mask_storeu_ps(o + k, m, v);
       }
     }
