@@ -10,7 +10,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["paragraph", "paragraph.*"]),
-    package_data={"paragraph": ["rules/*.json", "tvm_interop/*.cc", "tvm_interop/vendor/*.cc"]},
+    package_data={"paragraph": ["rules/*.json", "tvm_interop/runtime/*.cc",
+                              "tvm_interop/runtime/library/cpp/*"]},
     install_requires=[
         # apache-tvm-ffi 0.1.15.x segfaults in tvm.ir.save_json, which MetaSchedule calls
         "apache-tvm==0.27.0.post1",

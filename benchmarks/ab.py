@@ -5,9 +5,10 @@ Usage: python benchmarks/ab.py [--models resnet50,inception_v3] [--threads 2] [-
            [--schedule sequential] [--same-forms] [--blocks 12] [--block 8] [--reduced]
            [--profile CLASS] [--json F]
 
-``--base`` is a git revision (its ``paragraph/tvm_interop/vendor/native_kernels.cc``) or the path
-of a copy of that file. Both builds load as libraries of their own
-(`paragraph.tvm_interop.vendor.native.variant`), each with its own chosen forms and packed
+``--base`` is a git revision (its
+``paragraph/tvm_interop/runtime/library/cpp/kernels.cc``) or the path of a copy of that file.
+Both builds load as libraries of their own
+(`paragraph.tvm_interop.runtime.library.native.variant`), each with its own chosen forms and packed
 weights; the executors run the same program (vendor kernels) under the same schedule, their
 outputs are checked against each other, and the timing alternates blocks of runs between them
 (the order reversed every block; medians with p10/p90). Why in one process: on the shared
@@ -49,13 +50,13 @@ from paragraph.passes.schedule import make_schedule  # noqa: E402
 from paragraph.planner import tolerance  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
-from paragraph.tvm_interop.executor import make_executor  # noqa: E402
-from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
-from paragraph.tvm_interop.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.measure import SETTLE_RUNS  # noqa: E402
-from paragraph.tvm_interop.vendor import native  # noqa: E402
+from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
+from paragraph.tvm_interop.build.program import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.measure.device import SETTLE_RUNS  # noqa: E402
+from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
+from paragraph.tvm_interop.runtime.library import native  # noqa: E402
 
-KERNELS = "paragraph/tvm_interop/vendor/native_kernels.cc"
+KERNELS = "paragraph/tvm_interop/runtime/library/cpp/kernels.cc"
 WARMUP = SETTLE_RUNS  # runs per executor before timing: past every form's timed trials
 
 

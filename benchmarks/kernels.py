@@ -38,9 +38,9 @@ from paragraph.outputs import max_difference
 from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.lowering import resolve_target
-from paragraph.tvm_interop.threads import config_threads
+from paragraph.tvm_interop.build.lowering import resolve_target
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.runtime.threads import config_threads
 
 MODELS = ("inception_v3", "resnet50", "nasnet_a_mobile", "bert")
 TUNING_DB = Path(__file__).parent / "tuning" / "cpu"

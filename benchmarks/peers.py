@@ -65,12 +65,12 @@ from paragraph.passes.search import METHODS, SearchOptions  # noqa: E402
 from paragraph.planner import SETTLE_RUNS, plan_schedule, search_plan  # noqa: E402
 from paragraph.timing import Config  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs  # noqa: E402
-from paragraph.tvm_interop.executor import make_executor  # noqa: E402
-from paragraph.tvm_interop.importers import load  # noqa: E402
-from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
-from paragraph.tvm_interop.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.measure import CostDB  # noqa: E402
-from paragraph.tvm_interop.threads import config_threads  # noqa: E402
+from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
+from paragraph.tvm_interop.build.program import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.frontend.importers import load  # noqa: E402
+from paragraph.tvm_interop.measure.device import CostDB  # noqa: E402
+from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
+from paragraph.tvm_interop.runtime.threads import config_threads  # noqa: E402
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "resnet50", "bert", "sru_rnntc",
           "encoder")

@@ -47,9 +47,9 @@ from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.planner import SETTLE_RUNS, plan_schedule  # noqa: E402
 from paragraph.timing import Config, time_after_pauses, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
-from paragraph.tvm_interop.kernels import KernelProgram  # noqa: E402
-from paragraph.tvm_interop.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.measure import CostDB  # noqa: E402
+from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
+from paragraph.tvm_interop.build.program import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.measure.device import CostDB  # noqa: E402
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "resnet50", "bert", "encoder")
 

@@ -29,9 +29,9 @@ from paragraph.files import atomic_write_json
 from paragraph.machine import cpu_contention, describe_machine, is_contended, wait_for_quiet_cores
 from paragraph.outputs import max_difference
 from paragraph.timing import Config, time_in_blocks
-from paragraph.tvm_interop.tune import check_models, tune
-from paragraph.tvm_interop.tuning_db import RECORDS, STATE_FILE, write_applied
-from paragraph.tvm_interop.vm import local_cpu_target
+from paragraph.tvm_interop.build.tuning_db import RECORDS, STATE_FILE, write_applied
+from paragraph.tvm_interop.runtime.vm import local_cpu_target
+from paragraph.tvm_interop.tune.metaschedule import check_models, tune
 
 
 def main() -> int:

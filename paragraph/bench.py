@@ -27,11 +27,11 @@ from paragraph.passes.ios import IOSOptions
 from paragraph.planner import Plan, plan_schedule, tolerance
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_in_blocks, time_round_robin
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import SETTLE_RUNS
-from paragraph.tvm_interop.relax_graph import random_inputs
-from paragraph.tvm_interop.vm import flatten_result
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.frontend.relax_graph import random_inputs
+from paragraph.tvm_interop.measure.device import SETTLE_RUNS
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.vm import flatten_result
 
 
 def vm_config(name: str, vm: tvm.relax.VirtualMachine, inputs: Sequence[np.ndarray],

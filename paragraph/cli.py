@@ -40,17 +40,17 @@ from paragraph.schedule import Schedule
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
-from paragraph.tvm_interop.artifact import is_artifact
-from paragraph.tvm_interop.executor import CPUExecutor, gpu_available, make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.lowering import resolve_target
-from paragraph.tvm_interop.measure import settle
-from paragraph.tvm_interop.remote import Remote
-from paragraph.tvm_interop.tune import check_models, format_summary, tune
-from paragraph.tvm_interop.tuning_db import RECORDS
-from paragraph.tvm_interop.vendor.names import KERNEL_SOURCES
-from paragraph.tvm_interop.vendor.runtime import default_kernels
-from paragraph.tvm_interop.vm import build_vm, local_cpu_target, run_vm
+from paragraph.tvm_interop.build.artifact import is_artifact
+from paragraph.tvm_interop.build.lowering import resolve_target
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.tuning_db import RECORDS
+from paragraph.tvm_interop.measure.device import settle
+from paragraph.tvm_interop.meter.remote import Remote
+from paragraph.tvm_interop.runtime.executor import CPUExecutor, gpu_available, make_executor
+from paragraph.tvm_interop.runtime.library.names import KERNEL_SOURCES
+from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
+from paragraph.tvm_interop.runtime.vm import build_vm, local_cpu_target, run_vm
+from paragraph.tvm_interop.tune.metaschedule import check_models, format_summary, tune
 
 
 def _say(msg: str) -> None:
@@ -586,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--rpc", metavar="HOST:PORT:KEY",
                        help="compile for the device registered under KEY with the TVM RPC "
                        "tracker at HOST:PORT (a server started with `python -m "
-                       "paragraph.tvm_interop.remote`) and measure there: kernels, IOS's "
+                       "paragraph.tvm_interop.meter.remote`) and measure there: kernels, IOS's "
                        "stages, the search's kernel signatures and whole runs")
 
     def search_options(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ the verified rules (`paragraph.planner.search_plan`, AutoGraph alg. 1), lowers a
 kernels (`KernelProgram`), plans a schedule (`paragraph.planner.plan_schedule`) and returns a
 `ParallelExecutable`: the program, the schedule, the memory plan the executor uses and the
 planner's report. ``export_library`` writes all of it as one file
-(`paragraph.tvm_interop.artifact`) that `load` runs in another process with the same schedule.
+(`paragraph.tvm_interop.build.artifact`) that `load` runs in another process with the same schedule.
 A module that the `paragraph.transform.InterOperatorSchedule` pass produced (lowered, with its
 schedule attached to ``main``) builds under that schedule without planning again.
 """
@@ -29,14 +29,14 @@ from paragraph.passes.search import SearchOptions
 from paragraph.planner import Plan, plan_schedule, search_plan
 from paragraph.schedule import Schedule
 from paragraph.timing import Timing, time_calls
-from paragraph.tvm_interop.artifact import read_artifact, write_artifact
-from paragraph.tvm_interop.executor import CPUExecutor, CUDAExecutor, make_executor
-from paragraph.tvm_interop.importers import load as import_model
-from paragraph.tvm_interop.kernels import KernelProgram, attached_schedule, lowered_info
-from paragraph.tvm_interop.lowering import resolve_target
-from paragraph.tvm_interop.memory import MemoryPlan, plan_memory
-from paragraph.tvm_interop.relax_graph import from_relax
-from paragraph.tvm_interop.vendor.runtime import default_kernels
+from paragraph.tvm_interop.build.artifact import read_artifact, write_artifact
+from paragraph.tvm_interop.build.lowering import resolve_target
+from paragraph.tvm_interop.build.program import KernelProgram, attached_schedule, lowered_info
+from paragraph.tvm_interop.frontend.importers import load as import_model
+from paragraph.tvm_interop.frontend.relax_graph import from_relax
+from paragraph.tvm_interop.runtime.executor import CPUExecutor, CUDAExecutor, make_executor
+from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
+from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
 
 Log = Callable[[str], None]
 
@@ -117,7 +117,7 @@ class ParallelExecutable:
     def export_library(self, path: str | os.PathLike,
                        info: Mapping[str, Any] | None = None) -> Path:
         """Write everything this program needs to run as one file (see
-        `paragraph.tvm_interop.artifact`); `paragraph.load` reads it back. ``info`` (JSON
+        `paragraph.tvm_interop.build.artifact`); `paragraph.load` reads it back. ``info`` (JSON
         values) joins the manifest next to the planner's report."""
         return write_artifact(path, self.program, self.schedule, self.memory,
                               {"report": self.report, **(info or {})})
@@ -149,7 +149,7 @@ def build(mod: Any, target: tvm.target.Target | str | None = None, *,
     """Compile ``mod`` for ``target`` (this CPU by default) into a `ParallelExecutable`.
 
     ``mod`` is a Relax IRModule (or an ONNX file, torch program, anything
-    `paragraph.tvm_interop.importers.load` takes). ``kernels`` is the kernel source
+    `paragraph.tvm_interop.frontend.importers.load` takes). ``kernels`` is the kernel source
     (tvm, vendor or auto; default the fastest available here, `default_kernels`); ``schedule``
     any of `paragraph.planner.SCHEDULES` (critical-path measures kernels, cached);
     ``search`` one of none, greedy, taso, autograph with its ``cost``, ``beta``,
@@ -186,7 +186,7 @@ def load(path: str | os.PathLike, device: tvm.runtime.Device | None = None
          ) -> ParallelExecutable:
     """The `ParallelExecutable` written by ``export_library`` (or ``paragraph compile``),
     checked and linked on ``device`` (the target's default when None). Raises
-    `paragraph.tvm_interop.artifact.ArtifactError` for a file that is not an artifact, is
+    `paragraph.tvm_interop.build.artifact.ArtifactError` for a file that is not an artifact, is
     truncated or altered, or was made by another format version, TVM, CPU or device."""
     art = read_artifact(path, device)
     return ParallelExecutable(art.program, art.schedule, memory=art.memory,

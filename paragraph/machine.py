@@ -21,7 +21,7 @@ def process_cpus() -> frozenset[int]:
     """The CPUs this process may run on: the main thread's affinity mask (which respects
     ``taskset`` and container CPU sets) when first asked, at paragraph's import. Read once:
     a one-stream run binds its calling thread, the main thread too, to one core for the run
-    (`paragraph.tvm_interop.threads.stream_teams`), and asked then the mask is that core."""
+    (`paragraph.tvm_interop.runtime.threads.stream_teams`), and asked then the mask is that core."""
     if not _PROCESS_CPUS:
         try:
             _PROCESS_CPUS.append(frozenset(os.sched_getaffinity(os.getpid())))

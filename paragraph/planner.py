@@ -11,7 +11,7 @@ library), the `Schedule`, and a report of what was measured and decided. Behind 
   streams or more, also the program with its lone convolutions split (`paragraph.passes.split`),
   kept if its outputs agree and it runs faster end to end;
 * ``ios``, ``ios-<mode>``: the IOS dynamic program (`paragraph.passes.ios`) over stages
-  measured on the device (`paragraph.tvm_interop.stages`), merged convolutions applied with
+  measured on the device (`paragraph.tvm_interop.meter.stages`), merged convolutions applied with
   the library rule, the result kept only if it beats the plain sequence end to end.
 
 End-to-end timings (`end_to_end`) and the output check (`tolerance`, `max_difference`) live
@@ -74,26 +74,25 @@ from paragraph.rules.parametric import MergeConvs, Unit
 from paragraph.rules.rule import Rule, random_check
 from paragraph.schedule import Schedule, kernel_ids
 from paragraph.timing import Config, Timing, time_in_blocks
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.lowering import resolve_target
-from paragraph.tvm_interop.measure import (
+from paragraph.tvm_interop.build.lowering import resolve_target
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.tuning_db import tuning_id
+from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+from paragraph.tvm_interop.measure.device import (
     SETTLE_RUNS,
-    CostDB,
-    CostKey,
     kernel_costs,
     measure_cpu_peaks,
     measure_handoff,
     vendor_tag,
 )
-from paragraph.tvm_interop.relax_graph import from_relax, to_relax
-from paragraph.tvm_interop.signatures import SignatureMeter
-from paragraph.tvm_interop.stages import StageMeter
-from paragraph.tvm_interop.tuning_db import tuning_id
+from paragraph.tvm_interop.meter.signatures import SignatureMeter
+from paragraph.tvm_interop.meter.stages import StageMeter
+from paragraph.tvm_interop.runtime.executor import make_executor
 
 if TYPE_CHECKING:  # a session on another device, made by the caller
-    from paragraph.tvm_interop.remote import Remote
+    from paragraph.tvm_interop.meter.remote import Remote
 
 SCHEDULES = (*ALGORITHMS, "ios", *IOS_SCHEDULES)
 Log = Callable[[str], None]
@@ -135,7 +134,7 @@ def plan_schedule(name: str, program: KernelProgram, *, options: IOSOptions | No
     (the program unchanged), ``ios`` (mode from ``options``) or ``ios-<mode>``. Measurements
     are cached in ``db`` (a `CostDB`; the default cache when None). IOS may return a program
     rebuilt with merged convolutions; ``critical-path`` one with split convolutions
-    (``split``). With ``remote`` (`paragraph.tvm_interop.remote.Remote`) the kernels, IOS's
+    (``split``). With ``remote`` (`paragraph.tvm_interop.meter.remote.Remote`) the kernels, IOS's
     stages and whole runs are timed on that device, not here (not cached: the cost database
     is this machine's)."""
     check_schedule(name)
@@ -582,8 +581,9 @@ QUIET_WAIT_S = 30.0
 # and the slower schedule was kept
 MIN_BLOCK_S = 0.01
 MAX_BLOCK = 200
-# warm-up runs before a candidate is timed (`paragraph.tvm_interop.measure.SETTLE_RUNS`): fewer
-# timed a rewritten candidate's new shapes partly on their slower forms, against an input whose
+# warm-up runs before a candidate is timed
+# (`paragraph.tvm_interop.measure.device.SETTLE_RUNS`): fewer timed a rewritten candidate's
+# new shapes partly on their slower forms, against an input whose
 # shapes had settled
 
 

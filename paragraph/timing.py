@@ -1,6 +1,6 @@
 """Timing loops, all of them: repeated calls, round-robin and block-alternating comparison of
 several configurations side by side. Pure Python (what is timed is a callable); the device
-specific primitives that use them are in `paragraph.tvm_interop.measure`."""
+specific primitives that use them are in `paragraph.tvm_interop.measure.device`."""
 
 from __future__ import annotations
 

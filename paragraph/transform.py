@@ -28,17 +28,17 @@ from paragraph.passes.search import SearchOptions
 from paragraph.planner import check_schedule, plan_schedule, search_plan
 from paragraph.rules.library import Library, default_library
 from paragraph.rules.match import AnyRule
-from paragraph.tvm_interop.kernels import (
+from paragraph.tvm_interop.build.lowering import build_pipeline, resolve_target
+from paragraph.tvm_interop.build.program import (
     KernelProgram,
     lower_with_info,
     lowered_info,
     replace_main,
     with_program_info,
 )
-from paragraph.tvm_interop.lowering import build_pipeline, resolve_target
-from paragraph.tvm_interop.relax_graph import from_relax, to_relax
-from paragraph.tvm_interop.vendor.names import check_kernel_source
-from paragraph.tvm_interop.vendor.runtime import default_kernels
+from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.runtime.library.names import check_kernel_source
+from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 
 REWRITES_ATTR = "paragraph.rewrites"  # ``main``'s attribute: rule ids GraphSubstitution applied
 SEARCH_ATTR = "paragraph.search"  # ``main``'s attribute: the search's report (JSON)

@@ -37,7 +37,7 @@ def test_default_kernels_are_the_fastest_source(capsys, monkeypatch):
     """Without --kernels a user gets vendor kernels where torch is installed (untuned TVM CPU
     kernels are 10-100x slower), auto with a tuning database, TVM's own without torch; `tune`
     keeps tuning TVM's kernels. Without --schedule, critical-path."""
-    from paragraph.tvm_interop.vendor import runtime
+    from paragraph.tvm_interop.runtime.library import torch_kernels as runtime
 
     assert runtime.default_kernels("cpu") == "vendor"
     assert runtime.default_kernels("cpu", "some/db") == "auto"

@@ -1,5 +1,6 @@
-"""The default CPU schedules for TVM's own kernels (`paragraph.tvm_interop.cpu_schedules`): each
-scheduled pool or data-movement kernel computes what LegalizeOps' unscheduled kernel computes,
+"""The default CPU schedules for TVM's own kernels
+(`paragraph.tvm_interop.build.cpu_schedules`): each scheduled pool or data-movement kernel
+computes what LegalizeOps' unscheduled kernel computes,
 on shapes that break its assumptions (channels no vector width divides, padding, ceil mode,
 epilogues, transposes of odd sizes); other kernels are left alone."""
 
@@ -9,9 +10,9 @@ import tvm
 from tvm import relax, tirx
 
 from paragraph import models
-from paragraph.tvm_interop.cpu_schedules import default_schedules
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.lowering import resolve_target
+from paragraph.tvm_interop.build.cpu_schedules import default_schedules
+from paragraph.tvm_interop.build.lowering import resolve_target
+from paragraph.tvm_interop.build.program import KernelProgram
 
 TARGET = resolve_target("cpu")
 

@@ -21,10 +21,10 @@ from paragraph import models
 from paragraph.errors import InputError
 from paragraph.passes.ios import apply_merges, merge_rule
 from paragraph.planner import plan_schedule, split_program
-from paragraph.tvm_interop.artifact import ArtifactError, is_artifact, read_manifest
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.relax_graph import random_inputs
-from paragraph.tvm_interop.vm import run_vm
+from paragraph.tvm_interop.build.artifact import ArtifactError, is_artifact, read_manifest
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.frontend.relax_graph import random_inputs
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 
 @pytest.fixture(scope="module")

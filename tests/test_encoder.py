@@ -17,12 +17,12 @@ from paragraph.errors import InputError
 from paragraph.graph import GraphBuilder, TensorType
 from paragraph.inputs import IndexRange, check_index_ranges, index_ranges, sample_inputs
 from paragraph.planner import plan_schedule
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.importers import load
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB
-from paragraph.tvm_interop.relax_graph import random_inputs
-from paragraph.tvm_interop.vm import build_vm, run_vm
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.frontend.importers import load
+from paragraph.tvm_interop.frontend.relax_graph import random_inputs
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.vm import build_vm, run_vm
 
 TAKE = {"op": "relax.take", "attrs": 'relax.attrs.TakeAttrs(axis=0, mode="fast")'}
 

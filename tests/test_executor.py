@@ -28,20 +28,20 @@ from paragraph.passes.schedule import (
 )
 from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop import compiled, native, random_inputs, threads
-from paragraph.tvm_interop.executor import (
+from paragraph.tvm_interop.build.lowering import is_gpu, resolve_target
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.measure.device import kernel_costs
+from paragraph.tvm_interop.runtime.executor import (
     CPUExecutor,
     InputError,
     KernelError,
     gpu_available,
     make_executor,
 )
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.lowering import is_gpu, resolve_target
-from paragraph.tvm_interop.measure import kernel_costs
-from paragraph.tvm_interop.memory import check_memory_plan, plan_memory, vm_planned_bytes
-from paragraph.tvm_interop.native import SPIN_NS
-from paragraph.tvm_interop.threads import acquire_workers, release_workers, stream_cores
-from paragraph.tvm_interop.vm import run_vm
+from paragraph.tvm_interop.runtime.memory import check_memory_plan, plan_memory, vm_planned_bytes
+from paragraph.tvm_interop.runtime.native import SPIN_NS
+from paragraph.tvm_interop.runtime.threads import acquire_workers, release_workers, stream_cores
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 _PROGRAMS: dict[str, KernelProgram] = {}
 
@@ -487,7 +487,7 @@ def test_one_stream_on_every_core_binds_its_openmp_team_one_thread_per_core(stre
     core and kept them there (a BERT-style encoder 0.9 -> 5.8 ms a request, ResNet-50 16 ->
     31-38 ms). The caller is bound to the first core for the run and gets every core back
     after it; the OpenMP worker stays on a core of its own."""
-    from paragraph.tvm_interop.vendor import native as native_vendor
+    from paragraph.tvm_interop.runtime.library import native as native_vendor
 
     if native_vendor.module() is None:
         pytest.skip(f"no C++ vendor kernels: {native_vendor.reason()}")
@@ -676,7 +676,7 @@ def test_traced_operators_compute_what_their_kernel_computes():
     """Each kernel's output equals its operators' output evaluated in numpy."""
     from paragraph.graph import Graph
     from paragraph.interpret import run_graph
-    from paragraph.tvm_interop.memory import Block, MemoryPlan
+    from paragraph.tvm_interop.runtime.memory import Block, MemoryPlan
 
     program = program_for("inception_v3")
     g, ops = program.graph, program.operator_graph

@@ -1,4 +1,5 @@
-"""Tests of paragraph.tvm_interop.importers: ONNX, torch and Relax sources, and every error path.
+"""Tests of paragraph.tvm_interop.frontend.importers: ONNX, torch and Relax sources, and every
+error path.
 
 Numerical checks run the imported module on TVM's VM (llvm, CPU) and compare with the source
 framework (ONNX Runtime, torch) at 1e-4 absolute and relative: float32 kernels from different
@@ -25,7 +26,7 @@ from tvm.script import relax as R  # noqa: N812
 
 from paragraph.errors import ModelLoadError, UnsupportedModelError
 from paragraph.tvm_interop import from_relax, load, prepare, to_relax
-from paragraph.tvm_interop.kernels import KernelProgram
+from paragraph.tvm_interop.build.program import KernelProgram
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 SHAPE = (1, 3, 16, 16)
@@ -386,7 +387,7 @@ def test_missing_onnx_says_which_extra(monkeypatch, onnx_path):
 
 def test_importers_import_without_torch_and_onnx():
     code = ("import sys; sys.modules['torch'] = sys.modules['onnx'] = None; "
-            "import paragraph.tvm_interop.importers")
+            "import paragraph.tvm_interop.frontend.importers")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 

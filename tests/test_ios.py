@@ -39,10 +39,10 @@ from paragraph.passes.ios import (
 from paragraph.passes.schedule import sequential
 from paragraph.planner import plan_digest, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB
-from paragraph.tvm_interop.vm import run_vm
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 
 def random_part(n: int, p: float, seed: int) -> PartGraph:
@@ -371,8 +371,8 @@ import os, threading
 import paragraph
 from paragraph import models
 from paragraph.passes.ios import CONCURRENT, IOSOptions
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.stages import StageMeter
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.meter.stages import StageMeter
 program = KernelProgram.build(models.get("inception_v3", reduced=True), "llvm", kernels="vendor")
 meter = StageMeter(program, IOSOptions(warmup=1, repeat=2, number=1, cores=2))
 convs = [n.id for n in program.graph.nodes
@@ -393,7 +393,7 @@ def test_concurrent_stages_time_one_thread_vendor_kernels():
     token-id encoder's one 2-thread stream: 0.63 ms before an IOS plan, 2.7 after). In a
     process of its own: the count of threads is the process's."""
     pytest.importorskip("torch")
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     if native.module() is None or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs the C++ vendor kernels and two cores")

@@ -11,12 +11,9 @@ from paragraph import models
 from paragraph.machine import LoadWatch
 from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, Timing, time_in_blocks
-from paragraph.tvm_interop import native
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import (
-    CostDB,
-    CostKey,
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+from paragraph.tvm_interop.measure.device import (
     cache_dir,
     kernel_costs,
     measure_cpu_peaks,
@@ -25,7 +22,9 @@ from paragraph.tvm_interop.measure import (
     time_kernel,
     time_steps,
 )
-from paragraph.tvm_interop.threads import stream_cores
+from paragraph.tvm_interop.runtime import native
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.threads import stream_cores
 
 
 @pytest.fixture(scope="module")
@@ -195,10 +194,10 @@ _WIDE_SCRIPT = """
 import paragraph
 from paragraph import models
 from paragraph.passes.schedule import sequential
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import kernel_costs
-from paragraph.tvm_interop.vendor import native
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.measure.device import kernel_costs
+from paragraph.tvm_interop.runtime.library import native
 program = KernelProgram.build(models.get("resnet50", reduced=True), "llvm", kernels="vendor")
 with make_executor(program, sequential(program.graph, cores=1)) as ex:
     kernel_costs(ex, db=None, threads=2, repeat=16, warmup=1)  # past the forms' trials
@@ -212,7 +211,7 @@ def test_kernel_costs_bind_vendor_kernels_for_the_threads_asked():
     cost of every vendor kernel was its 1-thread time. Seen in the forms the kernels chose,
     keyed by thread count (family name, then the count), in a process of its own."""
     pytest.importorskip("torch")
-    from paragraph.tvm_interop.vendor import native as native_vendor
+    from paragraph.tvm_interop.runtime.library import native as native_vendor
 
     if native_vendor.module() is None:
         pytest.skip("needs the C++ vendor kernels")

@@ -10,12 +10,12 @@ from paragraph.interpret import run_graph
 from paragraph.passes.pools import RULE_ID, pools_after_convs
 from paragraph.planner import plan_like, plan_schedule
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB
-from paragraph.tvm_interop.relax_graph import from_relax
-from paragraph.tvm_interop.vm import run_vm
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.frontend.relax_graph import from_relax
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 
 @pytest.fixture(scope="module")

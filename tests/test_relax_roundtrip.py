@@ -10,7 +10,7 @@ from tvm.script import relax as R
 
 from paragraph import UnsupportedModelError, models
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-from paragraph.tvm_interop.vm import build_vm, run_vm
+from paragraph.tvm_interop.runtime.vm import build_vm, run_vm
 
 
 def run_both(original: tvm.IRModule, roundtrip: tvm.IRModule, seed: int = 0):

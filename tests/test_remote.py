@@ -18,9 +18,9 @@ from paragraph.passes.ios import IOSOptions
 from paragraph.passes.schedule import make_schedule
 from paragraph.passes.search import SearchOptions
 from paragraph.planner import plan_schedule, search_plan
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB
-from paragraph.tvm_interop.remote import Remote, parse_address, serve
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.meter.remote import Remote, parse_address, serve
 
 KEY = "paragraph-test"
 

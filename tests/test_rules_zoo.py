@@ -13,7 +13,7 @@ from paragraph.interpret import run_graph
 from paragraph.rules import apply_match, find_matches, load_library
 from paragraph.rules.match import kind_index
 from paragraph.tvm_interop import from_relax, to_relax
-from paragraph.tvm_interop.vm import build_vm, run_vm
+from paragraph.tvm_interop.runtime.vm import build_vm, run_vm
 
 LIB = load_library()
 RULES = LIB.for_search()

@@ -269,7 +269,7 @@ def test_backtracking_never_returns_worse_than_its_input():
 
 def test_partition_pieces_are_ordered_and_cover_the_graph():
     from paragraph import models
-    from paragraph.tvm_interop.relax_graph import from_relax
+    from paragraph.tvm_interop.frontend.relax_graph import from_relax
     g = from_relax(models.get("inception_v3", reduced=True))
     part = partition(g, default_library().for_search(), size_l=40, size_u=120)
     ops = [n.id for n in g.operators]
@@ -328,7 +328,7 @@ ALL_METHODS = (("greedy", "sum"), ("taso", "sum"), ("autograph", "mixed"),
                                            ("nasnet_a_mobile", (("taso", "sum"),))])
 def test_every_search_keeps_the_outputs_and_never_raises_the_cost(name, methods):
     from paragraph import models
-    from paragraph.tvm_interop.relax_graph import from_relax
+    from paragraph.tvm_interop.frontend.relax_graph import from_relax
     g = from_relax(models.get(name, reduced=True))
     rules = default_library().for_search()
     model = CostModel()

@@ -11,12 +11,13 @@ from paragraph.passes.cost import VIEWS, kernels_of
 from paragraph.passes.schedule import sequential
 from paragraph.passes.search import SearchOptions, extract
 from paragraph.planner import measure_signatures, search_plan
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB, kernel_costs
-from paragraph.tvm_interop.relax_graph import to_relax
-from paragraph.tvm_interop.signatures import SignatureMeter
-from paragraph.tvm_interop.vendor.runtime import torch_available
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.frontend.relax_graph import to_relax
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.measure.device import kernel_costs
+from paragraph.tvm_interop.meter.signatures import SignatureMeter
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.library.torch_kernels import torch_available
 
 RNG = np.random.default_rng(0)
 

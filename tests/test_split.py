@@ -14,12 +14,12 @@ from paragraph.passes.split import split_lone_convs, split_rule
 from paragraph.planner import end_to_end, plan_schedule, split_program
 from paragraph.schedule import kernel_ids, producers
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB
-from paragraph.tvm_interop.relax_graph import from_relax, to_relax
-from paragraph.tvm_interop.vm import run_vm
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 
 def _stem_and_branches() -> Graph:

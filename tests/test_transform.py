@@ -16,8 +16,8 @@ from tvm import relax
 import paragraph
 from paragraph import models
 from paragraph.errors import ParagraphError
-from paragraph.tvm_interop.relax_graph import random_inputs
-from paragraph.tvm_interop.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.frontend.relax_graph import random_inputs
+from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ import tvm_ffi
 from paragraph import models
 from paragraph.cli import main
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.tune import MIN_GAIN
-from paragraph.tvm_interop.tuning_db import (
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.tuning_db import (
     APPLIED,
     MODEL_FILE,
     RECORDS,
@@ -24,7 +23,8 @@ from paragraph.tvm_interop.tuning_db import (
     tuning_id,
     write_applied,
 )
-from paragraph.tvm_interop.vm import run_vm
+from paragraph.tvm_interop.runtime.vm import run_vm
+from paragraph.tvm_interop.tune.metaschedule import MIN_GAIN
 
 ARGS = ["tune", "squeezenet1_1", "--reduced", "--trials", "2", "--max-tasks", "2"]
 TUNE = [sys.executable, "-m", "paragraph", *ARGS]

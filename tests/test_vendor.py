@@ -21,16 +21,17 @@ from paragraph.errors import ParagraphError
 from paragraph.interpret import run_graph
 from paragraph.passes.schedule import ALGORITHMS, make_schedule
 from paragraph.tvm_interop import from_relax, random_inputs
-from paragraph.tvm_interop.executor import gpu_available, make_executor
-from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import SETTLE_RUNS, CostDB
-from paragraph.tvm_interop.threads import config_threads
-from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, undispatch, vendor_names
-from paragraph.tvm_interop.vendor.names import VendorOp, cost_name
-from paragraph.tvm_interop.vendor.runtime import bind, ensure_registered
-from paragraph.tvm_interop.vendor.select import choose_fastest
-from paragraph.tvm_interop.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor, undispatch, vendor_names
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.select import choose_fastest
+from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.measure.device import SETTLE_RUNS
+from paragraph.tvm_interop.runtime.executor import gpu_available, make_executor
+from paragraph.tvm_interop.runtime.library.names import VendorOp, cost_name
+from paragraph.tvm_interop.runtime.library.torch_kernels import bind, ensure_registered
+from paragraph.tvm_interop.runtime.threads import config_threads
+from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
 
 torch = pytest.importorskip("torch")
 
@@ -454,8 +455,12 @@ def test_a_residual_convolution_writes_over_its_residual_in_place(monkeypatch, n
     monkeypatch.setenv("PARAGRAPH_NATIVE_VENDOR", native)
     from paragraph.graph import TensorRef
     from paragraph.schedule import Schedule, ScheduleError, kernel_ids
-    from paragraph.tvm_interop.executor import make_executor
-    from paragraph.tvm_interop.memory import check_memory_plan, in_place_operands, plan_memory
+    from paragraph.tvm_interop.runtime.executor import make_executor
+    from paragraph.tvm_interop.runtime.memory import (
+        check_memory_plan,
+        in_place_operands,
+        plan_memory,
+    )
 
     mod = module((1, 8, 8, 8), residual_blocks)
     program = KernelProgram.build(mod, "llvm", kernels="vendor")
@@ -575,7 +580,7 @@ def test_small_kernels_time_both_forms_and_keep_the_faster():
     forms, oneDNN's in-place kernel and MKL's GEMM in place: the first calls alternate between
     them, timed, then the faster by median is kept (and bindings made later start with it);
     every call computes the same result."""
-    from paragraph.tvm_interop.vendor.runtime import TRIALS, _Fastest
+    from paragraph.tvm_interop.runtime.library.torch_kernels import TRIALS, _Fastest
 
     conv = VendorOp("conv2d", "NHWC", (1, 1), (0, 0), (1, 1), 1, bias=True, residual=True,
                     act="relu", weight="c0ffee")
@@ -648,7 +653,7 @@ def test_cpu_vendor_kernels_run_in_cpp_without_the_gil(monkeypatch, tmp_path):
     build fails (with a warning), the Python kernels run."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native as native_vendor
+    from paragraph.tvm_interop.runtime.library import native as native_vendor
 
     mod = _cpp_module()
     inputs = random_inputs(mod, seed=2)
@@ -690,7 +695,7 @@ def test_products_sharing_a_weight_share_its_packed_form_and_stay_exact():
     of the same shape, and executors bound after earlier ones were closed (their buffers'
     addresses reused), still compute with their own weights."""
     from paragraph.graph import GraphBuilder
-    from paragraph.tvm_interop.relax_graph import to_relax
+    from paragraph.tvm_interop.frontend.relax_graph import to_relax
 
     rng = np.random.default_rng(3)
     b = GraphBuilder()
@@ -718,8 +723,8 @@ def test_a_weight_is_packed_once_per_thread_count():
     from dataclasses import replace
 
     from paragraph.graph import GraphBuilder
-    from paragraph.tvm_interop.relax_graph import to_relax
-    from paragraph.tvm_interop.vendor import native as native_vendor
+    from paragraph.tvm_interop.frontend.relax_graph import to_relax
+    from paragraph.tvm_interop.runtime.library import native as native_vendor
 
     if native_vendor.module() is None:
         pytest.skip(f"C++ vendor kernels unavailable: {native_vendor.reason()}")
@@ -753,7 +758,7 @@ def test_forms_not_chosen_release_their_packed_weights():
     are the copies only they held, so a model's weights are not held three times over."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -932,7 +937,7 @@ def test_a_program_settles_once_its_kernels_have_chosen_their_forms():
     executor takes several runs (at most SETTLE_RUNS), a second of the same program, whose
     kernels start with the first's choices, one. In a fresh process (the count is the
     process's), with the kernels this one built."""
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     if native.module() is None:
         pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
@@ -940,10 +945,10 @@ def test_a_program_settles_once_its_kernels_have_chosen_their_forms():
         from paragraph import models
         from paragraph.passes.schedule import make_schedule
         from paragraph.tvm_interop import random_inputs
-        from paragraph.tvm_interop.executor import make_executor
-        from paragraph.tvm_interop.kernels import KernelProgram
-        from paragraph.tvm_interop.measure import settle
-        from paragraph.tvm_interop.vendor.native import timing_kernels
+        from paragraph.tvm_interop.runtime.executor import make_executor
+        from paragraph.tvm_interop.build.program import KernelProgram
+        from paragraph.tvm_interop.measure.device import settle
+        from paragraph.tvm_interop.runtime.library.native import timing_kernels
         mod = models.get("inception_v3", reduced=True)
         program = KernelProgram.build(mod, "llvm", kernels="vendor")
         inputs = random_inputs(mod)
@@ -971,8 +976,11 @@ def test_without_pytorch_the_pass_says_so_and_tvm_kernels_run(tmp_path):
         sys.modules["torch"] = None  # import torch now raises ImportError
         import numpy as np
         from paragraph import models
-        from paragraph.tvm_interop.kernels import KernelProgram
-        from paragraph.tvm_interop.vendor.runtime import VendorUnavailableError, ensure_registered
+        from paragraph.tvm_interop.build.program import KernelProgram
+        from paragraph.tvm_interop.runtime.library.torch_kernels import (
+            VendorUnavailableError,
+            ensure_registered,
+        )
         mod = models.get("squeezenet1_1", reduced=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -1051,7 +1059,7 @@ def test_cli_verbs_take_the_kernel_source(capsys, tmp_path):
 def test_cuda_dispatch_compiles_here(monkeypatch):
     """The CUDA form of the pass (NCHW, float16 allowed, no weight packing) and a CUDA build of
     its result, without a GPU; without a CUDA PyTorch the pass keeps TVM's kernels."""
-    from paragraph.tvm_interop.lowering import CUDA_COMPILE_ONLY
+    from paragraph.tvm_interop.build.lowering import CUDA_COMPILE_ONLY
 
     target = tvm.target.Target(CUDA_COMPILE_ONLY)
     mod, _ = CONVS["conv_stride2_bn_residual_relu"]
@@ -1093,8 +1101,8 @@ def test_the_vm_module_keeps_every_kernel_of_the_graph(where, monkeypatch):
     then missing from the VM's module. `build_pipeline` (what paragraph compiles a lowered
     module with) keeps every kernel of the graph, on a CPU and for CUDA (compiled here without
     a GPU), and the program links."""
-    from paragraph.tvm_interop.lowering import CUDA_COMPILE_ONLY, build_pipeline
-    from paragraph.tvm_interop.relax_graph import to_relax
+    from paragraph.tvm_interop.build.lowering import CUDA_COMPILE_ONLY, build_pipeline
+    from paragraph.tvm_interop.frontend.relax_graph import to_relax
 
     if where == "cuda" and not torch.cuda.is_available():
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # compile only
@@ -1122,7 +1130,7 @@ def test_randwire_compiles_for_cuda_with_tvm_kernels():
     """dlight's GEMV rule failed with a bare AssertionError on one of RandWire's kernels (TVM
     0.27), so `--target cuda --kernels tvm` crashed while lowering: rules that fail now decline
     the kernel and the next rule schedules it. Compiled here without a GPU."""
-    from paragraph.tvm_interop.lowering import CUDA_COMPILE_ONLY
+    from paragraph.tvm_interop.build.lowering import CUDA_COMPILE_ONLY
 
     program = KernelProgram.build(models.get("randwire", reduced=True),
                                   tvm.target.Target(CUDA_COMPILE_ONLY), kernels="tvm")
@@ -1137,7 +1145,7 @@ def test_native_layer_norm_forms_agree_with_torch(shape, residual):
     rows of any length (a tail after the 16-wide vectors), with and without the residual."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1175,7 +1183,7 @@ def test_native_softmax_forms_agree_with_torch(threads, shape, axis, form, scale
     a row of -inf NaN, as torch's; along another axis ATen's runs whatever the form asked."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1219,7 +1227,7 @@ def test_native_gemm_forms_agree_with_torch(threads, rows, k, n, residual, act):
     its own buffer or in the output's, and on one and two threads."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1255,7 +1263,7 @@ def test_native_linear_forms_agree_with_torch(threads, rows, act):
     more, GELU applied after the GEMM; every call equals torch's."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1285,7 +1293,7 @@ def test_the_one_row_product_streams_the_weight(threads, k, n, bias, act):
     without a bias; the own GEMM (form 2) as well."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1329,7 +1337,7 @@ def test_native_concat_forms_agree_with_torch(threads, shapes, axis, act, dtype)
     channel joins, middle and first axes and integer tensors."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1363,7 +1371,7 @@ def test_native_batched_product_forms_agree_with_torch(threads, shape):
     equals torch's product, NaN included."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1390,7 +1398,7 @@ def test_the_own_concat_holds_its_buffers_once_chosen():
     that did). The freed buffer's memory, allocated again and filled, must stay untouched."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1455,7 +1463,7 @@ def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad,
     for channels that fill no whole vector, strides, dilation, TF-style uneven padding, a
     residual in its own buffer or in the output's, a NaN in the input, 1 and 2 threads."""
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1489,7 +1497,7 @@ def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride
     padding, two images (tiles across rows and images), a residual in its own buffer or in the
     output's, 1 and 2 threads."""
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1513,7 +1521,7 @@ def test_native_conv_reads_an_nchw_input(threads, hw, cin, k, stride, pad):
     which reorders it, and the own one, whose padded copy reorders it; the three-channel rows
     16 pixels at a time by permutes) writes the NHWC output every call, as torch's
     convolution of the same input."""
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1568,7 +1576,7 @@ def test_the_winograd_forms_agree_with_torch(k, form, packing, threads, n, hw, c
     blocks of tiles, a transformed weight too large for L2 (streamed; on two threads split by
     tiles or by panels), a residual in its own buffer or in the output's, 1 and 2 threads; the
     transformed weight is what the kernel packed, and the form is the one that ran."""
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1587,7 +1595,7 @@ def test_the_winograd_forms_in_small_blocks_agree_with_torch(form, packing, thre
     """A streamed Winograd form also comes in blocks of tiles sized to stay in L2 beside the
     weight's panels (listed after the other forms): each agrees with torch's convolution, with
     the weight packed once for both block sizes."""
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1621,7 +1629,7 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
     the padding along that axis (uneven for the 1x7: TF-style), two images, a residual in its
     own buffer or in the output's, 1 and 2 threads; the transformed weight is what the kernel
     packed."""
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1657,7 +1665,7 @@ def test_native_pools_agree_with_torch(threads, shape, kind, window, stride, pad
     with a column carried)."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1699,7 +1707,7 @@ def test_native_average_pools_apply_their_epilogue(threads, shape, stride, affin
     in every form and over one thread or two, a NaN kept through the relu."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1744,8 +1752,8 @@ def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeyp
     equals torch's."""
     import tvm_ffi
 
-    from paragraph.tvm_interop import native as native_runner
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime import native as native_runner
+    from paragraph.tvm_interop.runtime.library import native
 
     cxx = native_runner._compiler()
     if cxx is None:
@@ -1781,7 +1789,7 @@ def test_a_variant_build_of_the_kernels_runs_beside_the_main_one_with_its_own_ch
     (what lets `benchmarks/ab.py` compare two builds in one process)."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:
@@ -1813,7 +1821,7 @@ def test_a_chosen_form_can_be_set_before_the_kernels_time_their_forms():
     result, and an index the kernel has no form for is ignored (it times its forms as ever)."""
     import tvm_ffi
 
-    from paragraph.tvm_interop.vendor import native
+    from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
     if module is None:

@@ -24,9 +24,9 @@ from paragraph.passes.schedule import ALGORITHMS
 from paragraph.planner import plan_schedule, tolerance
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.vm import run_vm
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 
 def main(full: bool = False) -> None:

@@ -21,8 +21,8 @@ import numpy as np
 
 import paragraph
 from paragraph import models
-from paragraph.tvm_interop.tune import format_summary, tune
-from paragraph.tvm_interop.vm import local_cpu_target
+from paragraph.tvm_interop.runtime.vm import local_cpu_target
+from paragraph.tvm_interop.tune.metaschedule import format_summary, tune
 
 
 def main(full: bool = False, trials: int = 4, max_tasks: int = 3, budget: float = 20.0) -> None:

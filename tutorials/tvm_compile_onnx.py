@@ -24,7 +24,7 @@ from tvm import relax
 
 import paragraph
 from paragraph.timing import time_calls
-from paragraph.tvm_interop.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
 
 
 def inception_block_onnx(path: Path, channels: int) -> None:

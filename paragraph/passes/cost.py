@@ -6,7 +6,7 @@ vendor dispatch (a convolution, matmul or linear absorbs the element-wise chain 
 activation, a residual add; element-wise chains fuse with each other; reshapes and slices are
 views). Each kernel has a signature (anchor kind, attributes, input shapes, fused chain); its
 seconds come from a table of measured signatures (`CostModel.measured`, filled by
-`paragraph.tvm_interop.measure` from the cost database) or, failing that, from a roofline
+`paragraph.tvm_interop.measure.device` from the cost database) or, failing that, from a roofline
 estimate scaled by how far the measured kernels of the same kind (grouped convolutions apart
 from dense ones) were from theirs.
 

@@ -20,7 +20,7 @@ on a CPU, where more groups only share the cores). Beyond IOS:
   exponentially with a part's width);
 * a time budget: what is not solved in time runs sequentially.
 
-Pure: stage costs come in as functions. `paragraph.tvm_interop.stages.StageMeter` measures
+Pure: stage costs come in as functions. `paragraph.tvm_interop.meter.stages.StageMeter` measures
 them on a device, and `paragraph.planner` runs the search on a program, applies the merges it
 chose (the verified rule ``ios-merge-convs``, `apply_merges`), confirms the result end to end
 and returns it.

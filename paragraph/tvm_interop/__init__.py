@@ -5,7 +5,7 @@ worker threads (`threads`) and the native stream runner (`native`), measurement 
 database (`measure`), IOS's stage meter (`stages`), the concurrency-safe memory plan
 (`memory`), the executor and the TVM VM baseline (`vm`)."""
 
-from paragraph.tvm_interop.importers import load, prepare
-from paragraph.tvm_interop.relax_graph import from_relax, random_inputs, to_relax
+from paragraph.tvm_interop.frontend.importers import load, prepare
+from paragraph.tvm_interop.frontend.relax_graph import from_relax, random_inputs, to_relax
 
 __all__ = ["from_relax", "to_relax", "random_inputs", "load", "prepare"]

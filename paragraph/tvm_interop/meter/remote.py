@@ -3,17 +3,17 @@
 A paragraph RPC server is TVM's own (``tvm.rpc.Server``) with paragraph's measuring functions
 registered in it (`register`, its ``server_init_callback``):
 
-    python -m paragraph.tvm_interop.remote --tracker HOST:PORT --key KEY
+    python -m paragraph.tvm_interop.meter.remote --tracker HOST:PORT --key KEY
 
 `Remote` (``--rpc HOST:PORT:KEY``) asks the tracker for a session on such a server, learns the
 device's target and cores (`Remote.target`), and times whole programs there: each program
-under its schedule becomes a one-file artifact (`paragraph.tvm_interop.artifact`), uploaded
+under its schedule becomes a one-file artifact (`paragraph.tvm_interop.build.artifact`), uploaded
 into the session's work directory, loaded by the server and run side by side with the others
 in blocks (`paragraph.timing.time_in_blocks`) on the parallel executor, outputs compared with
 the first program's on the same inputs. `Remote.kernel_times` times a program's kernels there
 (critical-path's kernel costs, the search's kernel signatures), and `Remote.open_stages` /
 `Remote.stage` IOS's stages: the program is uploaded once, and each stage, named by its
-kernel ids and strategy, is timed there by IOS's protocol (`paragraph.tvm_interop.stages`).
+kernel ids and strategy, is timed there by IOS's protocol (`paragraph.tvm_interop.meter.stages`).
 TVM's RPC gives whoever reaches the server full remote code execution: run it only on a
 trusted network (TVM's own warning).
 """
@@ -46,13 +46,13 @@ from paragraph.passes.ios import IOSOptions
 from paragraph.passes.schedule import sequential
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_in_blocks
-from paragraph.tvm_interop.artifact import read_artifact, write_artifact
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import kernel_costs, measure_handoff
-from paragraph.tvm_interop.memory import plan_memory
-from paragraph.tvm_interop.stages import Groups, StageMeter, sequence_seconds
-from paragraph.tvm_interop.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.build.artifact import read_artifact, write_artifact
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.measure.device import kernel_costs, measure_handoff
+from paragraph.tvm_interop.meter.stages import Groups, StageMeter, sequence_seconds
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.memory import plan_memory
+from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
 
 PREFIX = "paragraph.rpc."
 
@@ -226,7 +226,7 @@ class Remote:
         except Exception as e:  # noqa: BLE001 - any failure means the server is not ours
             raise ParagraphError(f"--rpc {address}: the server does not run paragraph's "
                                  "measuring functions (start it with `python -m "
-                                 f"paragraph.tvm_interop.remote`): {e}") from None
+                                 f"paragraph.tvm_interop.meter.remote`): {e}") from None
         self.target = tvm.target.Target(info["target"])
         self.cores = int(info["cores"])
         self.machine: dict[str, Any] = info["machine"]
@@ -319,7 +319,7 @@ def _protocol(options: IOSOptions) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m paragraph.tvm_interop.remote --tracker HOST:PORT --key KEY``."""
+    """``python -m paragraph.tvm_interop.meter.remote --tracker HOST:PORT --key KEY``."""
     parser = argparse.ArgumentParser(description="serve this device to paragraph clients "
                                      "through a TVM RPC tracker")
     parser.add_argument("--tracker", required=True, help="the tracker, HOST:PORT")

@@ -40,10 +40,10 @@ from paragraph.graph import TensorRef
 from paragraph.machine import describe_machine
 from paragraph.rules.library import default_library
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop.kernels import KernelProgram, program_info, with_program_info
-from paragraph.tvm_interop.lowering import default_device, is_gpu
-from paragraph.tvm_interop.memory import Block, MemoryPlan, check_memory_plan
-from paragraph.tvm_interop.vm import local_cpu_target
+from paragraph.tvm_interop.build.program import KernelProgram, program_info, with_program_info
+from paragraph.tvm_interop.build.lowering import default_device, is_gpu
+from paragraph.tvm_interop.runtime.memory import Block, MemoryPlan, check_memory_plan
+from paragraph.tvm_interop.runtime.vm import local_cpu_target
 from paragraph.version import __version__
 
 FORMAT, VERSION = "paragraph-artifact", 1

@@ -1,4 +1,4 @@
-"""A `KernelProgram`: a model lowered (`paragraph.tvm_interop.lowering`) with its kernel source
+"""A `KernelProgram`: a model lowered (`paragraph.tvm_interop.build.lowering`) with its kernel source
 chosen, and every kernel compiled once into one runtime module for one device, which also serves
 the TVM VM baseline built from the same lowered module; and a lowered module that carries what
 rebuilding its program needs (`with_program_info`, `KernelProgram.from_lowered`)."""
@@ -19,8 +19,8 @@ from paragraph.errors import ParagraphError
 from paragraph.graph import Graph, Node
 from paragraph.inputs import IndexRange, index_ranges
 from paragraph.schedule import Schedule
-from paragraph.tvm_interop.compiled import compiled_kernels
-from paragraph.tvm_interop.lowering import (
+from paragraph.tvm_interop.build.compiled import compiled_kernels
+from paragraph.tvm_interop.build.lowering import (
     Dispatch,
     build_pipeline,
     default_device,
@@ -30,10 +30,10 @@ from paragraph.tvm_interop.lowering import (
     resolve_target,
     slices_as_views,
 )
-from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor
-from paragraph.tvm_interop.vendor.names import check_kernel_source, is_vendor_name
-from paragraph.tvm_interop.vendor.runtime import ensure_registered
-from paragraph.tvm_interop.vendor.select import choose_fastest
+from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor
+from paragraph.tvm_interop.runtime.library.names import check_kernel_source, is_vendor_name
+from paragraph.tvm_interop.runtime.library.torch_kernels import ensure_registered
+from paragraph.tvm_interop.build.select import choose_fastest
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 ``paragraph tune`` writes MetaSchedule's JSON database (``database_workload.json``,
 ``database_tuning_record.json``) and, beside it, ``applied/``: the same workloads with the
 records of only those kernels whose tuned form measured faster than the untuned one alone and
-that the model check kept (`paragraph.tvm_interop.tune.check_models`: the model run end to end
+that the model check kept (`paragraph.tvm_interop.tune.metaschedule.check_models`: the model run end to end
 with them against the model untuned, side by side). Lowering applies ``applied/`` where it
 exists (`applied_dir`), so a tuning database applies neither a kernel that measured slower
 alone (MetaSchedule's best record of a small kernel, a reshape, a pool, a concatenation, is
@@ -31,7 +31,7 @@ MODEL_FILE = "paragraph-tune-model.json"
 
 
 def workload_key(shash: str | int) -> str:
-    """A workload's key as `paragraph.tvm_interop.tune` writes it (16 hex digits of the
+    """A workload's key as `paragraph.tvm_interop.tune.metaschedule` writes it (16 hex digits of the
     structural hash) from the decimal hash in MetaSchedule's workload file."""
     return f"{int(shash) & (2**64 - 1):016x}"
 

@@ -7,7 +7,7 @@ RewriteDataflowReshape so reshapes become views), and
 ``kernel_graph`` turns the fused ``main`` into a `paragraph.Graph` whose operator nodes are
 ``kernel`` (one ``call_tir`` or ``call_dps_packed``) and ``view`` (a reshape that moves no data).
 Schedules and costs are about these fused kernels, because they are what runs;
-`paragraph.tvm_interop.kernels.KernelProgram` compiles them.
+`paragraph.tvm_interop.build.program.KernelProgram` compiles them.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from paragraph.errors import ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, Node, TensorRef
-from paragraph.tvm_interop.cpu_schedules import REFUSED, attempt, default_schedules
-from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.relax_graph import from_relax, to_relax
-from paragraph.tvm_interop.tuning_db import applied_dir
-from paragraph.tvm_interop.vendor.names import cost_name, is_vendor_name, vendor_flops
-from paragraph.tvm_interop.vm import local_cpu_target
+from paragraph.tvm_interop.build.cpu_schedules import REFUSED, attempt, default_schedules
+from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
+from paragraph.tvm_interop.build.tuning_db import applied_dir
+from paragraph.tvm_interop.runtime.library.names import cost_name, is_vendor_name, vendor_flops
+from paragraph.tvm_interop.runtime.vm import local_cpu_target
 
 # a GPU target that compiles here without a GPU (nvcc is present); H100/H200 are sm_90
 CUDA_COMPILE_ONLY = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
@@ -127,7 +127,7 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target,
     """Legalize and fuse ``mod`` for ``target`` (what the default pipeline does before memory
     planning); apply a MetaSchedule database directory when given. ``dispatch`` first turns
     operator patterns of the prepared module into vendor calls, before legalization, like
-    TVM's cuDNN/cuBLAS BYOC (`paragraph.tvm_interop.vendor.dispatch.dispatch_to_vendor`)."""
+    TVM's cuDNN/cuBLAS BYOC (`paragraph.tvm_interop.build.dispatch.dispatch_to_vendor`)."""
     return lower_tracked(mod, target, tuning_db, dispatch)[1]
 
 

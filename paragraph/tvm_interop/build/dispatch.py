@@ -16,9 +16,9 @@ from tvm import relax
 from tvm.ir.expr import Constant
 from tvm.relax.dpl import rewrite_call, wildcard
 
-from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.vendor.names import ACTIVATIONS, POOLS, VendorOp, is_vendor_name
-from paragraph.tvm_interop.vendor.runtime import ensure_registered, require_torch, torch_available
+from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.runtime.library.names import ACTIVATIONS, POOLS, VendorOp, is_vendor_name
+from paragraph.tvm_interop.runtime.library.torch_kernels import ensure_registered, require_torch, torch_available
 
 _AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 

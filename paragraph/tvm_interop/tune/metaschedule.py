@@ -22,7 +22,7 @@ together (a tuned kernel's thread-pool wake-ups between small kernels: a reduced
 with nested sets of the faster kernels (all, the half saving most, the one saving most; none)
 and timed end to end under the schedule ``paragraph run`` uses, side by side; the set that
 runs fastest is applied, and none unless it beats the untuned model by `MIN_GAIN` (on every
-model checked). Lowering reads ``applied/`` (`paragraph.tvm_interop.tuning_db`), which holds
+model checked). Lowering reads ``applied/`` (`paragraph.tvm_interop.build.tuning_db`), which holds
 only those records, so a tuning database does not make the checked models slower as measured
 on the machine that tuned. An interrupted run leaves ``applied/`` as the last check left it.
 """
@@ -53,11 +53,10 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.planner import end_to_end, plan_schedule
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.importers import prepare
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.lowering import default_device, is_gpu, lower, resolve_target
-from paragraph.tvm_interop.tuning_db import (
+from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor, tvm_alternatives
+from paragraph.tvm_interop.build.lowering import default_device, is_gpu, lower, resolve_target
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.tuning_db import (
     APPLIED,
     MODEL_FILE,
     RECORDS,
@@ -65,7 +64,8 @@ from paragraph.tvm_interop.tuning_db import (
     WORKLOADS,
     write_applied,
 )
-from paragraph.tvm_interop.vendor.dispatch import dispatch_to_vendor, tvm_alternatives
+from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.runtime.executor import make_executor
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Measurement and the on-disk cost database.
+"""Timing kernels on the device (cached in `paragraph.tvm_interop.measure.costdb`).
 
 * `time_steps` times one kernel, or several kernels run concurrently (one group of kernels per
   worker thread on the CPU, each group in order), on buffers an executor has already bound:
@@ -7,43 +7,35 @@
   `time_in_sequence` times every kernel where it runs in a 1-thread run of the whole model
   (what `kernel_costs` caches; on a GPU `CUDAExecutor.kernel_seconds` times them between
   events in one CUDA Graph replay); `measure_handoff` times that hand-off itself.
-* `CostDB` is an SQLite file (``~/.cache/paragraph/costs.sqlite``, or ``$PARAGRAPH_CACHE_DIR``)
-  keyed by target, kernel structural hash, tuning database and kernel source (plus a free-form
-  configuration such as a thread count or a stage signature). Every write is one transaction;
-  a corrupt file is moved aside with a warning and rebuilt.
 * `estimate_seconds` is the analytical fallback when measuring is off: FLOPs and bytes over the
   device's measured peak rates (a roofline), plus a fixed launch overhead.
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 import statistics
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paragraph.errors import ParagraphError
-from paragraph.files import cache_dir
 from paragraph.graph import Graph, Node
 from paragraph.machine import LoadWatch
 from paragraph.schedule import bytes_moved
 from paragraph.timing import Timing, time_calls
-from paragraph.tvm_interop import native
-from paragraph.tvm_interop.vendor.native import revision as vendor_revision
-from paragraph.tvm_interop.vendor.native import timing_kernels
+from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+from paragraph.tvm_interop.runtime import native
+from paragraph.tvm_interop.runtime.library.native import revision as vendor_revision
+from paragraph.tvm_interop.runtime.library.native import timing_kernels
 
 if TYPE_CHECKING:  # steps are the executor's; measuring them needs no executor
-    from paragraph.tvm_interop.executor import Step
-from paragraph.tvm_interop.threads import (
+    from paragraph.tvm_interop.runtime.executor import Step
+from paragraph.tvm_interop.runtime.threads import (
     acquire_workers,
     config_threads,
     on_caller,
@@ -52,82 +44,6 @@ from paragraph.tvm_interop.threads import (
     release_workers,
     stream_cores,
 )
-
-
-@dataclass(frozen=True)
-class CostKey:
-    """What a cost depends on: where it ran, which kernel, which tuning, which source, how."""
-
-    target: str
-    kernel: str  # structural hash of the kernel (or of a stage of kernels)
-    tuning: str = ""  # tuning database identity ("" = untuned)
-    source: str = "tvm"  # kernel source: tvm | vendor
-    config: str = ""  # e.g. "threads=2"
-
-
-class CostDB:
-    """SQLite cost cache; see the module docstring."""
-
-    SCHEMA = """CREATE TABLE IF NOT EXISTS costs (
-        target TEXT, kernel TEXT, tuning TEXT, source TEXT, config TEXT,
-        median REAL, p10 REAL, p90 REAL, repeats INTEGER, measured_at REAL,
-        PRIMARY KEY (target, kernel, tuning, source, config))"""
-
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        self.path = Path(path) if path else cache_dir() / "costs.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self.conn = self._open()
-
-    def _open(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(self.path, check_same_thread=False)
-            ok = conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
-            if not ok:
-                raise sqlite3.DatabaseError("quick_check failed")
-            conn.execute(self.SCHEMA)
-            conn.execute("SELECT target, kernel, tuning, source, config, median FROM costs "
-                         "LIMIT 1").fetchall()
-            conn.commit()
-            return conn
-        except sqlite3.DatabaseError as e:
-            try:
-                conn.close()
-            except Exception:
-                pass
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            self.path.replace(aside)
-            warnings.warn(f"cost database {self.path} was corrupt ({e}); moved it to {aside} "
-                          "and started a new one", RuntimeWarning, stacklevel=3)
-            conn = sqlite3.connect(self.path, check_same_thread=False)
-            conn.execute(self.SCHEMA)
-            conn.commit()
-            return conn
-
-    def get(self, key: CostKey) -> float | None:
-        """The cached median seconds for ``key``, or None."""
-        with self._lock:
-            row = self.conn.execute(
-                "SELECT median FROM costs WHERE target=? AND kernel=? AND tuning=? AND source=? "
-                "AND config=?", (key.target, key.kernel, key.tuning, key.source, key.config)
-            ).fetchone()
-        return None if row is None else float(row[0])
-
-    def put(self, key: CostKey, timing: Timing) -> None:
-        """Store a measurement (one atomic transaction; replaces an older one)."""
-        s = timing.samples
-        row = (key.target, key.kernel, key.tuning, key.source, key.config,
-               statistics.median(s), float(np.percentile(s, 10)), float(np.percentile(s, 90)),
-               len(s), time.time())
-        with self._lock, self.conn:
-            self.conn.execute("INSERT OR REPLACE INTO costs VALUES (?,?,?,?,?,?,?,?,?,?)", row)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return self.conn.execute("SELECT COUNT(*) FROM costs").fetchone()[0]
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 # ---------------------------------------------------------------------------- timing

@@ -21,7 +21,7 @@ from tvm import relax
 
 from paragraph.graph import Graph, TensorRef
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop.vendor.names import VendorOp, is_vendor_name
+from paragraph.tvm_interop.runtime.library.names import VendorOp, is_vendor_name
 
 
 def nbytes(graph: Graph, ref: TensorRef) -> int:

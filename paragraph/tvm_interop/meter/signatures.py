@@ -13,7 +13,7 @@ transposes the vendor path adds at the edges of a graph of one convolution are n
 in a whole model they happen once, so they are left out. The result is cached in the cost
 database by signature, so a kernel is measured once per machine, kernel source, tuning database
 and thread count, and every later search starts knowing it. With a ``remote``
-(`paragraph.tvm_interop.remote.Remote`) each kernel is built here for the remote target and
+(`paragraph.tvm_interop.meter.remote.Remote`) each kernel is built here for the remote target and
 timed there (`Remote.kernel_times`, both thread counts in one upload), uncached: the cost
 database is this machine's.
 """
@@ -32,14 +32,15 @@ from paragraph.passes.schedule import sequential
 from paragraph.passes.search import extract
 from paragraph.progress import Progress
 from paragraph.timing import Timing
-from paragraph.tvm_interop.executor import make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB, CostKey, kernel_costs, vendor_tag
-from paragraph.tvm_interop.relax_graph import to_relax
-from paragraph.tvm_interop.tuning_db import tuning_id
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.tuning_db import tuning_id
+from paragraph.tvm_interop.frontend.relax_graph import to_relax
+from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+from paragraph.tvm_interop.measure.device import kernel_costs, vendor_tag
+from paragraph.tvm_interop.runtime.executor import make_executor
 
 if TYPE_CHECKING:
-    from paragraph.tvm_interop.remote import Remote
+    from paragraph.tvm_interop.meter.remote import Remote
 
 SIGNATURE_PROTOCOL = "signature/v3"  # bump when what a signature's seconds mean changes
 # v2: TVM's CPU pools and transposes are scheduled (`cpu_schedules`), 2-4x faster in a model

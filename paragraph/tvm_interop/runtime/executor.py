@@ -51,9 +51,11 @@ from paragraph.graph import TensorRef
 from paragraph.inputs import check_index_ranges, sample_inputs
 from paragraph.schedule import Schedule
 from paragraph.timing import Timing
-from paragraph.tvm_interop import native as _native
-from paragraph.tvm_interop.memory import MemoryPlan, plan_memory
-from paragraph.tvm_interop.threads import (
+from paragraph.tvm_interop.runtime import native as _native
+from paragraph.tvm_interop.runtime.library import native as native_vendor
+from paragraph.tvm_interop.runtime.library import torch_kernels as vendor
+from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
+from paragraph.tvm_interop.runtime.threads import (
     acquire_workers,
     config_threads,
     fits_cores,
@@ -63,11 +65,9 @@ from paragraph.tvm_interop.threads import (
     stream_cores,
     stream_teams,
 )
-from paragraph.tvm_interop.vendor import native as native_vendor
-from paragraph.tvm_interop.vendor import runtime as vendor
 
 if TYPE_CHECKING:  # programs are built above the executor, which only runs them
-    from paragraph.tvm_interop.kernels import KernelProgram
+    from paragraph.tvm_interop.build.program import KernelProgram
 
 
 class KernelError(ParagraphError):

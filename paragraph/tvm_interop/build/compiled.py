@@ -15,7 +15,7 @@ from collections import OrderedDict
 import tvm
 import tvm_ffi
 
-from paragraph.tvm_interop.lowering import build_pipeline
+from paragraph.tvm_interop.build.lowering import build_pipeline
 
 CAPACITY = 4096  # kernels kept; the oldest used goes first (its code stays while a program uses it)
 

@@ -4,7 +4,7 @@
 block over static shapes with its weights bound as constants; `prepare` is the normalisation every
 loaded module goes through (and that the CLI applies to zoo modules too): batch norm decomposed
 for inference, weight parameters bound, constants folded, dead bindings removed, and the result
-checked against what `paragraph.tvm_interop.relax_graph.from_relax` accepts.
+checked against what `paragraph.tvm_interop.frontend.relax_graph.from_relax` accepts.
 
 torch and onnx are imported only when a source needs them, so this module imports without them.
 """
@@ -24,7 +24,7 @@ from tvm import relax
 from tvm.ir.expr import Constant as _ConstBase
 
 from paragraph.errors import ModelLoadError, UnsupportedModelError
-from paragraph.tvm_interop.relax_graph import from_relax
+from paragraph.tvm_interop.frontend.relax_graph import from_relax
 
 __all__ = ["load", "prepare", "ACCEPTED_SOURCES"]
 

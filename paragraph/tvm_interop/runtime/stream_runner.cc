@@ -1,4 +1,4 @@
-// paragraph's native CPU stream runner (built and loaded by paragraph/tvm_interop/native.py).
+// paragraph's native CPU stream runner (built and loaded by paragraph/tvm_interop/runtime/native.py).
 //
 // Each executor worker calls `paragraph_stream_run` once per run for its stream and stays in C++
 // (without the GIL) until the stream ends: kernels are called through TVM FFI, and a

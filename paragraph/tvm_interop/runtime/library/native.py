@@ -1,4 +1,4 @@
-"""The CPU vendor kernels in C++ (``native_kernels.cc``): convolutions, products (with a
+"""The CPU vendor kernels in C++ (``cpp/kernels.cc``): convolutions, products (with a
 constant matrix or of two activations), concatenations, softmax and layer norm bound once to
 TVM's buffers as TVM FFI functions (PyTorch's oneDNN and MKL calls, and paragraph's own GEMM
 and layer norm where those are faster, chosen per shape by timing), which the native stream
@@ -26,10 +26,10 @@ import tvm
 import tvm_ffi
 
 from paragraph.files import cache_dir
-from paragraph.tvm_interop.native import build_library
-from paragraph.tvm_interop.vendor.names import POOLS, VendorOp, is_vendor_name
+from paragraph.tvm_interop.runtime.library.names import POOLS, VendorOp, is_vendor_name
+from paragraph.tvm_interop.runtime.native import build_library
 
-SOURCE = Path(__file__).with_name("native_kernels.cc")
+SOURCE = Path(__file__).parent / "cpp" / "kernels.cc"
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 _binding = threading.local()  # .module: the module `bind` uses on this thread (`using`)
@@ -41,7 +41,7 @@ def revision() -> str:
     and the Python kernels' source, hashed (``n`` or ``p``: the C++ ones enabled or not).
     Vendor kernel costs are cached under it: a change to how a vendor kernel runs (packed
     weights shared between calls made the SRU's products 1.7x faster) voids their old times."""
-    text = SOURCE.read_bytes() + SOURCE.with_name("runtime.py").read_bytes()
+    text = SOURCE.read_bytes() + Path(__file__).with_name("torch_kernels.py").read_bytes()
     return ("p" if _switched_off() else "n") + hashlib.blake2b(text, digest_size=6).hexdigest()
 
 
@@ -127,7 +127,7 @@ def reason() -> str | None:
 
 
 def variant(text: bytes) -> Any:
-    """The C++ vendor kernels built from ``text`` (another revision of ``native_kernels.cc``,
+    """The C++ vendor kernels built from ``text`` (another revision of ``cpp/kernels.cc``,
     or this one) and loaded as a library of their own beside `module`'s, with its own state
     (chosen forms, packed weights): for comparing a kernel change in one process
     (`benchmarks/ab.py`), where separate processes of the same code differed by up to 10%

@@ -2,7 +2,7 @@
 concurrently, kernels in sequence on all threads, or convolutions merged by the verified rule
 ``ios-merge-convs``) measured on the device with IOS's protocol, each distinct stage once,
 cached in the cost database. `paragraph.passes.ios.search` prices its stages with it. With a
-``remote`` (`paragraph.tvm_interop.remote.Remote`) the stages run on that device: the program
+``remote`` (`paragraph.tvm_interop.meter.remote.Remote`) the stages run on that device: the program
 is uploaded once and each stage is timed there by the same protocol (a merged convolution is
 built here, for the remote target, and timed there), uncached: the cost database is this
 machine's."""
@@ -30,14 +30,15 @@ from paragraph.passes.ios import (
 from paragraph.passes.schedule import sequential
 from paragraph.rules.parametric import Unit
 from paragraph.timing import Timing, time_calls
-from paragraph.tvm_interop.executor import CUDAExecutor, cuda_check, cudart, make_executor
-from paragraph.tvm_interop.kernels import KernelProgram
-from paragraph.tvm_interop.measure import CostDB, CostKey, time_steps, vendor_tag
-from paragraph.tvm_interop.memory import no_reuse_plan
-from paragraph.tvm_interop.tuning_db import tuning_id
+from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.tuning_db import tuning_id
+from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+from paragraph.tvm_interop.measure.device import time_steps, vendor_tag
+from paragraph.tvm_interop.runtime.executor import CUDAExecutor, cuda_check, cudart, make_executor
+from paragraph.tvm_interop.runtime.memory import no_reuse_plan
 
 if TYPE_CHECKING:
-    from paragraph.tvm_interop.remote import Remote
+    from paragraph.tvm_interop.meter.remote import Remote
 
 Groups = tuple[tuple[int, ...], ...]
 

@@ -17,8 +17,8 @@ import tvm_ffi
 
 from paragraph.errors import ParagraphError
 from paragraph.machine import cpu_count
-from paragraph.tvm_interop.threads import configured_threads
-from paragraph.tvm_interop.vendor.names import VendorOp
+from paragraph.tvm_interop.runtime.library.names import VendorOp
+from paragraph.tvm_interop.runtime.threads import configured_threads
 
 
 class VendorUnavailableError(ParagraphError):

@@ -1,0 +1,1 @@
+"""Tuning TVM's kernels with MetaSchedule (`metaschedule`): resumable, with progress."""
