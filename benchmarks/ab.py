@@ -51,7 +51,7 @@ from paragraph.planner import tolerance  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.build.program import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS  # noqa: E402
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.runtime.library import native  # noqa: E402
@@ -80,7 +80,7 @@ def chosen(kernels) -> dict[str, str]:
 def bench_model(name: str, base, args, log) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         mod, _, _ = model_and_onnx(name, args.reduced, Path(tmp))
-    program = KernelProgram.build(mod, resolve_target("cpu"), kernels="vendor")
+    program = build_program(mod, resolve_target("cpu"), kernels="vendor")
     inputs = random_inputs(mod)
     schedule = make_schedule(args.schedule, program.graph, cores=args.threads)
     earlier = {*chosen(base), *chosen(native.module())}  # keys of models before this one

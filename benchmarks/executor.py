@@ -35,7 +35,7 @@ from paragraph.passes.schedule import ALGORITHMS, make_schedule, sequential
 from paragraph.planner import plan_schedule, tolerance
 from paragraph.timing import time_in_blocks, time_round_robin
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.runtime import native, random_inputs
 from paragraph.tvm_interop.runtime.executor import make_executor
 
@@ -56,7 +56,7 @@ def dispatch_overhead(target, chain: int = 300, repeat: int = 200) -> dict:
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     mod = bb.get()
-    program = KernelProgram.build(mod, target)
+    program = build_program(mod, target)
     inputs = random_inputs(mod)
     vm = vm_config("tvm_vm", program.vm(), inputs, program.device)
     ex = make_executor(program, sequential(program.graph))
@@ -96,7 +96,7 @@ def two_chains(target, kernels: str, repeat: int = 10) -> dict:
             out = bb.emit_output(relax.op.add(ends[0], ends[1]))
         bb.emit_func_output(out)
     mod = bb.get()
-    program = KernelProgram.build(mod, target, kernels=kernels)
+    program = build_program(mod, target, kernels=kernels)
     inputs = random_inputs(mod)
     graph = program.graph
     one = sequential(graph, cores=1)
@@ -144,7 +144,7 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
     """Every configuration of one model, timed round-robin."""
     mod = models.get(name, reduced=reduced)
     start = time.perf_counter()
-    program = KernelProgram.build(mod, target, kernels=kernels)
+    program = build_program(mod, target, kernels=kernels)
     log(f"{name}: {len(program.kernels)} kernels, built in {time.perf_counter() - start:.0f} s")
     inputs = random_inputs(mod)
     vm = vm_config("tvm_vm", program.vm(), inputs, program.device)

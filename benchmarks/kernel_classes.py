@@ -55,7 +55,7 @@ from paragraph.passes.schedule import make_schedule  # noqa: E402
 from paragraph.planner import SETTLE_RUNS  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.build.program import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 from paragraph.tvm_interop.frontend.importers import prepare  # noqa: E402
 from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax  # noqa: E402
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
@@ -167,7 +167,7 @@ def bench_model(name: str, args, log) -> dict:
     done: list[str] = []
     if not args.as_imported:  # the graph the default (critical-path) plan runs
         moved, done = pools_after_convs(from_relax(prepare(mod)))
-    program = KernelProgram.build(to_relax(moved) if done else mod, resolve_target("cpu"),
+    program = build_program(to_relax(moved) if done else mod, resolve_target("cpu"),
                                   kernels="vendor", rewrites=tuple(done))
     inputs = random_inputs(mod)
     onnx_bytes = named_nodes(onnx_bytes)

@@ -39,7 +39,8 @@ from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.threads import config_threads
 
 MODELS = ("inception_v3", "resnet50", "nasnet_a_mobile", "bert")
@@ -243,7 +244,7 @@ def bench_model(name: str, target, *, repeat: int, untuned_repeat: int, tuning_d
     sources = [s for s in sources if s[0] in kinds]
     for label, kernels, db in sources:
         start = time.perf_counter()
-        program = KernelProgram.build(mod, target, kernels=kernels, tuning_db=db)
+        program = build_program(mod, target, kernels=kernels, tuning_db=db)
         log(f"{name}: {label} kernels built in {time.perf_counter() - start:.0f} s")
         configs = source_configs(program, label, inputs, log,
                                  UNTUNED_SCHEDULES if label == "tvm" else SCHEDULES)

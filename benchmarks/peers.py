@@ -66,10 +66,11 @@ from paragraph.planner import SETTLE_RUNS, plan_schedule, search_plan  # noqa: E
 from paragraph.timing import Config  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs  # noqa: E402
 from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.build.program import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 from paragraph.tvm_interop.frontend.importers import load  # noqa: E402
 from paragraph.tvm_interop.measure.device import CostDB  # noqa: E402
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
+from paragraph.tvm_interop.runtime.program import KernelProgram  # noqa: E402
 from paragraph.tvm_interop.runtime.threads import config_threads  # noqa: E402
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "resnet50", "bert", "sru_rnntc",
@@ -369,7 +370,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     inputs = random_inputs(mod, seed=0)
     target = resolve_target("cpu")
     start = time.perf_counter()
-    program = KernelProgram.build(mod, target, kernels=args.kernels)
+    program = build_program(mod, target, kernels=args.kernels)
     log(f"{name}: {len(program.kernels)} kernels ({program.sources()}) built in "
         f"{time.perf_counter() - start:.0f} s")
     ort = ort_config(onnx_bytes, inputs, parallel=False)

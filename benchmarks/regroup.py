@@ -48,7 +48,7 @@ from paragraph.planner import plan_schedule  # noqa: E402
 from paragraph.rules import default_library  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax  # noqa: E402
 from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.build.program import KernelProgram  # noqa: E402
+from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 
 MODEL = "resnext50_32x4d"
 
@@ -107,7 +107,7 @@ def main() -> None:
     target = resolve_target("cpu")
     graph = from_relax(mod)
     inputs = random_inputs(mod)
-    base = KernelProgram.build(mod, target, kernels="vendor")
+    base = build_program(mod, target, kernels="vendor")
     configs = [vm_config("tvm_vm", base.vm(), inputs, base.device)]
     expected = configs[0].run()
     applied: dict[str, list[str]] = {}
@@ -115,7 +115,7 @@ def main() -> None:
         log(f"building: {variant}")
         rewritten, used = rewrite_grouped(graph, passes)
         applied[variant] = used
-        program = KernelProgram.build(to_relax(rewritten), target, kernels="vendor",
+        program = build_program(to_relax(rewritten), target, kernels="vendor",
                                       rewrites=tuple(used))
         runs = [("sequential", program, make_schedule("sequential", program.graph)),
                 ("sequential, 1 thread", program,

@@ -29,7 +29,7 @@ from paragraph.passes.ios import IOSOptions
 from paragraph.planner import plan_digest, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "squeezenet1_1")
@@ -41,7 +41,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     """Every schedule of one model, the IOS ones searched first, then all timed side by side."""
     mod = models.get(name, reduced=args.reduced)
     start = time.perf_counter()
-    program = KernelProgram.build(mod, resolve_target(args.target), kernels=args.kernels)
+    program = build_program(mod, resolve_target(args.target), kernels=args.kernels)
     log(f"{name}: {len(program.kernels)} kernels, built in {time.perf_counter() - start:.0f} s")
     inputs = random_inputs(mod)
     vm = vm_config("tvm_vm", program.vm(), inputs, program.device)

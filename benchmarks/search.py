@@ -57,7 +57,7 @@ from paragraph.passes.search import SearchOptions
 from paragraph.planner import measure_signatures, plan_digest, plan_schedule, search_plan
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
 
 MODELS = ("nasnet_a_mobile", "resnext50_32x4d", "inception_v3", "resnet50", "nasnet_a_large",
@@ -85,7 +85,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     mod = models.get(name, reduced=args.reduced)
     target = resolve_target(args.target)
     graph = from_relax(mod)
-    program = KernelProgram.build(to_relax(graph), target, kernels=args.kernels)
+    program = build_program(to_relax(graph), target, kernels=args.kernels)
     inputs = random_inputs(mod)
     vm = vm_config("tvm_vm", program.vm(), inputs, program.device)
     expected = vm.run()
@@ -144,7 +144,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         add(label, plan)
         if label == "taso+best":  # the same graph (no loop: the schedule plays no part)
             if report["applied"]:
-                program = KernelProgram.build(to_relax(plan.graph), target, kernels=args.kernels,
+                program = build_program(to_relax(plan.graph), target, kernels=args.kernels,
                                               rewrites=tuple(report["rules"]))
                 add("taso+sequential", plan_schedule("sequential", program, db=db))
             else:

@@ -27,10 +27,11 @@ from paragraph.passes.ios import IOSOptions
 from paragraph.planner import Plan, plan_schedule, tolerance
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_in_blocks, time_round_robin
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS
 from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.vm import flatten_result
 
 
@@ -118,7 +119,7 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
     the same model, adds ``search:<method>+<schedule>`` with the search's report."""
     log(f"lowering and compiling the kernels ({kernels}) ...")
     start = time.perf_counter()
-    program = KernelProgram.build(mod, target, tuning_db=tuning_db, kernels=kernels)
+    program = build_program(mod, target, tuning_db=tuning_db, kernels=kernels)
     sources = ", ".join(f"{n} {s}" for s, n in sorted(program.sources().items()))
     log(f"  {len(program.kernels)} kernels ({sources}), {time.perf_counter() - start:.1f} s")
     inputs = random_inputs(mod, seed)

@@ -42,13 +42,14 @@ from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
 from paragraph.tvm_interop.build.artifact import is_artifact
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import RECORDS
 from paragraph.tvm_interop.measure.device import settle
 from paragraph.tvm_interop.meter.remote import Remote
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, gpu_available, make_executor
 from paragraph.tvm_interop.runtime.library.names import KERNEL_SOURCES
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.vm import build_vm, local_cpu_target, run_vm
 from paragraph.tvm_interop.tune.metaschedule import check_models, format_summary, tune
 
@@ -172,7 +173,7 @@ def _plan(args: argparse.Namespace, mod: Any, step: str) -> Plan:
     if searched is not None:
         return searched
     with _Step(step):
-        program = KernelProgram.build(mod, target, tuning_db=args.tuning_db,
+        program = build_program(mod, target, tuning_db=args.tuning_db,
                                       kernels=args.kernels)
     _say(f"  {_kernel_summary(program)}")
     return _schedule(args, program)
@@ -261,7 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _Step(f"lowering and compiling for {target.kind.name} "
                f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} kernels"):
         program = (searched.program if searched is not None else
-                   KernelProgram.build(roundtrip, target, tuning_db=args.tuning_db,
+                   build_program(roundtrip, target, tuning_db=args.tuning_db,
                                        kernels=args.kernels))
     _say(f"  {_kernel_summary(program)}")
     inputs = random_inputs(mod, seed=args.seed)

@@ -31,12 +31,18 @@ from paragraph.schedule import Schedule
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop.build.artifact import read_artifact, write_artifact
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram, attached_schedule, lowered_info
+from paragraph.tvm_interop.build.program import (
+    attached_schedule,
+    build_program,
+    lowered_info,
+    program_from_lowered,
+)
 from paragraph.tvm_interop.frontend.importers import load as import_model
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, CUDAExecutor, make_executor
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
+from paragraph.tvm_interop.runtime.program import KernelProgram
 
 Log = Callable[[str], None]
 
@@ -161,7 +167,7 @@ def build(mod: Any, target: tvm.target.Target | str | None = None, *,
     if not isinstance(mod, tvm.IRModule):
         mod = import_model(mod)
     if lowered_info(mod) is not None:  # already lowered (and maybe scheduled) by our passes
-        program = KernelProgram.from_lowered(mod, tgt)
+        program = program_from_lowered(mod, tgt)
         attached = attached_schedule(mod, program)
         if attached is not None:
             return ParallelExecutable(program, attached, report={"schedule": attached.name})
@@ -173,7 +179,7 @@ def build(mod: Any, target: tvm.target.Target | str | None = None, *,
         return _executable(search_plan(from_relax(mod), tgt, options=options,
                                        schedule=schedule, kernels=kernels, tuning_db=tuning,
                                        top_k=top_k, cores=cores, rules=rules, log=log))
-    program = KernelProgram.build(mod, tgt, tuning_db=tuning, kernels=kernels)
+    program = build_program(mod, tgt, tuning_db=tuning, kernels=kernels)
     return _executable(plan_schedule(schedule, program, tuning_db=tuning, cores=cores, log=log,
                                      split=split))
 

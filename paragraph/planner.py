@@ -75,7 +75,7 @@ from paragraph.rules.rule import Rule, random_check
 from paragraph.schedule import Schedule, kernel_ids
 from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import tuning_id
 from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
@@ -90,6 +90,7 @@ from paragraph.tvm_interop.measure.device import (
 from paragraph.tvm_interop.meter.signatures import SignatureMeter
 from paragraph.tvm_interop.meter.stages import StageMeter
 from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.program import KernelProgram
 
 if TYPE_CHECKING:  # a session on another device, made by the caller
     from paragraph.tvm_interop.meter.remote import Remote
@@ -223,7 +224,7 @@ def _with_pools_moved(plan: Plan, db: CostDB, tuning_db: str | None, cores: int 
     differ (`ParagraphError`) or whole runs of ``plan`` time clearly faster
     (`clearly_faster`). The report names the pools moved (``pools``)."""
     program = plan.program
-    if program.source is None:
+    if program.model is None:
         return plan
     try:
         moved, done = pools_after_convs(_model_graph(program), log=log)
@@ -347,7 +348,7 @@ def plan_like(reference: Plan, graph: Graph, target: Any, *, kernels: str,
     if reference.report.get("split") and streams is not None:
         graph, done = split_lone_convs(from_relax(prepare(to_relax(graph))),
                                        4 if streams >= 4 else 2)
-    program = KernelProgram.build(to_relax(graph), target, tuning_db=tuning_db, kernels=kernels,
+    program = build_program(to_relax(graph), target, tuning_db=tuning_db, kernels=kernels,
                                   rewrites=(*rewrites, *pools, *done))
     tuning = tuning_id(tuning_db)
     plan = _measured_critical_path(program, db, tuning, streams, cores, None, remote)
@@ -427,9 +428,8 @@ def _measured_critical_path(program: KernelProgram, db: CostDB, tuning: str,
 
 def _model_graph(program: KernelProgram) -> Graph:
     """The operator graph of the model ``program`` was built from (it keeps one)."""
-    source = program.source
-    assert source is not None, "a program built from a model"
-    return source if isinstance(source, Graph) else from_relax(prepare(source))
+    assert program.model is not None, "a program built from a model"
+    return program.model.get()
 
 
 def split_program(program: KernelProgram, parts: int, *, tuning_db: str | None = None,
@@ -437,12 +437,12 @@ def split_program(program: KernelProgram, parts: int, *, tuning_db: str | None =
     """``program`` rebuilt from its model with its lone convolutions split (`split_lone_convs`:
     the library's ``split-conv-<parts>``), or None when there are none to split (or the
     program does not keep the model it was built from)."""
-    if program.source is None or parts < 2:
+    if program.model is None or parts < 2:
         return None
     split, done = split_lone_convs(_model_graph(program), parts, log=log)
     if not done:
         return None
-    return KernelProgram.build(to_relax(split), program.target, device=program.device,
+    return build_program(to_relax(split), program.target, device=program.device,
                                tuning_db=tuning_db, kernels=program.kernel_source,
                                rewrites=(*program.rewrites, *done))
 
@@ -520,7 +520,7 @@ def _rebuild_with_merges(program: KernelProgram, rule: MergeConvs,
         raise ParagraphError("IOS merge: the program's kernels could not be traced")
     units = [list(m) for m in merges if m is not None]
     merged, added = apply_merges(rule, program.operator_graph, units)
-    rebuilt = KernelProgram.build(merged, program.target, device=program.device,
+    rebuilt = build_program(merged, program.target, device=program.device,
                                   tuning_db=tuning_db, kernels=program.kernel_source,
                                   rewrites=(*program.rewrites, *(
                                       f"{rule.id}: {', '.join(str(c) for c, _ in u)}"
@@ -838,7 +838,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
     improves, ``rounds`` are done or the search budget is spent. The input graph is always a
     candidate, so the result is never slower than it as measured. ``start``, a plan of
     ``graph`` under ``schedule`` with these ``kernels`` built already (`plan_schedule` of
-    `KernelProgram.build` of it), saves building the input again. Under ``critical-path``
+    `build_program` of it), saves building the input again. Under ``critical-path``
     each candidate is planned with the choices timed for the input (`plan_like`). The budget
     covers the whole loop: the search leaves ``top_k`` candidate builds of it (at the mean
     build time seen so far) to the loop, and candidates are built while a build still fits
@@ -882,7 +882,7 @@ def search_plan(graph: Graph, target: Any, *, options: SearchOptions = SearchOpt
             if schedule == "critical-path" and like is not None:
                 return plan_like(like, g, target, kernels=kernels, rewrites=applied,
                                  tuning_db=tuning_db, db=db, cores=cores, remote=remote)
-            program = KernelProgram.build(to_relax(g), target, tuning_db=tuning_db,
+            program = build_program(to_relax(g), target, tuning_db=tuning_db,
                                           kernels=kernels, rewrites=tuple(applied))
             return plan_schedule(schedule, program, db=db, tuning_db=tuning_db, cores=cores,
                                  remote=remote)

@@ -30,9 +30,10 @@ from paragraph.rules.library import Library, default_library
 from paragraph.rules.match import AnyRule
 from paragraph.tvm_interop.build.lowering import build_pipeline, resolve_target
 from paragraph.tvm_interop.build.program import (
-    KernelProgram,
+    build_program,
     lower_with_info,
     lowered_info,
+    program_from_lowered,
     replace_main,
     with_program_info,
 )
@@ -174,10 +175,10 @@ class InterOperatorSchedule:
     def transform_module(self, mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         target = _target(self.target)
         if lowered_info(mod) is not None:
-            program = KernelProgram.from_lowered(mod, target)
+            program = program_from_lowered(mod, target)
         else:
             kernels = self.kernels or default_kernels(target.kind.name, self.tuning_db)
-            program = KernelProgram.build(mod, target, tuning_db=self.tuning_db,
+            program = build_program(mod, target, tuning_db=self.tuning_db,
                                           kernels=kernels, rewrites=_rewrites(mod))
         plan = plan_schedule(self.method, program, tuning_db=self.tuning_db, cores=self.cores,
                              log=self.log, split=self.split)

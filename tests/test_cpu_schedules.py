@@ -12,7 +12,7 @@ from tvm import relax, tirx
 from paragraph import models
 from paragraph.tvm_interop.build.cpu_schedules import default_schedules
 from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 
 TARGET = resolve_target("cpu")
 
@@ -105,7 +105,7 @@ def test_other_kernels_are_left_alone():
 def test_every_pool_of_the_zoo_is_scheduled():
     """NASNet-A's pools come fused with adds and padding: the rule takes them all."""
     for name in ("inception_v3", "nasnet_a_mobile"):
-        program = KernelProgram.build(models.get(name, reduced=True), TARGET, kernels="vendor")
+        program = build_program(models.get(name, reduced=True), TARGET, kernels="vendor")
         pools = {gv.name_hint: "tirx.is_scheduled" in (program.lowered[gv].attrs or {})
                  for gv in program.lowered.functions
                  if isinstance(program.lowered[gv], tirx.PrimFunc) and "pool" in gv.name_hint}

@@ -22,8 +22,9 @@ from paragraph.errors import InputError
 from paragraph.passes.ios import apply_merges, merge_rule
 from paragraph.planner import plan_schedule, split_program
 from paragraph.tvm_interop.build.artifact import ArtifactError, is_artifact, read_manifest
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.vm import run_vm
 
 
@@ -42,7 +43,7 @@ def plain(squeezenet, tmp_path_factory):
 
 def _merged(mod) -> KernelProgram:
     """The program with every IOS merge the library rule finds applied (disjoint matches)."""
-    opgraph = KernelProgram.build(mod, "llvm").operator_graph
+    opgraph = build_program(mod, "llvm").operator_graph
     rule = merge_rule()
     groups, used = [], set()
     for m in rule.find(opgraph):
@@ -53,17 +54,17 @@ def _merged(mod) -> KernelProgram:
             used |= convs
     merged, added = apply_merges(rule, opgraph, groups)
     assert groups and all(added), (len(groups), added)
-    return KernelProgram.build(merged, "llvm", rewrites=[rule.id] * len(groups))
+    return build_program(merged, "llvm", rewrites=[rule.id] * len(groups))
 
 
 def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_path):
     x = random_inputs(squeezenet)
-    expected = run_vm(KernelProgram.build(squeezenet, "llvm").vm(), x)
+    expected = run_vm(build_program(squeezenet, "llvm").vm(), x)
     # ResNeXt's merged convolution is read through a byte-offset view (`slices_as_views`)
     resnext = models.get("resnext50_32x4d", reduced=True)
     merged = _merged(resnext)
     assert any(n.kind == "view" and "offset" in n.attrs for n in merged.graph.nodes)
-    split = split_program(KernelProgram.build(squeezenet, "llvm", kernels="vendor"), 2)
+    split = split_program(build_program(squeezenet, "llvm", kernels="vendor"), 2)
     assert split is not None and any(r.startswith("split-conv") for r in split.rewrites)
     searched = paragraph.build(squeezenet, kernels="vendor", search="greedy", search_budget=10,
                                top_k=2)
@@ -72,7 +73,7 @@ def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_pa
     cases = {  # name: (executable, input, expected output)
         "plain": (plain[0], x[0], expected[0]),
         "merged": (paragraph.ParallelExecutable(merged, _schedule("wavefront", merged)), xr[0],
-                   run_vm(KernelProgram.build(resnext, "llvm").vm(), xr)[0]),
+                   run_vm(build_program(resnext, "llvm").vm(), xr)[0]),
         "split": (paragraph.ParallelExecutable(split, _schedule("critical-path", split)), x[0],
                   expected[0]),
         "searched": (searched, x[0], expected[0]),

@@ -17,7 +17,7 @@ from paragraph.errors import InputError
 from paragraph.graph import GraphBuilder, TensorType
 from paragraph.inputs import IndexRange, check_index_ranges, index_ranges, sample_inputs
 from paragraph.planner import plan_schedule
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.importers import load
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
 from paragraph.tvm_interop.measure.costdb import CostDB
@@ -88,7 +88,7 @@ def encoder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def encoder_program(encoder):
 
-    return KernelProgram.build(encoder[1], "llvm", kernels="vendor")
+    return build_program(encoder[1], "llvm", kernels="vendor")
 
 
 def test_encoder_matches_onnxruntime(encoder):

@@ -29,7 +29,7 @@ from paragraph.passes.schedule import (
 from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop import compiled, native, random_inputs, threads
 from paragraph.tvm_interop.build.lowering import is_gpu, resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.device import kernel_costs
 from paragraph.tvm_interop.runtime.executor import (
     CPUExecutor,
@@ -40,6 +40,7 @@ from paragraph.tvm_interop.runtime.executor import (
 )
 from paragraph.tvm_interop.runtime.memory import check_memory_plan, plan_memory, vm_planned_bytes
 from paragraph.tvm_interop.runtime.native import SPIN_NS
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.threads import acquire_workers, release_workers, stream_cores
 from paragraph.tvm_interop.runtime.vm import run_vm
 
@@ -49,7 +50,7 @@ _PROGRAMS: dict[str, KernelProgram] = {}
 def program_for(name: str) -> KernelProgram:
     """Each reduced zoo model is lowered and compiled once per test session."""
     if name not in _PROGRAMS:
-        _PROGRAMS[name] = KernelProgram.build(models.get(name, reduced=True), "llvm")
+        _PROGRAMS[name] = build_program(models.get(name, reduced=True), "llvm")
     return _PROGRAMS[name]
 
 
@@ -117,7 +118,7 @@ def diamond_program():
             a2 = bb.emit(relax.op.matmul(a, weight(8, 8)))
             out = bb.emit_output(relax.op.concat([a2, b, c], axis=1))
         bb.emit_func_output(out)
-    return KernelProgram.build(bb.get(), "llvm")
+    return build_program(bb.get(), "llvm")
 
 
 def test_schedule_algorithms_on_a_small_graph():
@@ -207,7 +208,7 @@ def packed_program(name: str):
             b = bb.emit(relax.call_dps_packed(name, (x,), relax.TensorType((4, 8), "float32")))
             out = bb.emit_output(relax.op.concat([a, b], axis=1))
         bb.emit_func_output(out)
-    return KernelProgram.build(bb.get(), "llvm")
+    return build_program(bb.get(), "llvm")
 
 
 @pytest.fixture(params=["native", "python"])
@@ -589,12 +590,12 @@ def test_programs_share_the_compiled_kernels_they_have_in_common():
     """A kernel is compiled once per process: a second program with one kernel of its own
     compiles that one, takes the other from the first, and both run right (the VM, compiled
     on first use, agrees)."""
-    first = KernelProgram.build(_two_kernels(relax.op.nn.relu), "llvm")
+    first = build_program(_two_kernels(relax.op.nn.relu), "llvm")
     held = compiled.cached_kernel_count()
-    again = KernelProgram.build(_two_kernels(relax.op.nn.relu), "llvm")
+    again = build_program(_two_kernels(relax.op.nn.relu), "llvm")
     assert compiled.cached_kernel_count() == held
     assert set(again.functions.values()) == set(first.functions.values())
-    second = KernelProgram.build(_two_kernels(relax.op.sigmoid), "llvm")
+    second = build_program(_two_kernels(relax.op.sigmoid), "llvm")
     assert compiled.cached_kernel_count() == held + 1
     assert len(set(second.functions.values()) & set(first.functions.values())) == 1
     x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
@@ -613,7 +614,7 @@ def test_cuda_kernels_compile_here():
     target = resolve_target("cuda")
     assert is_gpu(target)
     mod = models.get("squeezenet1_1", reduced=True)
-    program = KernelProgram.build(mod, target, device=tvm.cpu())  # compile only
+    program = build_program(mod, target, device=tvm.cpu())  # compile only
     assert len(program.functions) == len({n.attrs["func"] for n in program.graph.nodes
                                           if n.kind == "kernel"})
     sources = program.executable.mod.imports[0].imports
@@ -625,7 +626,7 @@ def test_cuda_kernels_compile_here():
 def test_cuda_executor_matches_the_vm(use_graph):
     pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
     mod = models.get("inception_v3", reduced=True)
-    program = KernelProgram.build(mod, "cuda")
+    program = build_program(mod, "cuda")
     inputs = random_inputs(program.lowered)
     expected = run_vm(program.vm(), inputs, device=program.device)
     for algorithm in ALGORITHMS:
@@ -644,7 +645,7 @@ def test_cuda_kernel_costs_are_gpu_time():
     summed to 7x a replay; and each is positive."""
     pytest.importorskip("cuda.bindings", reason="cuda-bindings is not installed")
     mod = models.get("inception_v3", reduced=True)
-    program = KernelProgram.build(mod, "cuda")
+    program = build_program(mod, "cuda")
     inputs = random_inputs(program.lowered)
     with make_executor(program, make_schedule("sequential", program.graph)) as ex:
         ex.run(*inputs)

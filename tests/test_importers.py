@@ -26,7 +26,7 @@ from tvm.script import relax as R  # noqa: N812
 
 from paragraph.errors import ModelLoadError, UnsupportedModelError
 from paragraph.tvm_interop import from_relax, load, prepare, to_relax
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 SHAPE = (1, 3, 16, 16)
@@ -443,7 +443,7 @@ def test_prepare_folds_the_negative_id_normalisation_into_a_wrapping_take():
     assert _ops(prepared) == [("relax.take", "wrap")]
     x = np.array([[0, -1, 5, -6, 2]], dtype="int64")
     np.testing.assert_array_equal(run_vm(prepared, x), table[x])
-    program = KernelProgram.build(prepared, "llvm")
+    program = build_program(prepared, "llvm")
     assert (program.input_ranges[0].low, program.input_ranges[0].high) == (-6, 6)
 
 

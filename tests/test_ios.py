@@ -39,7 +39,7 @@ from paragraph.passes.ios import (
 from paragraph.passes.schedule import sequential
 from paragraph.planner import plan_digest, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.vm import run_vm
@@ -164,7 +164,7 @@ def test_dp_uses_merges_where_they_pay():
 
 @pytest.fixture(scope="module")
 def inception():
-    return KernelProgram.build(models.get("inception_v3", reduced=True), "llvm")
+    return build_program(models.get("inception_v3", reduced=True), "llvm")
 
 
 def test_blocks_cut_at_lone_kernels(inception):
@@ -220,7 +220,7 @@ def test_merged_convolutions_equal_the_originals(inception):
     x = random_inputs(inception.lowered)
     np.testing.assert_allclose(run_graph(merged, x)[0], run_graph(opgraph, x)[0], rtol=1e-4,
                                atol=1e-5)
-    rebuilt = KernelProgram.build(merged, "llvm")
+    rebuilt = build_program(merged, "llvm")
     assert len([n for n in rebuilt.graph.nodes if n.kind == "kernel"]) < len(
         [n for n in inception.graph.nodes if n.kind == "kernel"])
     expected = run_vm(inception.vm(), x)
@@ -250,7 +250,7 @@ def test_merge_rejects_what_cannot_merge():
 
 @pytest.mark.parametrize("mode", ["parallel", "merge", "both"])
 def test_ios_search_end_to_end(mode, tmp_path):
-    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     db = CostDB(tmp_path / "costs.sqlite")
     opts = IOSOptions(mode=mode, warmup=1, repeat=2, number=1)
     result = plan_ios(program, opts, db=db)
@@ -274,7 +274,7 @@ def test_ios_search_end_to_end(mode, tmp_path):
 
 
 def test_ios_time_budget(tmp_path):
-    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     result = plan_ios(program, IOSOptions(budget_s=1e-9, warmup=0, repeat=1, number=1),
                           db=CostDB(tmp_path / "c.sqlite"))
     assert result.report["stats"]["budget_hit"]
@@ -316,7 +316,7 @@ def test_chosen_merges_rebuild_the_program(inception, tmp_path):
 
 
 def test_plan_schedule_names(tmp_path):
-    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     plan = plan_schedule("nimble", program)
     assert plan.program is program and plan.schedule.name == "nimble" and not plan.report
     opts = IOSOptions(warmup=0, repeat=1, number=1)
@@ -354,7 +354,7 @@ def test_vendor_kernels_get_one_thread_count(tmp_path):
     """torch's thread count is process-wide, so with vendor kernels on a CPU an IOS schedule
     uses one count throughout: 1-thread stages, or everything in sequence on all cores."""
     pytest.importorskip("torch")
-    program = KernelProgram.build(models.get("inception_v3", reduced=True), "llvm",
+    program = build_program(models.get("inception_v3", reduced=True), "llvm",
                                   kernels="vendor")
     opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
     result = plan_ios(program, opts, db=CostDB(tmp_path / "c.sqlite"))
@@ -371,9 +371,9 @@ import os, threading
 import paragraph
 from paragraph import models
 from paragraph.passes.ios import CONCURRENT, IOSOptions
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.meter.stages import StageMeter
-program = KernelProgram.build(models.get("inception_v3", reduced=True), "llvm", kernels="vendor")
+program = build_program(models.get("inception_v3", reduced=True), "llvm", kernels="vendor")
 meter = StageMeter(program, IOSOptions(warmup=1, repeat=2, number=1, cores=2))
 convs = [n.id for n in program.graph.nodes
          if n.kind == "kernel" and n.attrs["source"] == "vendor" and "conv2d" in n.attrs["func"]]
@@ -408,7 +408,7 @@ def test_search_is_confirmed_end_to_end(tmp_path):
     """The searched schedule is kept only if a whole run beats all kernels in sequence (on all
     cores, and on one thread); the runs are cached, so the same inputs and database give the
     same answer."""
-    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     db = CostDB(tmp_path / "c.sqlite")
     opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
     result = plan_ios(program, opts, db=db)

@@ -11,7 +11,7 @@ from paragraph import models
 from paragraph.machine import LoadWatch
 from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, Timing, time_in_blocks
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
 from paragraph.tvm_interop.measure.device import (
     cache_dir,
@@ -29,7 +29,7 @@ from paragraph.tvm_interop.runtime.threads import stream_cores
 
 @pytest.fixture(scope="module")
 def executor():
-    program = KernelProgram.build(models.get("squeezenet1_1", reduced=True), "llvm")
+    program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     with make_executor(program, make_schedule("sequential", program.graph)) as ex:
         yield ex
 
@@ -195,10 +195,10 @@ import paragraph
 from paragraph import models
 from paragraph.passes.schedule import sequential
 from paragraph.tvm_interop.runtime.executor import make_executor
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.device import kernel_costs
 from paragraph.tvm_interop.runtime.library import native
-program = KernelProgram.build(models.get("resnet50", reduced=True), "llvm", kernels="vendor")
+program = build_program(models.get("resnet50", reduced=True), "llvm", kernels="vendor")
 with make_executor(program, sequential(program.graph, cores=1)) as ex:
     kernel_costs(ex, db=None, threads=2, repeat=16, warmup=1)  # past the forms' trials
 print("chosen", " ".join(str(k) for k in native.module()["paragraph_vendor_chosen_forms"]()))

@@ -10,7 +10,7 @@ from paragraph.interpret import run_graph
 from paragraph.passes.pools import RULE_ID, pools_after_convs
 from paragraph.planner import plan_like, plan_schedule
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
 from paragraph.tvm_interop.measure.costdb import CostDB
@@ -20,7 +20,7 @@ from paragraph.tvm_interop.runtime.vm import run_vm
 
 @pytest.fixture(scope="module")
 def inception():
-    return KernelProgram.build(models.get("inception_v3", reduced=True), "llvm",
+    return build_program(models.get("inception_v3", reduced=True), "llvm",
                                kernels="vendor")
 
 

@@ -18,7 +18,7 @@ from paragraph.passes.ios import IOSOptions
 from paragraph.passes.schedule import make_schedule
 from paragraph.passes.search import SearchOptions
 from paragraph.planner import plan_schedule, search_plan
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.meter.remote import Remote, parse_address, serve
 
@@ -48,7 +48,7 @@ def _keys(db: CostDB) -> list[str]:
 def test_programs_kernels_and_stages_are_timed_on_the_server(address, tmp_path):
     with Remote(address, timeout=30) as remote:
         assert remote.cores >= 1 and remote.target.kind.name == "llvm"
-        program = KernelProgram.build(models.get("squeezenet1_1", reduced=True),
+        program = build_program(models.get("squeezenet1_1", reduced=True),
                                       remote.target)
         seq = make_schedule("sequential", program.graph, cores=remote.cores)
         wave = make_schedule("wavefront", program.graph, cores=remote.cores)

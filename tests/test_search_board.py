@@ -11,13 +11,14 @@ from paragraph.passes.cost import VIEWS, kernels_of
 from paragraph.passes.schedule import sequential
 from paragraph.passes.search import SearchOptions, extract
 from paragraph.planner import measure_signatures, search_plan
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.relax_graph import to_relax
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.measure.device import kernel_costs
 from paragraph.tvm_interop.meter.signatures import SignatureMeter
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.library.torch_kernels import torch_available
+from paragraph.tvm_interop.runtime.program import KernelProgram
 
 RNG = np.random.default_rng(0)
 
@@ -84,7 +85,7 @@ def test_a_vendor_convolution_is_priced_without_the_layout_transposes_around_it(
     conv = next(k for k in kernels_of(g) if k.kind == "conv2d")
     db = CostDB(tmp_path / "costs.sqlite")
     (_, seconds), = SignatureMeter("llvm", "vendor", db).seconds(g, [conv]).values()
-    program = KernelProgram.build(to_relax(extract(g, set(conv.ops))), "llvm", kernels="vendor")
+    program = build_program(to_relax(extract(g, set(conv.ops))), "llvm", kernels="vendor")
     funcs = [str(n.attrs["func"]) for n in program.kernels]
     assert any(f.startswith("transpose") for f in funcs)  # NHWC in, NCHW out
     assert sum(f.startswith("paragraph.vendor.conv2d") for f in funcs) == 1
@@ -265,7 +266,7 @@ def test_the_search_starts_from_a_plan_of_its_input_built_already(tmp_path):
 
     g = cell()
     db = CostDB(tmp_path / "costs.sqlite")
-    program = KernelProgram.build(to_relax(g), "llvm")
+    program = build_program(to_relax(g), "llvm")
     start = plan_schedule("sequential", program, db=db)
     lines: list[str] = []
     plan = search_plan(g, "llvm", options=SearchOptions(method="greedy", seconds=20),
@@ -302,7 +303,7 @@ def test_a_candidate_is_planned_with_the_choices_timed_for_the_input(tmp_path, o
 
     g = cell_then_conv()
     db = CostDB(tmp_path / "costs.sqlite")
-    program = KernelProgram.build(to_relax(g), "llvm")
+    program = build_program(to_relax(g), "llvm")
     streams = ([kernel_ids(program.graph)] if one_stream else
                [[k] for k in kernel_ids(program.graph)])  # any layout of several streams
     reference = Plan(program, Schedule.build(program.graph, streams, threads=2 if one_stream
@@ -344,7 +345,7 @@ def test_a_kernel_missing_from_the_vm_module_is_a_clear_error():
     kernel and whether the lowered module had it."""
     from paragraph.errors import ParagraphError
 
-    program = KernelProgram.build(to_relax(cell()), "llvm")
+    program = build_program(to_relax(cell()), "llvm")
     name = next(n.attrs["func"] for n in program.graph.nodes
                 if n.kind == "kernel" and n.attrs["source"] == "tvm")
     assert program._exported(name) is not None
@@ -357,7 +358,7 @@ def test_end_to_end_blocks_of_a_fast_model_last_long_enough(monkeypatch):
     slower kept): a block runs until it lasts `MIN_BLOCK_S`, at most `MAX_BLOCK` runs."""
     from paragraph import planner
 
-    program = KernelProgram.build(to_relax(cell()), "llvm")
+    program = build_program(to_relax(cell()), "llvm")
     blocks: list[int] = []
     real = planner.time_in_blocks
 

@@ -14,7 +14,7 @@ from paragraph.passes.split import split_lone_convs, split_rule
 from paragraph.planner import end_to_end, plan_schedule, split_program
 from paragraph.schedule import kernel_ids, producers
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.measure.costdb import CostDB
@@ -84,7 +84,7 @@ def test_inception_stem_is_split_and_batch_norm_chains_go_with_it():
 
 @pytest.fixture(scope="module")
 def inception():
-    return KernelProgram.build(models.get("inception_v3", reduced=True), "llvm")
+    return build_program(models.get("inception_v3", reduced=True), "llvm")
 
 
 def test_split_program_runs_on_two_streams_like_the_vm(inception):
@@ -133,7 +133,7 @@ def test_end_to_end_check_refuses_a_program_that_computes_something_else(incepti
     w = split[conv.inputs[1].node]
     broken = Graph([n.replace(value=n.value * 2) if n.id == w.id else n for n in split.nodes],
                    split.outputs, split.meta)
-    wrong = KernelProgram.build(to_relax(broken), "llvm")
+    wrong = build_program(to_relax(broken), "llvm")
     candidates = [(p, sequential(p.graph, cores=1)) for p in (inception, wrong)]
     with pytest.raises(ParagraphError, match="does not compute the model's outputs"):
         end_to_end(candidates, None, "", repeat=1, warmup=0, check=True)

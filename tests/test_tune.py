@@ -14,7 +14,7 @@ import tvm_ffi
 from paragraph import models
 from paragraph.cli import main
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import (
     APPLIED,
     MODEL_FILE,
@@ -103,23 +103,23 @@ def test_tuning_resumes_after_a_kill(tmp_path, capsys):
     # only those: the tuned kernels change, the others and the outputs do not
     mod = models.get("squeezenet1_1", reduced=True)
     inputs = random_inputs(mod, seed=5)
-    plain = KernelProgram.build(mod, "llvm")
+    plain = build_program(mod, "llvm")
     names = {e["name"] for e in state.values()}
 
     def changed(tuned):
         return {n for n in names
                 if not tvm_ffi.structural_equal(tuned.lowered[n], plain.lowered[n])}
 
-    tuned = KernelProgram.build(mod, "llvm", tuning_db=work)
+    tuned = build_program(mod, "llvm", tuning_db=work)
     assert changed(tuned) == {e["name"] for e in state.values() if e["applied"]}
     for got, want in zip(run_vm(tuned.vm(), inputs), run_vm(plain.vm(), inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     # every kernel applied, then none: the verdicts decide what lowering applies
     write_applied(work, {k: True for k in state})
-    assert changed(KernelProgram.build(mod, "llvm", tuning_db=work)) == names
+    assert changed(build_program(mod, "llvm", tuning_db=work)) == names
     all_applied = tuning_id(work)
     write_applied(work, {k: False for k in state})
-    assert changed(KernelProgram.build(mod, "llvm", tuning_db=work)) == set()
+    assert changed(build_program(mod, "llvm", tuning_db=work)) == set()
     assert (work / APPLIED / RECORDS).read_text() == ""
     # cost-cache identity: the records applied, not the path
     assert tuning_id(None) == "" and all_applied.startswith("ms:")

@@ -22,7 +22,7 @@ from paragraph.interpret import run_graph
 from paragraph.passes.schedule import ALGORITHMS, make_schedule
 from paragraph.tvm_interop import from_relax, random_inputs
 from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor, undispatch, vendor_names
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.select import choose_fastest
 from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.measure.costdb import CostDB
@@ -267,9 +267,9 @@ def test_every_pattern_matches_tvm_kernels(case):
     assert all(bool(VendorOp.from_name(n).weight) == (VendorOp.from_name(n).kind in
                                                       ("conv2d", "matmul")) for n in names)
     inputs = random_inputs(mod, seed=3)
-    vendor = KernelProgram.build(mod, "llvm", kernels="vendor")
+    vendor = build_program(mod, "llvm", kernels="vendor")
     assert vendor.sources().get("vendor") == len(expected)
-    tvm_kernels = KernelProgram.build(mod, "llvm")
+    tvm_kernels = build_program(mod, "llvm")
     for got, want in zip(vm_outputs(vendor, inputs), vm_outputs(tvm_kernels, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
 
@@ -281,8 +281,8 @@ def test_a_pool_epilogue_has_a_tvm_form():
     back = undispatch(dispatch_to_vendor(mod, local_cpu_target()), lambda call: False)
     assert vendor_names(back) == []
     inputs = random_inputs(mod, seed=6)
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
-    got = vm_outputs(KernelProgram.build(back, "llvm"), inputs)
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
+    got = vm_outputs(build_program(back, "llvm"), inputs)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
@@ -293,8 +293,8 @@ def test_nchw_layout_and_what_is_not_dispatched():
     assert [cost_name(n) for n in vendor_names(nchw)] == [
         "paragraph.vendor.conv2d.NCHW.s1x1.p1x1.d1x1.g1.bias.relu"]
     inputs = random_inputs(mod, seed=4)
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
-    program = KernelProgram.build(nchw, "llvm")
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
+    program = build_program(nchw, "llvm")
     np.testing.assert_allclose(vm_outputs(program, inputs)[0], want[0], rtol=1e-4, atol=1e-4)
     # broadcasting matmuls and 1-D operands stay with TVM; so does an affine op after relu
     broadcast = matmul_block((2, 5, 16), (16,))
@@ -362,8 +362,8 @@ def test_an_erf_gelu_whose_input_is_read_elsewhere_stays():
     assert [cost_name(n) for n in vendor_names(dispatch_to_vendor(mod, local_cpu_target()))] \
         == ["paragraph.vendor.matmul"]
     inputs = random_inputs(mod, seed=3)
-    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    got = vm_outputs(build_program(mod, "llvm", kernels="vendor"), inputs)
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
 
 
@@ -380,8 +380,8 @@ def test_a_concat_read_elsewhere_too_is_not_flattened():
              if "paragraph.vendor.concat" in str(b.value)]
     assert [len(c.args[1].fields) for c in calls] == [2, 2, 2]  # the shared one stays
     inputs = random_inputs(mod, seed=5)
-    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
-    np.testing.assert_allclose(got[0], vm_outputs(KernelProgram.build(mod, "llvm"), inputs)[0])
+    got = vm_outputs(build_program(mod, "llvm", kernels="vendor"), inputs)
+    np.testing.assert_allclose(got[0], vm_outputs(build_program(mod, "llvm"), inputs)[0])
 
 
 def test_a_recomputed_activation_is_merged_and_absorbed():
@@ -403,8 +403,8 @@ def test_a_recomputed_activation_is_merged_and_absorbed():
            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
     assert ops.count("relax.nn.relu") == 0 and ops.count("relax.nn.max_pool2d") == 0
     inputs = random_inputs(mod, seed=6)
-    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
-    np.testing.assert_allclose(got[0], vm_outputs(KernelProgram.build(mod, "llvm"), inputs)[0],
+    got = vm_outputs(build_program(mod, "llvm", kernels="vendor"), inputs)
+    np.testing.assert_allclose(got[0], vm_outputs(build_program(mod, "llvm"), inputs)[0],
                                rtol=1e-4, atol=1e-4)
 
 
@@ -424,8 +424,8 @@ def test_a_recomputed_split_is_merged_and_its_items_read_the_one_left():
               and b.value.op.name == "relax.split"]
     assert len(splits) == 1
     inputs = random_inputs(mod, seed=7)
-    got = vm_outputs(KernelProgram.build(mod, "llvm", kernels="vendor"), inputs)
-    for g, w in zip(got, vm_outputs(KernelProgram.build(mod, "llvm"), inputs), strict=True):
+    got = vm_outputs(build_program(mod, "llvm", kernels="vendor"), inputs)
+    for g, w in zip(got, vm_outputs(build_program(mod, "llvm"), inputs), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
@@ -463,7 +463,7 @@ def test_a_residual_convolution_writes_over_its_residual_in_place(monkeypatch, n
     )
 
     mod = module((1, 8, 8, 8), residual_blocks)
-    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    program = build_program(mod, "llvm", kernels="vendor")
     graph = program.graph
     in_place = in_place_operands(graph)
     assert len(in_place) == 3
@@ -657,8 +657,8 @@ def test_cpu_vendor_kernels_run_in_cpp_without_the_gil(monkeypatch, tmp_path):
 
     mod = _cpp_module()
     inputs = random_inputs(mod, seed=2)
-    program = KernelProgram.build(mod, "llvm", kernels="vendor")
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    program = build_program(mod, "llvm", kernels="vendor")
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
     vendor_kernels = [n.id for n in program.kernels if n.attrs.get("source") == "vendor"]
     kinds = sorted(VendorOp.from_name(program.graph[k].attrs["func"]).kind
                    for k in vendor_kernels)
@@ -707,9 +707,9 @@ def test_products_sharing_a_weight_share_its_packed_form_and_stay_exact():
         h = b.op("tanh", [h]).out
     mod = to_relax(b.build([h]))
     inputs = random_inputs(mod, seed=4)
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
     for _ in range(3):  # later executors bind where closed ones were
-        program = KernelProgram.build(mod, "llvm", kernels="vendor")
+        program = build_program(mod, "llvm", kernels="vendor")
         assert sum(n.attrs.get("source") == "vendor" for n in program.kernels) == 4
         with make_executor(program, make_schedule("sequential", program.graph)) as ex:
             for _ in range(12):  # both forms (oneDNN's packed, MKL's) tried, then the faster
@@ -734,14 +734,14 @@ def test_a_weight_is_packed_once_per_thread_count():
     w = b.weight(rng.standard_normal((64, 64)).astype("float32") / 8)
     h = b.op("tanh", [b.op("matmul", [x, w]).out]).out
     mod = to_relax(b.build([b.op("tanh", [b.op("matmul", [h, w]).out]).out]))
-    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    program = build_program(mod, "llvm", kernels="vendor")
     products = [n.id for n in program.kernels if n.attrs.get("source") == "vendor"]
     assert len(products) == 2
     schedule = make_schedule("sequential", program.graph, cores=2)
     schedule = replace(schedule, kernel_threads={products[0]: 1})
     keys = native_vendor.module()["paragraph_vendor_packed_keys"]
     inputs = random_inputs(mod, seed=6)
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
     with make_executor(program, schedule) as ex:
         for _ in range(12):  # both forms tried on both thread counts
             np.testing.assert_allclose(ex.run(*inputs)[0], want[0], rtol=1e-4, atol=1e-5)
@@ -836,7 +836,7 @@ def test_kernels_measured_faster_on_one_thread_are_capped(tmp_path):
     from paragraph.schedule import Schedule, ScheduleError
 
     mod = models.get("nasnet_a_mobile", reduced=True)
-    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    program = build_program(mod, "llvm", kernels="vendor")
     inputs = random_inputs(mod, seed=1)
     g = program.graph
     wide = make_schedule("sequential", g, cores=2)
@@ -867,7 +867,7 @@ def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
     mod = models.get(name, reduced=True)
     inputs = random_inputs(mod, seed=1)
     want = run_graph(from_relax(mod), inputs)  # paragraph's numpy reference of every operator
-    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    program = build_program(mod, "llvm", kernels="vendor")
     assert program.sources().get("vendor", 0) > 0
     vm = vm_outputs(program, inputs)
     for got, ref in zip(vm, want, strict=True):
@@ -891,7 +891,7 @@ def test_auto_measures_each_kernel_once_and_records_its_source(tmp_path):
     def choose():
         return choose_fastest(dispatch_to_vendor(prepare(mod), target), target, db=db,
                               log=logged.append,
-                              build=lambda probe: KernelProgram.build(probe, target))
+                              build=lambda probe: build_program(probe, target))
 
     chosen = choose()
     rows = db.conn.execute("SELECT source, COUNT(*) FROM costs GROUP BY source").fetchall()
@@ -903,8 +903,8 @@ def test_auto_measures_each_kernel_once_and_records_its_source(tmp_path):
     assert not any("timing" in line for line in logged)  # every cost came from the database
     assert vendor_names(again) == vendor_names(chosen)
     inputs = random_inputs(mod, seed=2)
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
-    program = KernelProgram.build(mod, "llvm", kernels="auto")
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
+    program = build_program(mod, "llvm", kernels="auto")
     np.testing.assert_allclose(vm_outputs(program, inputs)[0], want[0], rtol=1e-4, atol=1e-4)
 
 
@@ -913,8 +913,8 @@ def test_auto_takes_back_an_asymmetrically_padded_convolution():
     convolution (NASNet's) keeps its four paddings on the way back to Relax."""
     mod, _ = CONVS["conv_asymmetric_padding"]
     inputs = random_inputs(mod, seed=4)
-    want = vm_outputs(KernelProgram.build(mod, "llvm"), inputs)
-    program = KernelProgram.build(mod, "llvm", kernels="auto")
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
+    program = build_program(mod, "llvm", kernels="auto")
     np.testing.assert_allclose(vm_outputs(program, inputs)[0], want[0], rtol=1e-4, atol=1e-4)
 
 
@@ -946,11 +946,12 @@ def test_a_program_settles_once_its_kernels_have_chosen_their_forms():
         from paragraph.passes.schedule import make_schedule
         from paragraph.tvm_interop import random_inputs
         from paragraph.tvm_interop.runtime.executor import make_executor
-        from paragraph.tvm_interop.build.program import KernelProgram
+        from paragraph.tvm_interop.build.program import build_program
+        from paragraph.tvm_interop.runtime.program import KernelProgram
         from paragraph.tvm_interop.measure.device import settle
         from paragraph.tvm_interop.runtime.library.native import timing_kernels
         mod = models.get("inception_v3", reduced=True)
-        program = KernelProgram.build(mod, "llvm", kernels="vendor")
+        program = build_program(mod, "llvm", kernels="vendor")
         inputs = random_inputs(mod)
         schedule = make_schedule("sequential", program.graph, cores=2)
         with make_executor(program, schedule) as first:
@@ -976,7 +977,8 @@ def test_without_pytorch_the_pass_says_so_and_tvm_kernels_run(tmp_path):
         sys.modules["torch"] = None  # import torch now raises ImportError
         import numpy as np
         from paragraph import models
-        from paragraph.tvm_interop.build.program import KernelProgram
+        from paragraph.tvm_interop.build.program import build_program
+        from paragraph.tvm_interop.runtime.program import KernelProgram
         from paragraph.tvm_interop.runtime.library.torch_kernels import (
             VendorUnavailableError,
             ensure_registered,
@@ -984,7 +986,7 @@ def test_without_pytorch_the_pass_says_so_and_tvm_kernels_run(tmp_path):
         mod = models.get("squeezenet1_1", reduced=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            program = KernelProgram.build(mod, "llvm", kernels="vendor")
+            program = build_program(mod, "llvm", kernels="vendor")
         print("WARNED", [str(w.message) for w in caught])
         print("SOURCES", program.sources())
         try:
@@ -1016,10 +1018,10 @@ cuda = pytest.mark.skipif(not _cuda_ready(), reason="no CUDA GPU visible to TVM 
 def test_cuda_patterns_match_tvm_kernels(case):
     mod, expected = {**CONVS, **MATMULS}[case]
     inputs = random_inputs(mod, seed=3)
-    vendor = KernelProgram.build(mod, "cuda", kernels="vendor")
+    vendor = build_program(mod, "cuda", kernels="vendor")
     # one vendor kernel per convolution or matmul (the residual case has two convolutions)
     assert vendor.sources().get("vendor") == (1 if isinstance(expected, str) else len(expected))
-    want = vm_outputs(KernelProgram.build(mod, "cuda"), inputs)
+    want = vm_outputs(build_program(mod, "cuda"), inputs)
     np.testing.assert_allclose(vm_outputs(vendor, inputs)[0], want[0], rtol=1e-3, atol=1e-3)
 
 
@@ -1031,7 +1033,7 @@ def test_cuda_multistream_graph_capture_with_vendor_kernels(name):
     TF-style padded convolutions pad in torch first: that copy too must be on the stream."""
     mod = models.get(name, reduced=True)
     inputs = random_inputs(mod, seed=1)
-    program = KernelProgram.build(mod, "cuda", kernels="vendor")
+    program = build_program(mod, "cuda", kernels="vendor")
     want = vm_outputs(program, inputs)
     for algorithm in ("sequential", "opara", "nimble"):
         schedule = make_schedule(algorithm, program.graph)
@@ -1070,7 +1072,7 @@ def test_cuda_dispatch_compiles_here(monkeypatch):
     names = vendor_names(dispatch_to_vendor(mod, target))
     assert sorted(names) == ["paragraph.vendor.conv2d.NCHW.s2x2.p0x0.d1x1.g1",
                              "paragraph.vendor.conv2d.NCHW.s2x2.p1x1.d1x1.g1.bias.res.relu"]
-    program = KernelProgram.build(mod, target, kernels="vendor")
+    program = build_program(mod, target, kernels="vendor")
     assert program.sources() == {"vendor": 2}
 
 
@@ -1109,7 +1111,7 @@ def test_the_vm_module_keeps_every_kernel_of_the_graph(where, monkeypatch):
     target = tvm.target.Target(CUDA_COMPILE_ONLY if where == "cuda" else "llvm")
     g = _split_then_unfolded_batch_norm()
     for kernels in ("vendor", "tvm"):
-        program = KernelProgram.build(to_relax(g), target, kernels=kernels)
+        program = build_program(to_relax(g), target, kernels=kernels)
         with target:
             final = build_pipeline(target)(program.lowered)
         compiled = {gv.name_hint for gv, f in final.functions.items()
@@ -1132,7 +1134,7 @@ def test_randwire_compiles_for_cuda_with_tvm_kernels():
     the kernel and the next rule schedules it. Compiled here without a GPU."""
     from paragraph.tvm_interop.build.lowering import CUDA_COMPILE_ONLY
 
-    program = KernelProgram.build(models.get("randwire", reduced=True),
+    program = build_program(models.get("randwire", reduced=True),
                                   tvm.target.Target(CUDA_COMPILE_ONLY), kernels="tvm")
     assert program.sources()["tvm"] > 100
 
@@ -1865,7 +1867,7 @@ def test_one_stream_keeps_its_capped_kernels_only_where_whole_runs_are_faster(tm
     from paragraph import planner
 
     mod = models.get("squeezenet1_1", reduced=True)
-    program = KernelProgram.build(mod, "llvm", kernels="vendor")
+    program = build_program(mod, "llvm", kernels="vendor")
     g = program.graph
     k = next(n.id for n in program.kernels if n.attrs.get("source") == "vendor")
     monkeypatch.setattr(planner, "fewer_threads_where_faster",  # one cap, whatever it measures

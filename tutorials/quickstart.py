@@ -24,7 +24,7 @@ from paragraph.passes.schedule import ALGORITHMS
 from paragraph.planner import plan_schedule, tolerance
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.vm import run_vm
 
@@ -42,7 +42,7 @@ def main(full: bool = False) -> None:
     roundtrip = to_relax(graph)  # the same computation, back in Relax
 
     # 3. Lower once: every fused kernel compiled into one module, and a graph of kernels.
-    program = KernelProgram.build(roundtrip, "cpu")
+    program = build_program(roundtrip, "cpu")
     print(f"{len(program.kernels)} kernels after TVM's fusion")
 
     # 4. Schedules: where each kernel runs and what it waits for. critical-path times each

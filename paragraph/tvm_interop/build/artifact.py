@@ -40,7 +40,8 @@ from paragraph.graph import TensorRef
 from paragraph.machine import describe_machine
 from paragraph.rules.library import default_library
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop.build.program import KernelProgram, program_info, with_program_info
+from paragraph.tvm_interop.build.program import program_info, with_program_info, program_from_lowered
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.build.lowering import default_device, is_gpu
 from paragraph.tvm_interop.runtime.memory import Block, MemoryPlan, check_memory_plan
 from paragraph.tvm_interop.runtime.vm import local_cpu_target
@@ -253,8 +254,8 @@ def read_artifact(path: str | os.PathLike,
             raise ArtifactError(f"{what}: its kernel library does not load here ({e})") from None
     try:
         lowered = tvm.ir.load_json(members["lowered.json"].decode())
-        program = KernelProgram.from_lowered(lowered, target, device=device,
-                                             executable=relax.VMExecutable(library))
+        program = program_from_lowered(lowered, target, device=device,
+                                       executable=relax.VMExecutable(library))
         schedule = Schedule.from_json(members["schedule.json"].decode(), program.graph)
         memory = memory_from_json(json.loads(members["memory.json"]))
         _check_memory(program, schedule, memory)

@@ -10,6 +10,7 @@ program takes the compiled functions of the kernels it shares with one built bef
 from __future__ import annotations
 
 import threading
+from typing import Any
 from collections import OrderedDict
 
 import tvm
@@ -25,7 +26,7 @@ _cache: OrderedDict[tuple[str, int], list[tuple[tvm.tirx.PrimFunc, object, objec
     OrderedDict()
 
 
-def compiled_kernels(lowered: tvm.IRModule, target: tvm.target.Target) -> dict[str, object]:
+def compiled_kernels(lowered: tvm.IRModule, target: tvm.target.Target) -> dict[str, Any]:
     """Every TIR function of ``lowered`` (a lowered Relax module, `paragraph.tvm_interop.
     lowering`) compiled for ``target``, by name: the TIR as TVM's default Relax pipeline hands
     it to code generation (the VM's kernels are these), the ones not compiled before in this

@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -31,6 +33,7 @@ from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.build.tuning_db import applied_dir
 from paragraph.tvm_interop.runtime.library.names import cost_name, is_vendor_name, vendor_flops
+from paragraph.tvm_interop.runtime.program import Once
 from paragraph.tvm_interop.runtime.vm import local_cpu_target
 
 # a GPU target that compiles here without a GPU (nvcc is present); H100/H200 are sm_90
@@ -128,30 +131,47 @@ def lower(mod: tvm.IRModule, target: tvm.target.Target,
     planning); apply a MetaSchedule database directory when given. ``dispatch`` first turns
     operator patterns of the prepared module into vendor calls, before legalization, like
     TVM's cuDNN/cuBLAS BYOC (`paragraph.tvm_interop.build.dispatch.dispatch_to_vendor`)."""
-    return lower_tracked(mod, target, tuning_db, dispatch)[1]
+    return lower_tracked(mod, target, tuning_db, dispatch).lowered
+
+
+class Lowered(NamedTuple):
+    """What `lower_tracked` returns."""
+
+    opgraph: Graph  # the operator graph the kernels are fused from
+    lowered: tvm.IRModule
+    groups: dict[str, tuple[int, ...]] | None  # binding name -> operator ids (None: untraced)
+    model: Once[Graph] | None  # the prepared operator graph before dispatch
 
 
 def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
                   tuning_db: str | os.PathLike | None = None, dispatch: Dispatch | None = None,
-                  ) -> tuple[Graph, tvm.IRModule, dict[str, tuple[int, ...]] | None]:
+                  ) -> Lowered:
     """`lower`, keeping track of which operators each kernel computes.
 
     ``mod`` may also be an operator graph that went through `prepare` (and dispatch) already,
     e.g. one that a rewrite produced from `KernelProgram.operator_graph`: its node ids are
     kept, so the kernels of the result can be matched with the operators of the original.
 
-    Returns the operator graph (``from_relax`` of the prepared module), the lowered module, and
-    for each binding name of the lowered ``main`` the ids of the operator-graph nodes that
-    kernel computes (None where TVM's fusion could not be traced). Tracing names every binding
+    Returns the operator graph (``from_relax`` of the prepared, dispatched module), the lowered
+    module, for each binding name of the lowered ``main`` the ids of the operator-graph nodes
+    that kernel computes (None where TVM's fusion could not be traced), and for a Relax ``mod``
+    the prepared operator graph before dispatch (made on first use where a dispatch changed
+    it; None for an operator graph ``mod``). Tracing names every binding
     ``n<node id>`` before lowering (LegalizeOps keeps binding variables, so unfused kernels keep
     their names) and replays each function FuseOps made on the operator graph
     (`_fusion_groups`).
     """
+    model: Once[Graph] | None = None
     if isinstance(mod, Graph):  # an operator graph that is already prepared: keep its ids
         opgraph = mod
     else:  # batch norm decomposed, constants folded in numpy (FoldConstant is slow)
         prepared = prepare(mod)
-        opgraph = from_relax(prepared if dispatch is None else dispatch(prepared))
+        if dispatch is None:
+            opgraph = from_relax(prepared)
+            model = Once.of(opgraph)
+        else:
+            opgraph = from_relax(dispatch(prepared))
+            model = Once(partial(from_relax, prepared))
     # operators named by id (their bindings are traced through fusion); inputs keep the
     # model's names, which users pass inputs by
     opgraph = Graph([n if n.kind == "input" else n.replace(name=f"n{n.id}")
@@ -178,7 +198,7 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
         fused = relax.transform.FuseOps()(legal)
         groups = _fusion_groups(fused, opgraph, {c: TensorRef(i) for i, c in constants.items()},
                                 _callees(legal))
-        return opgraph, tvm.transform.Sequential(rest)(fused), groups
+        return Lowered(opgraph, tvm.transform.Sequential(rest)(fused), groups, model)
 
 
 def _callees(legal: tvm.IRModule) -> dict[str, str]:

@@ -26,7 +26,7 @@ from paragraph.tvm_interop.build.dispatch import (
 )
 
 if TYPE_CHECKING:  # programs are built above this module (see `choose_fastest`)
-    from paragraph.tvm_interop.build.program import KernelProgram
+    from paragraph.tvm_interop.runtime.program import KernelProgram
 
 
 Build = Callable[[tvm.IRModule], "KernelProgram"]
@@ -43,7 +43,7 @@ def choose_fastest(mod: tvm.IRModule, target: tvm.target.Target, *, build: Build
     in the cost database (``db``, default `CostDB()`) under its source, "vendor" or "tvm"; a
     later choice with the same kernels reads the costs and compiles nothing. Cost is bounded
     by the number of distinct calls, not of calls. ``build`` compiles a probe module as it is
-    (`KernelProgram.build` with TVM kernels, which passes itself: programs are built above
+    (`build_program` with TVM kernels, which passes itself: programs are built above
     this module).
     """
     if not vendor_calls(mod):

@@ -47,11 +47,11 @@ from paragraph.passes.schedule import sequential
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_in_blocks
 from paragraph.tvm_interop.build.artifact import read_artifact, write_artifact
-from paragraph.tvm_interop.build.program import KernelProgram
 from paragraph.tvm_interop.measure.device import kernel_costs, measure_handoff
 from paragraph.tvm_interop.meter.stages import Groups, StageMeter, sequence_seconds
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.memory import plan_memory
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
 
 PREFIX = "paragraph.rpc."

@@ -32,7 +32,7 @@ from paragraph.passes.schedule import sequential
 from paragraph.passes.search import extract
 from paragraph.progress import Progress
 from paragraph.timing import Timing
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import tuning_id
 from paragraph.tvm_interop.frontend.relax_graph import to_relax
 from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
@@ -87,7 +87,7 @@ class SignatureMeter:
     def measure_one(self, graph: Graph, kernel: Kernel) -> float:
         """Build and time ``kernel`` (operators of ``graph``) alone; stored in the database."""
         piece = extract(graph, set(kernel.ops))
-        program = KernelProgram.build(to_relax(piece), self.target, tuning_db=self.tuning_db,
+        program = build_program(to_relax(piece), self.target, tuning_db=self.tuning_db,
                                       kernels=self.kernels)
         own = {graph[i].kind for i in kernel.ops}
         def own_seconds(costs: dict[int, float]) -> float:

@@ -30,12 +30,13 @@ from paragraph.passes.ios import (
 from paragraph.passes.schedule import sequential
 from paragraph.rules.parametric import Unit
 from paragraph.timing import Timing, time_calls
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import tuning_id
 from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
 from paragraph.tvm_interop.measure.device import time_steps, vendor_tag
 from paragraph.tvm_interop.runtime.executor import CUDAExecutor, cuda_check, cudart, make_executor
 from paragraph.tvm_interop.runtime.memory import no_reuse_plan
+from paragraph.tvm_interop.runtime.program import KernelProgram
 
 if TYPE_CHECKING:
     from paragraph.tvm_interop.meter.remote import Remote
@@ -231,7 +232,7 @@ class StageMeter:
         mini = b.build([TensorRef(ids[chain[-1] if chain else conv]) for conv, chain in units])
         merged, _ = apply_merges(self.rule, mini, [[(ids[c], tuple(ids[i] for i in chain))
                                                     for c, chain in units]])
-        program = KernelProgram.build(merged, self.program.target, device=self.program.device,
+        program = build_program(merged, self.program.target, device=self.program.device,
                                       tuning_db=self.tuning_db,
                                       kernels=self.program.kernel_source)
         if self.remote is not None:

@@ -67,7 +67,7 @@ from paragraph.tvm_interop.runtime.threads import (
 )
 
 if TYPE_CHECKING:  # programs are built above the executor, which only runs them
-    from paragraph.tvm_interop.build.program import KernelProgram
+    from paragraph.tvm_interop.runtime.program import KernelProgram
 
 
 class KernelError(ParagraphError):

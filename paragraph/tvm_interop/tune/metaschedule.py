@@ -1,6 +1,6 @@
 """MetaSchedule tuning of a model's fused kernels: resumable, with progress and a summary.
 
-`tune` lowers the model exactly as `KernelProgram.build` does (with ``kernels="vendor"`` only
+`tune` lowers the model exactly as `build_program` does (with ``kernels="vendor"`` only
 the kernels TVM still generates are tuned; with ``kernels="auto"`` also the TVM form of every
 vendor-able pattern, which ``--kernels auto`` then weighs, tuned, against the vendor call),
 extracts one MetaSchedule task per distinct fused kernel (``relax_integration.extract_tasks``)
@@ -55,7 +55,7 @@ from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.planner import end_to_end, plan_schedule
 from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor, tvm_alternatives
 from paragraph.tvm_interop.build.lowering import default_device, is_gpu, lower, resolve_target
-from paragraph.tvm_interop.build.program import KernelProgram
+from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import (
     APPLIED,
     MODEL_FILE,
@@ -66,6 +66,7 @@ from paragraph.tvm_interop.build.tuning_db import (
 )
 from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.program import KernelProgram
 
 
 @dataclass
@@ -249,7 +250,7 @@ def check_models(mods: Sequence[tvm.IRModule], target: tvm.target.Target | str |
                 dirs.append(str(d))
             dirs.append(None)  # untuned: what a run without --tuning-db builds
             for mod in mods:
-                plans = [plan_schedule(schedule, KernelProgram.build(
+                plans = [plan_schedule(schedule, build_program(
                     mod, tvm_target, tuning_db=d, kernels=kernels), tuning_db=d, cores=cores)
                     for d in dirs]
                 candidates = [(p.program, p.schedule) for p in plans]

@@ -1,0 +1,94 @@
+"""A `KernelProgram`: a model's kernels compiled once for one device, with the kernel graph that
+says how they connect. It is the value the executors run, the planner schedules and an
+artifact stores; `paragraph.tvm_interop.build.program` builds it (lowering, kernel source,
+compilation, linking) and nothing changes it afterwards."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import tvm
+from tvm import relax
+
+from paragraph.graph import Graph, Node
+from paragraph.inputs import IndexRange
+
+T = TypeVar("T")
+
+
+class Once(Generic[T]):
+    """A value made on first use and kept, once across threads: what a program only sometimes
+    needs (the TVM VM's executable, the model's operator graph) costs nothing until asked."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make: Callable[[], T] | None = make
+        self._value: T | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, value: T) -> Once[T]:
+        """A value known already."""
+        once = cls(lambda: value)
+        once.get()
+        return once
+
+    def get(self) -> T:
+        with self._lock:
+            if self._make is not None:
+                self._value, self._make = self._make(), None
+        return self._value  # type: ignore[return-value]  # made above
+
+
+@dataclass(frozen=True)
+class KernelProgram:
+    """A lowered module, its kernel graph, and every kernel compiled once for one device."""
+
+    lowered: tvm.IRModule
+    graph: Graph
+    target: tvm.target.Target
+    device: tvm.runtime.Device
+    functions: Mapping[str, Callable[..., object]]  # kernel function name -> compiled function
+    # the TVM VM's executable of ``lowered`` (the VM baseline, an export, a GPU program's
+    # kernels), compiled on first use: on a CPU the kernels come from a shared cache
+    compiled: Once[relax.VMExecutable]
+    # the model's operator graph as prepared for lowering (batch norm decomposed, constants
+    # folded), before any kernel source's dispatch: what the planner's rewrites start from;
+    # None for a program loaded from a lowered module
+    model: Once[Graph] | None = None
+    operator_graph: Graph | None = None  # the operator graph the kernels were fused from
+    kernel_operators: Mapping[int, tuple[int, ...]] | None = None  # kernel -> its operators
+    kernel_source: str = "tvm"  # what the build was asked for: tvm, vendor or auto
+    rewrites: tuple[str, ...] = ()  # library rules applied to the model (rule id: where)
+    # input position -> the values it may hold (an embedding's ids), `paragraph.inputs`
+    input_ranges: Mapping[int, IndexRange] = field(default_factory=dict)
+    build_seconds: float = 0.0  # what the build took: lowering, dispatch and compilation
+
+    @property
+    def executable(self) -> relax.VMExecutable:
+        """The TVM VM's executable of ``lowered`` (every kernel in one module), compiled on
+        first use."""
+        return self.compiled.get()
+
+    @property
+    def kernels(self) -> list[Node]:
+        """The kernel and view nodes, in topological order."""
+        return [n for n in self.graph.nodes if not n.is_source]
+
+    def function(self, node: Node) -> Callable[..., object]:
+        """The compiled function of a kernel node (DPS: inputs, then outputs)."""
+        return self.functions[node.attrs["func"]]
+
+    def vm(self) -> relax.VirtualMachine:
+        """The TVM VM over the same lowered module and compiled kernels (the baseline)."""
+        return relax.VirtualMachine(self.executable, self.device)
+
+    def sources(self) -> dict[str, int]:
+        """How many kernels come from each source ("tvm", "vendor")."""
+        counts: dict[str, int] = {}
+        for n in self.graph.nodes:
+            if n.kind == "kernel":
+                counts[n.attrs["source"]] = counts.get(n.attrs["source"], 0) + 1
+        return counts
