@@ -34,10 +34,10 @@ from paragraph.machine import describe_machine
 from paragraph.passes.schedule import ALGORITHMS, make_schedule, sequential
 from paragraph.planner import plan_schedule, tolerance
 from paragraph.timing import time_in_blocks, time_round_robin
-from paragraph.tvm_interop.build.lowering import resolve_target
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.runtime import native, random_inputs
 from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.target import resolve_target
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "squeezenet1_1", "randwire", "resnet50")
 

@@ -38,9 +38,9 @@ from paragraph.outputs import max_difference
 from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, time_round_robin
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.build.lowering import resolve_target
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.target import resolve_target
 from paragraph.tvm_interop.runtime.threads import config_threads
 
 MODELS = ("inception_v3", "resnet50", "nasnet_a_mobile", "bert")

@@ -28,9 +28,9 @@ from paragraph.machine import describe_machine
 from paragraph.passes.ios import IOSOptions
 from paragraph.planner import plan_digest, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
-from paragraph.tvm_interop.build.lowering import resolve_target
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.runtime.target import resolve_target
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "squeezenet1_1")
 BASELINES = ("sequential", "wavefront", "opara", "nimble")  # IOS-both's target (issue 4)

@@ -56,9 +56,9 @@ from paragraph.machine import (
 from paragraph.passes.search import SearchOptions
 from paragraph.planner import measure_signatures, plan_digest, plan_schedule, search_plan
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-from paragraph.tvm_interop.build.lowering import resolve_target
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.runtime.target import resolve_target
 
 MODELS = ("nasnet_a_mobile", "resnext50_32x4d", "inception_v3", "resnet50", "nasnet_a_large",
           "sru_rnntc", "bert")

@@ -30,7 +30,7 @@ from paragraph.machine import cpu_contention, describe_machine, is_contended, wa
 from paragraph.outputs import max_difference
 from paragraph.timing import Config, time_in_blocks
 from paragraph.tvm_interop.build.tuning_db import RECORDS, STATE_FILE, write_applied
-from paragraph.tvm_interop.runtime.vm import local_cpu_target
+from paragraph.tvm_interop.runtime.target import local_cpu_target
 from paragraph.tvm_interop.tune.metaschedule import check_models, tune
 
 

@@ -24,12 +24,14 @@ from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.outputs import max_difference
 from paragraph.passes.ios import IOSOptions
-from paragraph.planner import Plan, plan_schedule, tolerance
+from paragraph.planner import Plan, Session, plan_schedule
+from paragraph.progress import Log
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_in_blocks, time_round_robin
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS
+from paragraph.tvm_interop.meter.runs import tolerance
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.vm import flatten_result
@@ -65,7 +67,7 @@ def executor_config(program: KernelProgram, schedule: Schedule, inputs: Sequence
 
 
 def check_and_time(configs: Sequence[Config], expected: Sequence[np.ndarray], tol: float,
-                   repeat: int, progress: Callable[[int], None] | None = None) -> None:
+                   repeat: int, progress: Callable[[int], object] | None = None) -> None:
     """`check_outputs`, then `time_round_robin` for ``repeat`` rounds; every configuration is
     closed afterwards, whatever happened."""
     try:
@@ -107,7 +109,7 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
               target: object = None, tuning_db: str | None = None, seed: int = 0,
               model: str = "", include_default: bool = True, kernels: str = "tvm",
               ios: IOSOptions | None = None, cores: int | None = None, split: bool = True,
-              searched: Plan | None = None, log: Callable[[str], None] = print) -> dict:
+              searched: Plan | None = None, log: Log = print) -> dict:
     """Build every configuration, check its outputs, time them side by side; returns the JSON
     result (per configuration ``config``, ``median_ms``, ``p10_ms``, ``p90_ms``,
     ``speedup_vs_tvm_vm``, ``kernels`` (the kernel source), plus machine, target and
@@ -132,21 +134,22 @@ def benchmark(mod: tvm.IRModule, *, schedules: Sequence[str], repeat: int = 20,
                                            program.device)
         configs.append(vm_config("tvm_compile_default", default, inputs, program.device))
     tol = tolerance(program)  # or looser, for a schedule's program with merged or split convs
-    for name in schedules:
-        start = time.perf_counter()
-        plan = plan_schedule(name, program, options=ios, tuning_db=tuning_db, cores=cores,
-                             log=log, split=split)
-        log(f"  {plan.schedule.describe()}")
-        tol = max(tol, tolerance(plan.program))
-        config = executor_config(plan.program, plan.schedule, inputs)
-        if name.startswith("ios"):
-            config.info.update(search_s=time.perf_counter() - start,
-                               search=plan.report.get("search"),
-                               predicted_ms=plan.report.get("predicted_ms"),
-                               program_kernels=len(plan.program.kernels))
-        configs.append(config)
+    with Session(program.target, tuning_db=tuning_db, cores=cores, log=log) as session:
+        for name in schedules:
+            start = time.perf_counter()
+            plan = plan_schedule(name, program, session, ios=ios, split=split)
+            log(f"  {plan.schedule.describe()}")
+            tol = max(tol, tolerance(plan.program))
+            config = executor_config(plan.program, plan.schedule, inputs)
+            if plan.report.ios is not None:
+                config.info.update(search_s=time.perf_counter() - start,
+                                   search=plan.report.ios.summary,
+                                   predicted_ms=plan.report.ios.predicted_ms,
+                                   program_kernels=len(plan.program.kernels))
+            configs.append(config)
     if searched is not None:
-        report = dict(searched.report["search"])
+        assert searched.report.search is not None  # a substitution search's plan
+        report = searched.report.search.to_json()
         tol = max(tol, tolerance(searched.program))
         config = executor_config(searched.program, searched.schedule, inputs)
         config.name = f"search:{report['method']}+{searched.schedule.name}"
@@ -181,7 +184,7 @@ def format_table(result: dict) -> str:
 
 def each_model(names: Sequence[str], bench_one: Callable[[str], dict],
                write: Callable[[list[dict], list[dict]], None],
-               log: Callable[[str], None]) -> None:
+               log: Log) -> None:
     """Benchmark ``names`` one at a time: ``bench_one(name)`` gives a model's row, which gets
     the date and load average it was taken at, and ``write(rows, failed)`` runs after every
     model, so a long run (or one on a borrowed GPU machine) keeps what it measured. A model
@@ -221,7 +224,7 @@ def results_path(args: argparse.Namespace, stem: str) -> str:
 
 
 def bench_models(names: Sequence[str], bench_one: Callable[[str], dict], out: str,
-                 header: dict, *, merge: bool, log: Callable[[str], None],
+                 header: dict, *, merge: bool, log: Log,
                  order: Sequence[str] = ()) -> None:
     """`each_model` over ``names``, the results written to ``out`` atomically after each
     model: ``header``, the machine, the load average before and now, the models' rows (with

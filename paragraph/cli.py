@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tvm
 import tvm_ffi
 
 from paragraph import __version__, models
@@ -21,37 +23,45 @@ from paragraph.deploy import ParallelExecutable
 from paragraph.deploy import load as load_artifact
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
-from paragraph.graph import Graph
 from paragraph.machine import describe_machine
 from paragraph.outputs import max_difference
 from paragraph.passes.cost import COSTS
 from paragraph.passes.ios import IOS_SCHEDULES, MODES, IOSOptions
 from paragraph.passes.schedule import ALGORITHMS
-from paragraph.passes.search import METHODS, SearchOptions
+from paragraph.passes.search import BUDGET_S, METHODS, SearchOptions
 from paragraph.planner import (
     SCHEDULES,
+    CompileOptions,
     Plan,
+    SearchReport,
+    Session,
+    check_models,
+    compile,
     plan_schedule,
-    search_plan,
-    tolerance,
 )
 from paragraph.rules.cli import register as register_rules
 from paragraph.schedule import Schedule
+from paragraph.tensor import TensorType
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
 from paragraph.tvm_interop.build.artifact import is_artifact
-from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import RECORDS
 from paragraph.tvm_interop.measure.device import settle
-from paragraph.tvm_interop.meter.remote import Remote
+from paragraph.tvm_interop.meter.remote import Remote, parse_address
+from paragraph.tvm_interop.meter.runs import tolerance
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, gpu_available, make_executor
 from paragraph.tvm_interop.runtime.library.names import KERNEL_SOURCES
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 from paragraph.tvm_interop.runtime.program import KernelProgram
-from paragraph.tvm_interop.runtime.vm import build_vm, local_cpu_target, run_vm
-from paragraph.tvm_interop.tune.metaschedule import check_models, format_summary, tune
+from paragraph.tvm_interop.runtime.target import (
+    is_cpu,
+    local_cpu_target,
+    resolve_target,
+    runs_here,
+)
+from paragraph.tvm_interop.runtime.vm import build_vm, run_vm
+from paragraph.tvm_interop.tune.metaschedule import format_summary, tune
 
 
 def _say(msg: str) -> None:
@@ -116,84 +126,113 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _connect(args: argparse.Namespace) -> None:
-    """``args.remote``: the device behind --rpc (its cores become --threads' default)."""
+    """``args.remote``: the device behind ``--rpc-tracker``/``--rpc-key`` (or the older
+    ``--rpc HOST:PORT:KEY``); its cores become --threads' default."""
     args.remote = None
-    if getattr(args, "rpc", None):
-        with _Step(f"connecting to {args.rpc}"):
-            args.remote = Remote(args.rpc)
+    address = _rpc_address(args)
+    if address is not None:
+        with _Step(f"connecting to {address}"):
+            args.remote = Remote(address)
         _say(f"  {args.remote.describe()}; kernels and runs are timed there")
         args.threads = args.threads or args.remote.cores
 
 
-def _target(args: argparse.Namespace):
+def _rpc_address(args: argparse.Namespace) -> str | None:
+    """``HOST:PORT:KEY`` of the options given, or None; `ParagraphError` for half of a pair."""
+    tracker, key, old = (getattr(args, n, None) for n in ("rpc_tracker", "rpc_key", "rpc"))
+    if old and (tracker or key):
+        raise ParagraphError("give --rpc-tracker and --rpc-key, or --rpc HOST:PORT:KEY, not "
+                             "both")
+    if bool(tracker) != bool(key):
+        raise ParagraphError("--rpc-tracker HOST:PORT and --rpc-key KEY go together: the "
+                             "tracker, and the key the device registered under")
+    return old or (f"{tracker}:{key}" if tracker else None)
+
+
+def _target(args: argparse.Namespace, here: bool = True) -> Any:
+    """The target of --target (cpu: this CPU with --threads cores; cuda: the visible GPU; any
+    form `tvm.target.Target` takes), or the remote device's. ``here``: the command runs the
+    program on this machine, so a GPU must be visible."""
     if getattr(args, "remote", None) is not None:
         return args.remote.target
-    if args.target == "cuda" and not gpu_available():
+    if args.target == "cuda" and here and not gpu_available():
         raise ParagraphError("--target cuda: no CUDA GPU is visible to TVM on this machine")
     if args.target == "cpu":
         return local_cpu_target(args.threads)
     return resolve_target(args.target)
 
 
-def _schedule(args: argparse.Namespace, program: KernelProgram) -> Plan:
-    """The plan for the schedule named by --schedule (IOS searches on the device and may
-    rebuild the program with merged convolutions, critical-path with split ones), or the
-    schedule in --schedule-file (checked against the program's kernel graph)."""
-    if getattr(args, "schedule_file", None):
+def _default_kernels(args: argparse.Namespace) -> str:
+    """--kernels' default: the fastest source where the program runs (TVM's own for a target
+    that runs neither here nor on an RPC device)."""
+    if args.target in ("cpu", "cuda") or _rpc_address(args) is not None:
+        return default_kernels("cuda" if args.target == "cuda" else "llvm",
+                               getattr(args, "tuning_db", None))
+    target = resolve_target(args.target)
+    if not runs_here(target):
+        return "tvm"
+    return default_kernels(target.kind.name, getattr(args, "tuning_db", None))
+
+
+def _options(args: argparse.Namespace, target: Any, schedule: str | None = None
+             ) -> CompileOptions:
+    """The compile options of the command line."""
+    return CompileOptions(
+        target=target, kernels=args.kernels, schedule=schedule or getattr(args, "schedule", None),
+        search=_search_options(args), tuning_db=getattr(args, "tuning_db", None),
+        cores=args.threads, split=not getattr(args, "no_split", False),
+        ios=_ios_options(args) if hasattr(args, "ios_mode") else IOSOptions())
+
+
+def _plan(args: argparse.Namespace, mod: Any, step: str,
+          on_built: Callable[[KernelProgram], object] | None = None) -> Plan:
+    """The model compiled (`paragraph.planner.compile`) as the command line says: --search
+    (its candidates built and scheduled), else --kernels (the progress line ``step``) and
+    --schedule, or the schedule in --schedule-file (checked against the program's kernel
+    graph). ``on_built`` hears of the program before it is planned."""
+    options = _options(args, _target(args, here=args.command != "compile"))
+    from_file = getattr(args, "schedule_file", None)
+    if from_file:  # a program to schedule as the file says: no planning, nothing measured
+        options = replace(options, schedule="sequential")
+    if options.search is None:
+        _say(f"{step} ...")
+
+    def built(program: KernelProgram) -> None:
+        _say(f"  {_kernel_summary(program)}, built in {program.build_seconds:.1f} s")
+        if on_built is not None:
+            on_built(program)
+
+    plan = compile(mod, options, log=_say, remote=getattr(args, "remote", None),
+                   on_built=built)
+    if plan.report.search is not None:
+        _say_search(plan.report.search)
+    if from_file:
         try:
-            text = Path(args.schedule_file).read_text()
+            text = Path(from_file).read_text()
         except OSError as e:
-            raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
-        return Plan(program, Schedule.from_json(text, program.graph))
-    return plan_schedule(args.schedule or "critical-path", program, options=_ios_options(args),
-                         tuning_db=args.tuning_db, cores=args.threads, log=_say,
-                         split=not args.no_split, remote=getattr(args, "remote", None))
-
-
-def _searched(args: argparse.Namespace, graph: Graph, target: Any) -> Plan | None:
-    """The plan of the substitution search --search asks for (None for none)."""
-    if getattr(args, "search", "none") == "none":
-        return None
-    options = _search_options(args)
-    _say(f"{args.search} substitution search ({options.cost} cost, beta {options.beta}, "
-         f"budget {options.seconds:.0f} s):")
-    plan = search_plan(graph, target, options=options,
-                       schedule=getattr(args, "schedule", None) or "critical-path",
-                       kernels=args.kernels, tuning_db=args.tuning_db, top_k=args.top_k,
-                       cores=args.threads, remote=getattr(args, "remote", None), log=_say)
-    _say_search(plan.report["search"])
+            raise ParagraphError(f"cannot read {from_file}: {e.strerror}") from None
+        return Plan(plan.program, Schedule.from_json(text, plan.program.graph))
     return plan
 
 
-def _plan(args: argparse.Namespace, mod: Any, step: str) -> Plan:
-    """The plan of --search (its candidates built and scheduled), else the model compiled
-    with --kernels (the progress line ``step``) and scheduled with --schedule."""
-    target = _target(args)
-    searched = _searched(args, from_relax(mod), target)
-    if searched is not None:
-        return searched
-    with _Step(step):
-        program = build_program(mod, target, tuning_db=args.tuning_db,
-                                      kernels=args.kernels)
-    _say(f"  {_kernel_summary(program)}")
-    return _schedule(args, program)
+def _search_options(args: argparse.Namespace) -> SearchOptions | None:
+    if getattr(args, "search", "none") == "none":
+        return None
+    return SearchOptions(method=args.search, cost=args.cost or "", beta=args.beta or 0.0,
+                         budget=args.search_budget, top_k=args.top_k)
 
 
-def _search_options(args: argparse.Namespace) -> SearchOptions:
-    return SearchOptions.of(args.search, args.cost, args.beta, args.search_budget)
-
-
-def _say_search(report: dict) -> None:
-    _say(f"  {len(report['applied'])} rewrites: "
-         + ("; ".join(report["applied"][:8]) + (" ..." if len(report["applied"]) > 8 else "")
-            if report["applied"] else "none kept"))
-    _say(f"  cost {report['cost_before_ms']:.3f} -> {report['cost_after_ms']:.3f} ms "
-         f"({report['cost']}); measured {report['measured_before_ms']:.3f} -> "
-         f"{report['measured_after_ms']:.3f} ms ({report['speedup']:.2f}x); "
-         f"{report['candidates_built']} candidates built in {report['seconds']:.0f} s")
-    if report.get("build_failures"):
-        _say(f"  warning: {len(report['build_failures'])} candidates could not be built and "
-             f"were skipped (a bug to report; first: {report['build_failures'][0]})")
+def _say_search(report: SearchReport) -> None:
+    _say(f"  {len(report.applied)} rewrites: "
+         + ("; ".join(report.applied[:8]) + (" ..." if len(report.applied) > 8 else "")
+            if report.applied else "none kept"))
+    _say(f"  cost {report.cost_before_ms:.3f} -> {report.cost_after_ms:.3f} ms "
+         f"({report.cost}); measured {report.measured_before_ms:.3f} -> "
+         f"{report.measured_after_ms:.3f} ms ({report.speedup:.2f}x); "
+         f"{report.candidates_built} candidates built in {report.seconds:.0f} s")
+    if report.build_failures:
+        _say(f"  warning: {len(report.build_failures)} candidates could not be built and "
+             f"were skipped (a bug to report; first: {report.build_failures[0]})")
 
 
 def _ios_options(args: argparse.Namespace):
@@ -215,12 +254,7 @@ def _protocol(text: str) -> tuple[int, int, int]:
     return warmup, repeat, number
 
 
-def _json_safe(report: Mapping[str, Any]) -> dict[str, Any]:
-    """A plan's report as JSON values (tuples become lists)."""
-    return json.loads(json.dumps(dict(report)))
-
-
-def _kernel_summary(program) -> str:
+def _kernel_summary(program: KernelProgram) -> str:
     """``95 vendor + 27 tvm kernels`` for progress lines."""
     counts = program.sources()
     return " + ".join(f"{n} {s}" for s, n in sorted(counts.items())) + " kernels"
@@ -241,6 +275,52 @@ def _is_artifact(path: str) -> bool:
         return False
 
 
+def read_inputs(path: str, names: Sequence[str], types: Sequence[TensorType]
+                ) -> list[np.ndarray]:
+    """``--inputs FILE``: the model's inputs from a .npz file, by input name (``np.savez(f,
+    x=...)``) or in order (``np.savez(f, a, b)``: ``arr_0``, ``arr_1``, ...), each checked
+    against the input's shape and dtype; `ParagraphError` naming what does not fit."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            found = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise ParagraphError(f"--inputs {path}: not a readable .npz file ({e})") from None
+    positional = [f"arr_{i}" for i in range(len(names))]
+    keys = list(names) if set(names) <= set(found) else positional
+    missing = [k for k in keys if k not in found]
+    if missing or len(found) != len(names):
+        raise ParagraphError(f"--inputs {path} holds {sorted(found)}; the model takes "
+                             f"{len(names)} input(s): {', '.join(names)} (by name, or in "
+                             "order as arr_0, arr_1, ...)")
+    out = []
+    for key, name, ty in zip(keys, names, types, strict=True):
+        a = found[key]
+        if tuple(a.shape) != tuple(ty.shape) or np.dtype(a.dtype) != np.dtype(ty.dtype):
+            raise ParagraphError(f"--inputs {path}: {key} is {a.dtype}{list(a.shape)}, input "
+                                 f"{name!r} takes {ty.dtype}{list(ty.shape)}")
+        out.append(a)
+    return out
+
+
+def write_outputs(path: str, outputs: Sequence[np.ndarray]) -> None:
+    """``--outputs FILE``: the outputs as a .npz file (``output_0``, ``output_1``, ... as
+    tvmc writes them), written atomically."""
+    buffer = io.BytesIO()
+    arrays: dict[str, Any] = {f"output_{i}": np.asarray(o) for i, o in enumerate(outputs)}
+    np.savez(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+    _say(f"  wrote {len(outputs)} output(s) to {path}")
+
+
+def _model_inputs(args: argparse.Namespace, mod: tvm.IRModule) -> list[np.ndarray]:
+    """--inputs, or seeded random inputs valid for the model (--seed)."""
+    if not getattr(args, "inputs", None):
+        return random_inputs(mod, seed=args.seed)
+    graph = from_relax(mod)
+    return read_inputs(args.inputs, [graph[i].name for i in graph.inputs],
+                       [graph[i].type for i in graph.inputs])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if _is_artifact(args.model):
         return _run_compiled(args)
@@ -258,22 +338,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say(f"  {len(graph.operators)} operators, {opaque} opaque; "
          f"hash {graph.structural_hash()[:16]}")
     target = _target(args)
-    searched = _searched(args, graph, target)
-    with _Step(f"lowering and compiling for {target.kind.name} "
-               f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} kernels"):
-        program = (searched.program if searched is not None else
-                   build_program(roundtrip, target, tuning_db=args.tuning_db,
-                                       kernels=args.kernels))
-    _say(f"  {_kernel_summary(program)}")
-    inputs = random_inputs(mod, seed=args.seed)
-    with _Step("running the original model on the TVM VM"):
-        # a searched program is a rewritten model: compare with the model itself
-        if searched is None and tvm_ffi.structural_equal(roundtrip, mod, map_free_vars=True):
-            expected = run_vm(program.vm(), inputs, device=program.device)
-        else:  # the round trip changed the module's form: compare with the original itself
-            expected = run_vm(build_vm(mod, target, program.device), inputs,
-                              device=program.device)
-    plan = searched if searched is not None else _schedule(args, program)
+    inputs = _model_inputs(args, mod)
+    expected: list[np.ndarray] = []
+
+    def reference(program: KernelProgram) -> None:
+        """The model on the TVM VM, over the program's own kernels where the round trip kept
+        the module as it was, else the original module itself."""
+        with _Step("running the original model on the TVM VM"):
+            if tvm_ffi.structural_equal(roundtrip, mod, map_free_vars=True):
+                expected.extend(run_vm(program.vm(), inputs, device=program.device))
+            else:
+                expected.extend(run_vm(build_vm(mod, target, program.device), inputs,
+                                       device=program.device))
+
+    plan = _plan(args, roundtrip, f"lowering and compiling for {target.kind.name} "
+                 f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} "
+                 "kernels", on_built=reference)
+    if plan.report.search is not None:  # a rewritten model: compare with the model itself
+        reference_program = plan.program
+        with _Step("running the original model on the TVM VM"):
+            expected = run_vm(build_vm(mod, target, reference_program.device), inputs,
+                              device=reference_program.device)
     _say(f"  schedule {plan.schedule.describe()}")
     if args.save_schedule:
         atomic_write_bytes(args.save_schedule, plan.schedule.dumps().encode())
@@ -283,10 +368,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_remote(args: argparse.Namespace) -> int:
-    """``paragraph run MODEL --rpc HOST:PORT:KEY``: compiled here for the remote device,
-    scheduled and searched with its measurements, then checked against the TVM VM and timed
-    there."""
+    """``paragraph run MODEL --rpc-tracker HOST:PORT --rpc-key KEY``: compiled here for the
+    remote device, scheduled and searched with its measurements, then checked against the TVM
+    VM and timed there."""
     remote = args.remote
+    if getattr(args, "inputs", None) or getattr(args, "outputs", None):
+        raise ParagraphError("--inputs and --outputs run the model here; with an RPC device "
+                             "the program runs there on seeded inputs")
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
     plan = _plan(args, mod, f"compiling for {remote.key}, {args.kernels} kernels")
@@ -305,13 +393,15 @@ def _run_remote(args: argparse.Namespace) -> int:
     _write_json(args, {"equal": True, "max_difference": remote.vm_difference, "label": label,
                        "median_ms": seconds * 1e3, "remote": remote.describe(),
                        "remote_machine": remote.machine, "kernels": plan.program.sources(),
-                       "schedule": plan.schedule.to_json(), "report": _json_safe(plan.report)})
+                       "schedule": plan.schedule.to_json(), "report": plan.report.to_json()})
     return 0
 
 
-def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, label: str) -> int:
+def _check_and_time(args: argparse.Namespace, plan: Plan, inputs: Sequence[np.ndarray],
+                    expected: Sequence[np.ndarray], label: str) -> int:
     """Run the plan on the executor, compare with ``expected`` (exit status 1 if they differ
-    beyond `paragraph.planner.tolerance`), then time ``--repeat`` runs and print the median."""
+    beyond `paragraph.tvm_interop.meter.runs.tolerance`), write them (--outputs), then time
+    ``--repeat`` runs and print the median."""
     program, schedule = plan.program, plan.schedule
     with _Step("checking the executor's outputs"):
         executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
@@ -328,6 +418,8 @@ def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, labe
         if not ok:
             _write_json(args, {"equal": False, "max_difference": difference})
             return 1
+        if getattr(args, "outputs", None):
+            write_outputs(args.outputs, got)
         # past the vendor kernels' timing of their forms (their first calls): timed within it,
         # a ~1 ms model measured 1.9 ms with p10 1.5
         with _Step(f"timing {args.repeat} runs"):
@@ -341,7 +433,7 @@ def _check_and_time(args: argparse.Namespace, plan: Plan, inputs, expected, labe
                        "median_ms": timing.median_ms, "p10_ms": timing.percentile_ms(10),
                        "p90_ms": timing.percentile_ms(90), "repeat": args.repeat,
                        "kernels": program.sources(), "rewrites": list(program.rewrites),
-                       "schedule": schedule.to_json(), "report": _json_safe(plan.report)})
+                       "schedule": schedule.to_json(), "report": plan.report.to_json()})
     return 0
 
 
@@ -349,7 +441,8 @@ def _write_json(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     """--json FILE: the command's result for scripts, with the machine it ran on."""
     if getattr(args, "json", None):
         atomic_write_json(args.json, {"command": args.command, "model": args.model,
-                                      **_json_safe(data), "machine": describe_machine()})
+                                      **json.loads(json.dumps(dict(data), default=str)),
+                                      "machine": describe_machine()})
         _say(f"wrote {args.json}")
 
 
@@ -366,11 +459,23 @@ def _run_compiled(args: argparse.Namespace) -> int:
     if manifest.get("rules"):
         _say(f"  {len(manifest['rules'])} library rewrites: "
              + ", ".join(r["id"] for r in manifest["rules"][:8]))
-    inputs = exe.sample_inputs(args.seed)
+    g = program.graph
+    inputs = (read_inputs(args.inputs, [g[i].name for i in g.inputs],
+                          [g[i].type for i in g.inputs])
+              if getattr(args, "inputs", None) else exe.sample_inputs(args.seed))
     with _Step("running the program on the TVM VM"):
         expected = run_vm(program.vm(), inputs, device=program.device)
-    if args.schedule is not None or args.schedule_file:
-        plan = _schedule(args, program)
+    if args.schedule_file:
+        try:
+            text = Path(args.schedule_file).read_text()
+        except OSError as e:
+            raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
+        plan = Plan(program, Schedule.from_json(text, program.graph))
+    elif args.schedule is not None:
+        with Session(program.target, tuning_db=args.tuning_db, cores=args.threads,
+                     log=_say) as session:
+            plan = plan_schedule(args.schedule, program, session, ios=_ios_options(args),
+                                 split=not args.no_split)
     else:
         plan = Plan(program, exe.schedule)
     _say(f"  schedule {plan.schedule.describe()}")
@@ -384,7 +489,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                             input_shapes=parse_shapes(args.input_shape))
     plan = _plan(args, mod, f"lowering and compiling {label}, {args.kernels} kernels")
     _say(f"  schedule {plan.schedule.describe()}")
-    exe = ParallelExecutable(plan.program, plan.schedule, report=plan.report)
+    exe = ParallelExecutable.of(plan)
     with _Step(f"writing {args.output}"):
         out = exe.export_library(args.output, info={"model": label})
     _say(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): run it with "
@@ -395,24 +500,36 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    target = _target(args)
+    address = _rpc_address(args)
+    rpc = parse_address(address) if address is not None else None
+    # MetaSchedule takes the device through the tracker for the trials; the model check
+    # holds a session of its own afterwards (a server serves one session at a time)
+    target = Remote.device_target(address) if address is not None else _target(args)
     modules = [(label, mod)]
     if args.search != "none":
         # the graph the search chooses (its candidates measured with the kernels tuned so far)
         # and the original, so tuned baselines stay fair
         args.tuning_db = args.work_dir if (Path(args.work_dir) / RECORDS).exists() else None
-        searched = _searched(args, from_relax(mod), target)
-        assert searched is not None and searched.graph is not None
+        _connect(args)
+        try:
+            searched = _plan(args, mod, f"searching {label}")
+        finally:
+            if args.remote is not None:
+                args.remote.close()
+                args.remote = None
+        assert searched.graph is not None
         modules.insert(0, (f"{label} as the {args.search} search rewrote it",
                            to_relax(searched.graph)))
     tuned = {}
     for what, m in modules:
         _say(f"tuning {what} ({args.kernels} kernels)")
         tuned[what] = tune(m, target, args.work_dir, args.trials, kernels=args.kernels,
-                           max_tasks=args.max_tasks, check=False, log=_say)
+                           max_tasks=args.max_tasks, log=_say, rpc=rpc)
     # which faster kernels to apply: decided by running every model tuned here end to end
+    _connect(args)
     check = check_models([m for _, m in modules], target, args.work_dir, kernels=args.kernels,
-                         schedule=args.schedule, cores=args.threads, log=_say)
+                         schedule=args.schedule, cores=args.threads, log=_say,
+                         remote=args.remote)
     for what, results in tuned.items():
         for r in results:
             r.applied = r.key in check.kept
@@ -428,14 +545,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    choices = SCHEDULES
     schedules = args.schedules.split(",") if args.schedules else list(ALGORITHMS)
-    unknown = [s for s in schedules if s not in choices]
+    unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown:
-        raise ParagraphError(f"unknown schedule(s) {unknown}; choose from {list(choices)}")
+        raise ParagraphError(f"unknown schedule(s) {unknown}; choose from {list(SCHEDULES)}")
     _say(f"benchmarking {label}")
     target = _target(args)
-    searched = _searched(args, from_relax(mod), target)
+    searched = None
+    if args.search != "none":
+        searched = _plan(args, mod, f"searching {label}")
     result = benchmark(mod, schedules=schedules, repeat=args.repeat, target=target,
                        tuning_db=args.tuning_db, seed=args.seed, model=args.model, log=_say,
                        kernels=args.kernels, ios=_ios_options(args), cores=args.threads,
@@ -469,7 +587,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     else:
         mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                                 input_shapes=parse_shapes(args.input_shape))
-        if _target(args).kind.name != "llvm":
+        if not is_cpu(_target(args)):
             raise ParagraphError("paragraph inspect records kernel timelines on the CPU "
                                  "executor; use --target cpu")
         plan = _plan(args, mod, f"lowering and compiling {label}, {args.kernels} kernels")
@@ -531,8 +649,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--input-shape", action="append", metavar="NAME:D1,D2,...",
                        help="static shape for a dynamic model input (repeatable)")
         p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-        p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
-                       help="device to compile for and run on (default cpu)")
+        p.add_argument("--target", default="cpu", metavar="TARGET",
+                       help="what to compile for, as tvm.target.Target takes it: a kind "
+                       "(llvm, cuda), a tag (nvidia/nvidia-h100) or the JSON form "
+                       "('{\"kind\": \"llvm\", \"mcpu\": \"znver4\"}'); cpu (this CPU) "
+                       "and cuda (the visible GPU) are shorthands. Default cpu")
         p.add_argument("--threads", type=_positive, default=None,
                        help="CPU cores to use (default: all this process may use)")
         if tuning_db:
@@ -583,12 +704,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="critical-path: do not split lone convolutions across the streams "
                        "(by default it does where the split program measures faster)")
 
-    def rpc_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--rpc", metavar="HOST:PORT:KEY",
-                       help="compile for the device registered under KEY with the TVM RPC "
-                       "tracker at HOST:PORT (a server started with `python -m "
-                       "paragraph.tvm_interop.meter.remote`) and measure there: kernels, IOS's "
-                       "stages, the search's kernel signatures and whole runs")
+    def rpc_option(p: argparse.ArgumentParser, what: str = "kernels, IOS's stages, the "
+                   "search's kernel signatures and whole runs") -> None:
+        g = p.add_argument_group("measuring on another device (TVM RPC)")
+        g.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                       help="the TVM RPC tracker; with --rpc-key: compile for that device and "
+                       f"measure there ({what}). The device runs a server started with "
+                       "`python -m paragraph.tvm_interop.meter.remote --tracker HOST:PORT "
+                       "--key KEY`")
+        g.add_argument("--rpc-key", metavar="KEY",
+                       help="the key the device registered under with the tracker")
+        g.add_argument("--rpc", metavar="HOST:PORT:KEY",
+                       help="the same as --rpc-tracker HOST:PORT --rpc-key KEY")
 
     def search_options(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group("substitution search (AutoGraph; TASO/MetaFlow baselines)")
@@ -609,8 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="candidates built and timed per on-board round (default 20); 0: "
                        "no on-board loop, the cheapest graph by the cost is kept unconfirmed, "
                        "as TASO does (fast, and it may run slower than the input)")
-        g.add_argument("--search-budget", type=float, default=300.0, metavar="SECONDS",
-                       help="seconds for the whole search, builds included (default 300)")
+        g.add_argument("--search-budget", type=float, default=BUDGET_S, metavar="SECONDS",
+                       help="seconds for the whole search, builds included (default "
+                       f"{BUDGET_S:g})")
 
     p = sub.add_parser("run", help="import a model, round-trip it through paragraph's graph, "
                        "compile it, check outputs and time it on the parallel executor (or "
@@ -619,6 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_options(p, default=None)
     search_options(p)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
+    p.add_argument("--inputs", metavar="NPZ", help="the model's inputs from a .npz file, by "
+                   "input name (or in order: arr_0, arr_1, ...); default seeded random inputs")
+    p.add_argument("--outputs", metavar="NPZ", help="write the outputs to a .npz file "
+                   "(output_0, output_1, ...)")
     p.add_argument("--json", metavar="FILE", help="write the result (latency, outputs check, "
                    "schedule, planner report, machine) as JSON")
     rpc_option(p)
@@ -665,6 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "fastest set is applied, none unless it beats the untuned model "
                    "(default critical-path, as `run`)")
     search_options(p)
+    rpc_option(p, "MetaSchedule's trials, the tuned kernels against the untuned ones, and the "
+               "model check")
     p.add_argument("--json", metavar="FILE", help="write each tuned kernel's trials, "
                    "untuned/tuned latency and verdicts, and the model check, as JSON")
     p.set_defaults(func=cmd_tune)
@@ -702,10 +836,9 @@ def _positive(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``paragraph`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    if getattr(args, "kernels", "") is None:  # the fastest source this machine has
-        args.kernels = ("tvm" if args.command == "tune" else
-                        default_kernels(args.target, getattr(args, "tuning_db", None)))
     try:
+        if getattr(args, "kernels", "") is None:  # the fastest source the target has
+            args.kernels = "tvm" if args.command == "tune" else _default_kernels(args)
         return args.func(args)
     except ParagraphError as e:
         print(f"\nparagraph: error: {e}", file=sys.stderr)

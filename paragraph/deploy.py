@@ -1,21 +1,21 @@
 """Build, run, export and load: `paragraph.build` -> `ParallelExecutable` -> one file ->
 `paragraph.load`.
 
-`build` takes a Relax module (or a model any importer reads), optionally searches its graph with
-the verified rules (`paragraph.planner.search_plan`, AutoGraph alg. 1), lowers and compiles its
-kernels (`KernelProgram`), plans a schedule (`paragraph.planner.plan_schedule`) and returns a
-`ParallelExecutable`: the program, the schedule, the memory plan the executor uses and the
-planner's report. ``export_library`` writes all of it as one file
-(`paragraph.tvm_interop.build.artifact`) that `load` runs in another process with the same schedule.
-A module that the `paragraph.transform.InterOperatorSchedule` pass produced (lowered, with its
-schedule attached to ``main``) builds under that schedule without planning again.
+`build` takes a Relax module (or a model any importer reads) through the one compile path
+(`paragraph.planner.compile`: import, optionally the substitution search with the verified rules,
+build, plan a schedule) and returns a `ParallelExecutable`: the program, the schedule, the
+memory plan the executor uses and the planner's report. ``export_library`` writes all of it as
+one file (`paragraph.tvm_interop.build.artifact`) that `load` runs in another process with the
+same schedule. A module that the `paragraph.transform.InterOperatorSchedule` pass produced
+(lowered, with its schedule attached to ``main``) builds under that schedule without planning
+again.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +25,17 @@ from tvm import relax
 
 from paragraph.errors import InputError
 from paragraph.inputs import sample_inputs
+from paragraph.passes.ios import IOSOptions
 from paragraph.passes.search import SearchOptions
-from paragraph.planner import Plan, plan_schedule, search_plan
+from paragraph.planner import CompileOptions, Plan, PlanReport, compile
+from paragraph.progress import Log
 from paragraph.schedule import Schedule
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop.build.artifact import read_artifact, write_artifact
-from paragraph.tvm_interop.build.lowering import resolve_target
-from paragraph.tvm_interop.build.program import (
-    attached_schedule,
-    build_program,
-    lowered_info,
-    program_from_lowered,
-)
-from paragraph.tvm_interop.frontend.importers import load as import_model
-from paragraph.tvm_interop.frontend.relax_graph import from_relax
+from paragraph.tvm_interop.meter.protocol import Meter
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, CUDAExecutor, make_executor
-from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
 from paragraph.tvm_interop.runtime.program import KernelProgram
-
-Log = Callable[[str], None]
 
 
 class ParallelExecutable:
@@ -58,14 +49,22 @@ class ParallelExecutable:
     """
 
     def __init__(self, program: KernelProgram, schedule: Schedule, *,
-                 memory: MemoryPlan | None = None, report: Mapping[str, Any] | None = None,
+                 memory: MemoryPlan | None = None,
+                 report: PlanReport | Mapping[str, Any] | None = None,
                  manifest: Mapping[str, Any] | None = None) -> None:
         schedule.validate(program.graph)
         self.program, self.schedule = program, schedule
         self.memory = memory or plan_memory(program.graph, schedule)
+        if isinstance(report, PlanReport):
+            report = report.to_json()
         self.report: dict[str, Any] = json.loads(json.dumps(dict(report or {}), default=str))
         self.manifest = dict(manifest or {})
         self._executor: CPUExecutor | CUDAExecutor | None = None
+
+    @classmethod
+    def of(cls, plan: Plan) -> ParallelExecutable:
+        """The executable of a planner's `Plan` (its report as JSON values)."""
+        return cls(plan.program, plan.schedule, report=plan.report)
 
     # -- what it takes and gives
     @property
@@ -147,45 +146,29 @@ class ParallelExecutable:
 
 
 def build(mod: Any, target: tvm.target.Target | str | None = None, *,
-          kernels: str | None = None, schedule: str = "critical-path", search: str = "none",
-          cost: str | None = None, beta: float | None = None, search_budget: float = 120.0,
-          top_k: int = 20, tuning_db: str | os.PathLike | None = None,
-          cores: int | None = None, split: bool = True, rules: Sequence[Any] | None = None,
-          log: Log | None = None) -> ParallelExecutable:
-    """Compile ``mod`` for ``target`` (this CPU by default) into a `ParallelExecutable`.
+          kernels: str | None = None, schedule: str | None = None,
+          search: str | SearchOptions | None = None,
+          tuning_db: str | os.PathLike[str] | None = None, cores: int | None = None,
+          split: bool = True, ios: IOSOptions | None = None,
+          rules: Sequence[Any] | None = None,
+          input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+          log: Log | None = None, remote: Meter | None = None) -> ParallelExecutable:
+    """Compile ``mod`` for ``target`` (this CPU by default) into a `ParallelExecutable`:
+    `paragraph.planner.compile` with these options (`paragraph.planner.CompileOptions`).
 
-    ``mod`` is a Relax IRModule (or an ONNX file, torch program, anything
-    `paragraph.tvm_interop.frontend.importers.load` takes). ``kernels`` is the kernel source
-    (tvm, vendor or auto; default the fastest available here, `default_kernels`); ``schedule``
-    any of `paragraph.planner.SCHEDULES` (critical-path measures kernels, cached);
-    ``search`` one of none, greedy, taso, autograph with its ``cost``, ``beta``,
-    ``search_budget`` (seconds), ``top_k`` and ``rules`` (default: the shipped verified
-    library). A module lowered by the ``InterOperatorSchedule`` pass keeps its schedule.
-    ``log`` receives progress lines."""
-    tgt = resolve_target(target)
-    tuning = None if tuning_db is None else str(tuning_db)
-    if not isinstance(mod, tvm.IRModule):
-        mod = import_model(mod)
-    if lowered_info(mod) is not None:  # already lowered (and maybe scheduled) by our passes
-        program = program_from_lowered(mod, tgt)
-        attached = attached_schedule(mod, program)
-        if attached is not None:
-            return ParallelExecutable(program, attached, report={"schedule": attached.name})
-        return _executable(plan_schedule(schedule, program, tuning_db=tuning, cores=cores,
-                                         log=log, split=split))
-    kernels = kernels or default_kernels(tgt.kind.name, tuning)
-    if search != "none":
-        options = SearchOptions.of(search, cost, beta, search_budget)
-        return _executable(search_plan(from_relax(mod), tgt, options=options,
-                                       schedule=schedule, kernels=kernels, tuning_db=tuning,
-                                       top_k=top_k, cores=cores, rules=rules, log=log))
-    program = build_program(mod, tgt, tuning_db=tuning, kernels=kernels)
-    return _executable(plan_schedule(schedule, program, tuning_db=tuning, cores=cores, log=log,
-                                     split=split))
-
-
-def _executable(plan: Plan) -> ParallelExecutable:
-    return ParallelExecutable(plan.program, plan.schedule, report=plan.report)
+    ``mod`` is a Relax IRModule, an ONNX file, a torch program or module (anything
+    `paragraph.tvm_interop.frontend.importers.load` takes; ``input_shapes`` fixes dynamic
+    input dimensions). ``kernels`` is the kernel source (tvm, vendor or auto; default the
+    fastest where the program runs); ``schedule`` any of `paragraph.planner.SCHEDULES`
+    (default critical-path, which measures kernels, cached); ``search`` a method name (none,
+    greedy, taso, autograph) or `SearchOptions` (default: no search); ``rules`` the search's
+    rules (default: the shipped verified library). A module lowered by the
+    ``InterOperatorSchedule`` pass keeps its schedule. Progress goes to ``log`` (default: the
+    ``paragraph`` logger, `paragraph.progress`); ``remote`` measures on a device behind TVM's
+    RPC tracker (`paragraph.tvm_interop.meter.remote.Remote`)."""
+    options = CompileOptions(target, kernels, schedule, SearchOptions.of(search), tuning_db,
+                             cores, split, ios or IOSOptions(), rules, input_shapes)
+    return ParallelExecutable.of(compile(mod, options, log=log, remote=remote))
 
 
 def load(path: str | os.PathLike, device: tvm.runtime.Device | None = None

@@ -8,10 +8,10 @@ import gc
 import os
 import platform
 import time
-from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from paragraph.progress import Log
 from paragraph.version import __version__
 
 _PROCESS_CPUS: list[frozenset[int]] = []
@@ -174,7 +174,7 @@ def release_memory() -> None:
         pass
 
 
-def wait_for_quiet_cores(log: Callable[[str], None], wait_s: float = 120.0) -> dict[str, float]:
+def wait_for_quiet_cores(log: Log, wait_s: float = 120.0) -> dict[str, float]:
     """The contention (`cpu_contention` over 2 s) once other processes leave the cores free,
     waiting up to ``wait_s`` and saying so through ``log``; the last sample either way."""
     deadline = time.monotonic() + wait_s

@@ -14,6 +14,19 @@ import numpy as np
 
 from paragraph.errors import ParagraphError
 
+# How much faster a choice must time than the one it would replace to count as faster, not
+# noise: every choice made by measurement uses it (the planner's schedules and rewrites, the
+# search's candidates, tuned kernels, the C++ kernels' forms and the PyTorch kernels' variants).
+# Two timings of one program side by side on the shared 2-core host differ by about 1%
+# (`benchmarks/noise.py`, results in benchmarks/results/noise-cpu.json).
+MARGIN = 0.01
+
+
+def clearly_faster(new_s: float, old_s: float, margin: float = MARGIN) -> bool:
+    """Whether ``new_s`` beats ``old_s`` by more than ``margin`` (`MARGIN`): on a tie the
+    choice already made (the plainer schedule, the incumbent, the first form) stands."""
+    return new_s < old_s * (1 - margin)
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -83,7 +96,7 @@ def time_after_pauses(configs: Sequence[Config], blocks: int, block: int = 10,
 
 
 def time_round_robin(configs: Sequence[Config], repeat: int, warmup: int = 2, settle: int = 1,
-                     progress: Callable[[int], None] | None = None) -> None:
+                     progress: Callable[[int], object] | None = None) -> None:
     """Warm every configuration up, then time ``repeat`` rounds of one run each, after
     ``settle`` untimed runs of the same configuration: the timed run sees that configuration's
     steady state (switching torch's process-wide thread count between configurations drops

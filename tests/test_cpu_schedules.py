@@ -11,8 +11,8 @@ from tvm import relax, tirx
 
 from paragraph import models
 from paragraph.tvm_interop.build.cpu_schedules import default_schedules
-from paragraph.tvm_interop.build.lowering import resolve_target
 from paragraph.tvm_interop.build.program import build_program
+from paragraph.tvm_interop.runtime.target import resolve_target
 
 TARGET = resolve_target("cpu")
 

@@ -28,7 +28,6 @@ from paragraph.passes.schedule import (
 )
 from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop import compiled, native, random_inputs, threads
-from paragraph.tvm_interop.build.lowering import is_gpu, resolve_target
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.device import kernel_costs
 from paragraph.tvm_interop.runtime.executor import (
@@ -41,6 +40,7 @@ from paragraph.tvm_interop.runtime.executor import (
 from paragraph.tvm_interop.runtime.memory import check_memory_plan, plan_memory, vm_planned_bytes
 from paragraph.tvm_interop.runtime.native import SPIN_NS
 from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.target import is_gpu, resolve_target
 from paragraph.tvm_interop.runtime.threads import acquire_workers, release_workers, stream_cores
 from paragraph.tvm_interop.runtime.vm import run_vm
 

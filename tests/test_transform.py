@@ -17,7 +17,8 @@ import paragraph
 from paragraph import models
 from paragraph.errors import ParagraphError
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
-from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.runtime.target import local_cpu_target
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,9 @@ from paragraph.tvm_interop.measure.device import SETTLE_RUNS
 from paragraph.tvm_interop.runtime.executor import gpu_available, make_executor
 from paragraph.tvm_interop.runtime.library.names import VendorOp, cost_name
 from paragraph.tvm_interop.runtime.library.torch_kernels import bind, ensure_registered
+from paragraph.tvm_interop.runtime.target import local_cpu_target
 from paragraph.tvm_interop.runtime.threads import config_threads
-from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 torch = pytest.importorskip("torch")
 
@@ -1061,7 +1062,7 @@ def test_cli_verbs_take_the_kernel_source(capsys, tmp_path):
 def test_cuda_dispatch_compiles_here(monkeypatch):
     """The CUDA form of the pass (NCHW, float16 allowed, no weight packing) and a CUDA build of
     its result, without a GPU; without a CUDA PyTorch the pass keeps TVM's kernels."""
-    from paragraph.tvm_interop.build.lowering import CUDA_COMPILE_ONLY
+    from paragraph.tvm_interop.runtime.target import CUDA_COMPILE_ONLY
 
     target = tvm.target.Target(CUDA_COMPILE_ONLY)
     mod, _ = CONVS["conv_stride2_bn_residual_relu"]
@@ -1103,8 +1104,9 @@ def test_the_vm_module_keeps_every_kernel_of_the_graph(where, monkeypatch):
     then missing from the VM's module. `build_pipeline` (what paragraph compiles a lowered
     module with) keeps every kernel of the graph, on a CPU and for CUDA (compiled here without
     a GPU), and the program links."""
-    from paragraph.tvm_interop.build.lowering import CUDA_COMPILE_ONLY, build_pipeline
+    from paragraph.tvm_interop.build.lowering import build_pipeline
     from paragraph.tvm_interop.frontend.relax_graph import to_relax
+    from paragraph.tvm_interop.runtime.target import CUDA_COMPILE_ONLY
 
     if where == "cuda" and not torch.cuda.is_available():
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # compile only
@@ -1132,7 +1134,7 @@ def test_randwire_compiles_for_cuda_with_tvm_kernels():
     """dlight's GEMV rule failed with a bare AssertionError on one of RandWire's kernels (TVM
     0.27), so `--target cuda --kernels tvm` crashed while lowering: rules that fail now decline
     the kernel and the next rule schedules it. Compiled here without a GPU."""
-    from paragraph.tvm_interop.build.lowering import CUDA_COMPILE_ONLY
+    from paragraph.tvm_interop.runtime.target import CUDA_COMPILE_ONLY
 
     program = build_program(models.get("randwire", reduced=True),
                                   tvm.target.Target(CUDA_COMPILE_ONLY), kernels="tvm")

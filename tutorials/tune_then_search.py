@@ -21,7 +21,7 @@ import numpy as np
 
 import paragraph
 from paragraph import models
-from paragraph.tvm_interop.runtime.vm import local_cpu_target
+from paragraph.tvm_interop.runtime.target import local_cpu_target
 from paragraph.tvm_interop.tune.metaschedule import format_summary, tune
 
 

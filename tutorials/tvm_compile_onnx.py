@@ -24,7 +24,8 @@ from tvm import relax
 
 import paragraph
 from paragraph.timing import time_calls
-from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.runtime.target import local_cpu_target
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 
 def inception_block_onnx(path: Path, channels: int) -> None:

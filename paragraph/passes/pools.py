@@ -13,9 +13,8 @@ not slower, as AutoGraph confirms its substitutions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from paragraph.graph import Graph
+from paragraph.progress import Log
 from paragraph.rules.library import default_library
 from paragraph.rules.match import apply_match
 from paragraph.rules.parametric import PoolAfterConv
@@ -23,7 +22,7 @@ from paragraph.rules.parametric import PoolAfterConv
 RULE_ID = "pool-after-conv1x1"
 
 
-def pools_after_convs(graph: Graph, *, log: Callable[[str], None] | None = None
+def pools_after_convs(graph: Graph, *, log: Log | None = None
                       ) -> tuple[Graph, list[str]]:
     """``graph`` (an operator graph, NCHW) with every average pool that feeds only a narrowing
     1 x 1 convolution moved after it (`RULE_ID`); also what was moved, as ``"<rule id>:

@@ -31,13 +31,13 @@ import networkx as nx
 
 from paragraph.errors import GraphError, ParagraphError
 from paragraph.graph import Graph, Node, TensorRef
-from paragraph.passes.cost import CostFn
+from paragraph.passes.cost import COSTS, CostFn
+from paragraph.progress import Log
 from paragraph.progress import Progress as Bar
 from paragraph.rules.match import AnyRule, apply_match, find_matches, kind_index
 
 SIZE_L, SIZE_U = 40, 120  # AutoGraph's partition thresholds
 METHODS = ("none", "greedy", "taso", "autograph")
-Progress = Callable[[str], object]
 
 
 @dataclass(frozen=True)
@@ -384,38 +384,59 @@ def dp(part: Partition, piece_cost: Callable[[tuple[int, int]], float]) -> DPRes
 
 
 # ---------------------------------------------------------------------------- one call
+# the search's budget everywhere (the CLI, `paragraph.build`, the passes): whole searches,
+# candidate builds and timing included
+BUDGET_S = 120.0
+
+
 @dataclass(frozen=True)
 class SearchOptions:
-    """How to search: the method, its cost, beta, the partition sizes and the budgets."""
+    """How to search, one set of defaults everywhere: the method; its cost and beta (unset: the
+    method's paper's, TASO's sum cost and alpha 1.05 for "taso", AutoGraph's mixed cost and
+    beta 1.1 otherwise); the whole search's ``budget`` in seconds (candidate builds and
+    timing included); the on-board loop's ``top_k`` candidates built and timed a round and
+    its ``rounds`` (AutoGraph alg. 1; ``top_k`` 0: no loop, the cheapest graph by the cost is
+    kept unconfirmed, as TASO does); the partition sizes, expansions and the alternatives
+    kept per piece. Bad values raise `ParagraphError`."""
 
     method: str = "autograph"
-    cost: str = "mixed"
-    beta: float = 1.1
+    cost: str = ""  # "": the method's paper's
+    beta: float = 0.0  # 0: the method's paper's
+    budget: float = BUDGET_S
+    top_k: int = 20
+    rounds: int = 4
     size_l: int = SIZE_L
     size_u: int = SIZE_U
     expansions: int = 2000
-    seconds: float = 120.0
     keep: int = 3  # candidates kept per piece (alternatives for the on-board loop)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"unknown search {self.method!r}; choose from "
-                             f"{', '.join(METHODS)}")
+            raise ParagraphError(f"unknown search {self.method!r}; choose from "
+                                 f"{', '.join(METHODS)}")
+        taso = self.method == "taso"
+        # the method's defaults filled in: a value, not a promise to look them up later
+        object.__setattr__(self, "cost", self.cost or ("sum" if taso else "mixed"))
+        object.__setattr__(self, "beta", self.beta or (1.05 if taso else 1.1))
+        if self.cost not in COSTS:
+            raise ParagraphError(f"unknown cost {self.cost!r}; choose from {', '.join(COSTS)}")
         if self.beta < 1.0:
-            raise ValueError(f"beta {self.beta} < 1: the search could not keep its best graph")
+            raise ParagraphError(f"beta {self.beta} < 1: the search could not keep its best "
+                                 "graph")
+        if self.budget <= 0:
+            raise ParagraphError(f"the search budget must be positive, got {self.budget}")
+        if self.top_k < 0:
+            raise ParagraphError(f"top_k must be at least 0, got {self.top_k}")
 
     @classmethod
-    def of(cls, method: str, cost: str | None = None, beta: float | None = None,
-           seconds: float = 120.0) -> SearchOptions:
-        """The options of ``method`` with the papers' defaults where ``cost``/``beta`` are
-        None: TASO's sum cost and alpha 1.05 for "taso", AutoGraph's mixed cost and beta 1.1
-        otherwise; `ParagraphError` for a bad value."""
-        taso = method == "taso"
-        try:
-            return cls(method=method, cost=cost or ("sum" if taso else "mixed"),
-                       beta=beta or (1.05 if taso else 1.1), seconds=seconds)
-        except ValueError as e:
-            raise ParagraphError(str(e)) from None
+    def of(cls, search: str | SearchOptions | None) -> SearchOptions | None:
+        """``search`` as options: a method name (its defaults), options as they are, or None
+        (and "none") for no search."""
+        if search is None or search == "none":
+            return None
+        if isinstance(search, SearchOptions):
+            return None if search.method == "none" else search
+        return cls(method=search)
 
 
 @dataclass(frozen=True)
@@ -432,7 +453,7 @@ class SearchResult:
 
 def search(graph: Graph, rules: Sequence[AnyRule], cost: CostFn,
            options: SearchOptions = SearchOptions(), *,
-           progress: Progress | None = None) -> SearchResult:
+           progress: Log | None = None) -> SearchResult:
     """Optimise ``graph`` with the library ``rules`` under ``cost``: ``greedy`` (whole graph),
     ``taso`` (backtracking on each minimal piece in turn), ``autograph`` (backtracking on the
     candidate pieces, DP over partition sequences, alternatives kept for the on-board loop).
@@ -440,7 +461,7 @@ def search(graph: Graph, rules: Sequence[AnyRule], cost: CostFn,
     say = progress or (lambda _msg: None)
     start = time.perf_counter()
     before = cost(graph)
-    budget = Budget(options.expansions, options.seconds)
+    budget = Budget(options.expansions, options.budget)
     stats: dict[str, float] = {}
     if options.method == "none" or not graph.operators:
         return SearchResult(graph, before, before, (), (Candidate(before, graph),), stats)

@@ -13,11 +13,10 @@ hand-off cost a little); whether the split program runs faster is then measured 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from paragraph.dag import lone
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph, Node
+from paragraph.progress import Log
 from paragraph.rules.library import default_library
 from paragraph.rules.parametric import SplitConv
 from paragraph.schedule import kernel_ids, producers
@@ -41,7 +40,7 @@ def split_rule(parts: int) -> SplitConv:
 
 
 def split_lone_convs(graph: Graph, parts: int, *, min_share: float = MIN_SHARE,
-                     log: Callable[[str], None] | None = None) -> tuple[Graph, list[str]]:
+                     log: Log | None = None) -> tuple[Graph, list[str]]:
     """``graph`` (an operator graph, NCHW) with every lone convolution of at least
     ``min_share`` of the convolution FLOPs split into ``parts`` along its output channels
     (`split_rule`); also what was split, as ``"<rule id>: <convolution name>"``."""

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from paragraph.progress import Log
 from paragraph.rules.match import usable
 from paragraph.rules.rule import (
     PInput,
@@ -852,7 +853,7 @@ class Report:
 
 
 def run_domain(domain_name: str, k: int, rlimit: int = 500_000, gen_rlimit: int = 300_000,
-               log: Callable[[str], None] = print) -> Report:
+               log: Log = print) -> Report:
     """Generate, test, prune and verify the substitutions of one domain (stages 1-5).
 
     Common-subgraph pruning is decided before z3 runs (to save its time) and applied after:
@@ -925,13 +926,13 @@ def run_domain(domain_name: str, k: int, rlimit: int = 500_000, gen_rlimit: int 
     return report
 
 
-def _run_domain_job(args: tuple[str, int, int, Callable[[str], None] | None]) -> Report:
+def _run_domain_job(args: tuple[str, int, int, Log | None]) -> Report:
     name, k, rlimit, log = args
     return run_domain(name, k, rlimit, log=log or print)
 
 
 def generate(k: int = 3, domains: Sequence[str] = ("matrix", "image"), workers: int = 2,
-             rlimit: int = 500_000, log: Callable[[str], None] = print) -> Report:
+             rlimit: int = 500_000, log: Log = print) -> Report:
     """TASO's generator over every domain (one process per domain, up to ``workers``).
 
     Returns the combined report: per-stage counts summed over domains (the time of a stage is

@@ -18,7 +18,7 @@ import json
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from paragraph.errors import RuleLibraryError
 from paragraph.files import atomic_write_bytes
+from paragraph.progress import Log
 from paragraph.rules.generator import generate
 from paragraph.rules.match import AnyRule, both_directions
 from paragraph.rules.parametric import (
@@ -179,7 +180,7 @@ def default_library() -> Library:
 
 # ---------------------------------------------------------------------------- build, verify
 def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
+                  log: Log = print) -> dict[str, Any]:
     """Run the generator, prove the parametric rules, and write the library file.
 
     Returns the file's metadata (generator settings, stage counts, rule counts).
@@ -208,7 +209,7 @@ def build_library(k: int = 3, out: str | Path | None = None, workers: int = 2,
 
 
 def _prove_all(rules: Sequence[ParametricRule], path: Path,
-               log: Callable[[str], None]) -> list[tuple[ParametricRule, dict[str, Any]]]:
+               log: Log) -> list[tuple[ParametricRule, dict[str, Any]]]:
     """Each parametric rule with its proof record; refuses (`RuleLibraryError`, nothing
     written) if one does not verify."""
     proved = []
@@ -223,7 +224,7 @@ def _prove_all(rules: Sequence[ParametricRule], path: Path,
 
 
 def prove_parametric(path: str | Path | None = None,
-                     log: Callable[[str], None] = print) -> dict[str, Any]:
+                     log: Log = print) -> dict[str, Any]:
     """Re-prove every parametric rule paragraph ships and rewrite their entries in the library
     file (the generated rules are kept as they are; a new parametric rule is added, a retired
     one dropped): what a change to `paragraph.rules.parametric` needs, without the minutes
@@ -240,7 +241,7 @@ def prove_parametric(path: str | Path | None = None,
 
 
 def reprove_library(path: str | Path | None = None,
-                    log: Callable[[str], None] = print) -> dict[str, Any]:
+                    log: Log = print) -> dict[str, Any]:
     """Re-prove every rule of a library file with z3 (no proof cache) and re-check it
     numerically on shapes drawn to break equalities (`random_check`), then rewrite the file:
     what a change to the axioms or the verifier needs, without re-running the generator. A
@@ -298,7 +299,7 @@ def _verify_share(path: str, share: Sequence[int], use_cache: bool) -> list[tupl
 
 
 def verify_library(path: str | Path | None = None, use_cache: bool = True,
-                   log: Callable[[str], None] = print, workers: int = 1) -> dict[str, str]:
+                   log: Log = print, workers: int = 1) -> dict[str, str]:
     """Re-prove every rule of a library with z3 and check it numerically; maps rule ids to
     ``"ok"`` or what failed. ``workers`` > 1 proves the pattern rules in that many fresh
     processes (each z3 context of its own), interleaved so each gets easy and hard ones."""

@@ -42,9 +42,9 @@ from paragraph.rules.library import default_library
 from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop.build.program import program_info, with_program_info, program_from_lowered
 from paragraph.tvm_interop.runtime.program import KernelProgram
-from paragraph.tvm_interop.build.lowering import default_device, is_gpu
+from paragraph.tvm_interop.runtime.target import default_device, is_gpu
 from paragraph.tvm_interop.runtime.memory import Block, MemoryPlan, check_memory_plan
-from paragraph.tvm_interop.runtime.vm import local_cpu_target
+from paragraph.tvm_interop.runtime.target import local_cpu_target
 from paragraph.version import __version__
 
 FORMAT, VERSION = "paragraph-artifact", 1

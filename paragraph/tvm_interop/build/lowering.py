@@ -34,36 +34,7 @@ from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.build.tuning_db import applied_dir
 from paragraph.tvm_interop.runtime.library.names import cost_name, is_vendor_name, vendor_flops
 from paragraph.tvm_interop.runtime.program import Once
-from paragraph.tvm_interop.runtime.vm import local_cpu_target
-
-# a GPU target that compiles here without a GPU (nvcc is present); H100/H200 are sm_90
-CUDA_COMPILE_ONLY = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
-                     "max_threads_per_block": 1024}
-
-
-def resolve_target(target: tvm.target.Target | str | dict | None) -> tvm.target.Target:
-    """``None``/"cpu"/"llvm" -> this machine's CPU; "cuda"/"gpu" -> the visible GPU (or sm_90
-    for compiling without one); anything else goes to ``tvm.target.Target``."""
-    if target is None or target in ("cpu", "llvm"):
-        return local_cpu_target()
-    if target in ("cuda", "gpu"):
-        dev = tvm.cuda(0)
-        if dev.exist:
-            return tvm.target.Target.from_device(dev)
-        return tvm.target.Target(CUDA_COMPILE_ONLY)
-    if isinstance(target, tvm.target.Target):
-        return target
-    return tvm.target.Target(target)
-
-
-def is_gpu(target: tvm.target.Target) -> bool:
-    return target.kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
-
-
-def default_device(target: tvm.target.Target) -> tvm.runtime.Device:
-    """The device a program for ``target`` runs on unless told otherwise: GPU 0, or the CPU."""
-    return tvm.cuda(0) if is_gpu(target) else tvm.cpu(0)
-
+from paragraph.tvm_interop.runtime.target import default_device, is_cpu, is_gpu, resolve_target
 
 Dispatch = Callable[[tvm.IRModule], tvm.IRModule]  # chooses kernel sources (vendor calls)
 
@@ -189,7 +160,7 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
             rest.append(relax.transform.MetaScheduleApplyDatabase(str(applied_dir(tuning_db))))
     if is_gpu(target):
         rest.append(gpu_schedules())
-    elif target.kind.name == "llvm":  # pools fused and vectorised (cpu_schedules)
+    elif is_cpu(target):  # pools fused and vectorised (cpu_schedules)
         rest.append(default_schedules())
     rest += [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()]
     constants: dict[int, object] = {}

@@ -19,21 +19,14 @@ from paragraph.graph import Graph
 from paragraph.inputs import IndexRange, index_ranges
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop.build.compiled import compiled_kernels
-from paragraph.tvm_interop.build.lowering import (
-    Dispatch,
-    build_pipeline,
-    default_device,
-    is_gpu,
-    kernel_graph,
-    lower_tracked,
-    resolve_target,
-    slices_as_views,
-)
+from paragraph.tvm_interop.build.lowering import Dispatch, build_pipeline, kernel_graph, lower_tracked, slices_as_views
+from paragraph.tvm_interop.runtime.target import default_device, is_gpu, resolve_target
 from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor
 from paragraph.tvm_interop.runtime.library.names import check_kernel_source, is_vendor_name
 from paragraph.tvm_interop.runtime.library.torch_kernels import ensure_registered
 from paragraph.tvm_interop.build.select import choose_fastest
 from paragraph.tvm_interop.runtime.program import KernelProgram, Once
+from paragraph.tvm_interop.runtime.target import is_cpu
 
 
 def build_program(mod: tvm.IRModule | Graph, target: tvm.target.Target | str | None = None, *,
@@ -155,7 +148,7 @@ def _shares_kernels(target: tvm.target.Target) -> bool:
     """Whether programs for ``target`` take their TVM kernels from `compiled_kernels`: on a
     CPU; a GPU program keeps one module of its own (host and device code), which no GPU
     here could check the shared path against."""
-    return target.kind.name == "llvm"
+    return is_cpu(target)
 
 
 def _lower(mod: tvm.IRModule | Graph, target: tvm.target.Target, device: tvm.runtime.Device,
@@ -181,6 +174,8 @@ def _lower(mod: tvm.IRModule | Graph, target: tvm.target.Target, device: tvm.run
 # ---------------------------------------------------------------------------- lowered programs
 PROGRAM_ATTR = "paragraph.program"  # ``main``'s attribute: how to rebuild the kernel graph
 SCHEDULE_ATTR = "paragraph.schedule"  # ``main``'s attribute: a `Schedule` of that graph (JSON)
+REWRITES_ATTR = "paragraph.rewrites"  # ``main``'s attribute: rule ids a graph search applied
+SEARCH_ATTR = "paragraph.search"  # ``main``'s attribute: the search's report (JSON)
 
 
 def program_info(program: KernelProgram) -> dict:
@@ -241,6 +236,17 @@ def _main_attr(mod: tvm.IRModule, key: str) -> str | None:
         if gv.name_hint == "main" and func.attrs is not None and key in func.attrs:
             return str(func.attrs[key])
     return None
+
+
+def module_rewrites(mod: tvm.IRModule) -> tuple[str, ...]:
+    """The library rules (by id) that a graph search applied to ``mod`` (``main``'s
+    `REWRITES_ATTR`, set by `paragraph.transform.GraphSubstitution`), for reports and
+    tolerances of the programs built from it."""
+    text = None
+    for gv, func in mod.functions_items():
+        if gv.name_hint == "main" and func.attrs is not None and REWRITES_ATTR in func.attrs:
+            text = func.attrs[REWRITES_ATTR]
+    return () if text is None else tuple(str(r) for r in text)
 
 
 def lowered_info(mod: tvm.IRModule) -> dict | None:

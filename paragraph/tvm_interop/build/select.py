@@ -24,6 +24,8 @@ from paragraph.tvm_interop.build.dispatch import (
     undispatch,
     vendor_calls,
 )
+from paragraph.tvm_interop.runtime.target import is_cpu
+from paragraph.progress import Log
 
 if TYPE_CHECKING:  # programs are built above this module (see `choose_fastest`)
     from paragraph.tvm_interop.runtime.program import KernelProgram
@@ -34,7 +36,7 @@ Build = Callable[[tvm.IRModule], "KernelProgram"]
 
 def choose_fastest(mod: tvm.IRModule, target: tvm.target.Target, *, build: Build,
                    tuning_db: str | None = None, db: CostDB | None = None, repeat: int = 5,
-                   log: Callable[[str], None] | None = None) -> tvm.IRModule:
+                   log: Log | None = None) -> tvm.IRModule:
     """Keep each vendor call of ``mod`` only where it beats TVM's kernel for the same maths.
 
     Every distinct call (function name and argument types) is built twice into one probe
@@ -67,11 +69,11 @@ def choose_fastest(mod: tvm.IRModule, target: tvm.target.Target, *, build: Build
 
 def _probe_costs(probe: tvm.IRModule, target: tvm.target.Target, source: str,
                  tuning_db: str | None, db: CostDB, repeat: int, build: Build,
-                 log: Callable[[str], None] | None) -> list[float]:
+                 log: Log | None) -> list[float]:
     """Seconds of each output of ``probe``: the sum of the kernels it needs (cached, or built
     once and timed one kernel at a time)."""
     graph = kernel_graph(lower(probe, target, tuning_db))
-    threads = int(target.attrs.get("num-cores", cpu_count())) if target.kind.name == "llvm" else 1
+    threads = int(target.attrs.get("num-cores", cpu_count())) if is_cpu(target) else 1
     tuning = tuning_id(tuning_db)
 
     def key(k: int):
@@ -93,7 +95,7 @@ def _probe_costs(probe: tvm.IRModule, target: tvm.target.Target, source: str,
         # the model gives it (an index that a reused buffer left as floats would crash a take)
         executor = make_executor(program, schedule, use_cuda_graph=False,
                                  plan=no_reuse_plan(program.graph))
-        sync = None if target.kind.name == "llvm" else program.device.sync
+        sync = None if is_cpu(target) else program.device.sync
         try:
             executor.run(*[t.numpy() for t in executor.inputs], copy_outputs=False)
             for k in missing:

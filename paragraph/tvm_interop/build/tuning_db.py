@@ -86,3 +86,17 @@ def write_applied(work_dir: str | os.PathLike[str], apply: Mapping[str, bool],
     atomic_write_bytes(out / RECORDS, b"".join(records))
     applied = sum(1 for v in apply.values() if v)
     return applied, len(apply) - applied
+
+
+def read_json(path: Path) -> dict:
+    """A JSON file of the work directory, or {} where it is missing or torn."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def read_state(work: Path) -> dict:
+    """Each tuned kernel's trials, times and verdicts (``paragraph-tune.json``); if lost, it is
+    rebuilt: trials are counted in the database."""
+    return read_json(work / STATE_FILE)

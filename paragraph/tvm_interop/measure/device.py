@@ -26,6 +26,7 @@ import numpy as np
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph, Node
 from paragraph.machine import LoadWatch
+from paragraph.progress import Log
 from paragraph.schedule import bytes_moved
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
@@ -35,6 +36,7 @@ from paragraph.tvm_interop.runtime.library.native import timing_kernels
 
 if TYPE_CHECKING:  # steps are the executor's; measuring them needs no executor
     from paragraph.tvm_interop.runtime.executor import Step
+from paragraph.tvm_interop.runtime.target import is_cpu
 from paragraph.tvm_interop.runtime.threads import (
     acquire_workers,
     config_threads,
@@ -300,12 +302,12 @@ def estimate_seconds(graph: Graph, node: Node, peaks: Peaks) -> float:
 
 def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
                  repeat: int = 10, warmup: int | None = None, tuning: str = "",
-                 threads: int | None = None, progress: bool = False) -> dict[int, float]:
+                 threads: int | None = None, log: Log | None = None) -> dict[int, float]:
     """Seconds per kernel of an executor's program with ``threads`` threads: cached, else
     measured in model order with `time_in_sequence` (and cached), or with ``measure=False``
-    estimated from FLOPs and bytes. Views cost nothing. ``warmup`` runs of the sequence come
-    first (default: `SETTLE_RUNS` where the program has vendor kernels, which time their forms
-    in their first calls, else 2)."""
+    estimated from FLOPs and bytes (``log`` hears when it measures). Views cost nothing.
+    ``warmup`` runs of the sequence come first (default: `SETTLE_RUNS` where the program has
+    vendor kernels, which time their forms in their first calls, else 2)."""
     graph, program = executor.graph, executor.program
     if warmup is None:
         warmup = SETTLE_RUNS if uses_vendor(program.sources()) else 2
@@ -313,7 +315,7 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
     threads = threads or executor.schedule.threads[0]
     kernels = [k for k in executor.schedule.kernels if graph[k].kind == "kernel"]
     costs: dict[int, float] = dict.fromkeys(executor.schedule.kernels, 0.0)
-    on_cpu = program.target.kind.name == "llvm"
+    on_cpu = is_cpu(program.target)
     protocol = IN_SEQUENCE if on_cpu else IN_GRAPH
     keys = {k: kernel_key(target, graph[k], tuning, threads, protocol) for k in kernels}
     cached = {k: db.get(keys[k]) if db is not None else None for k in kernels}
@@ -322,9 +324,8 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
         cached = {k: estimate_seconds(graph, graph[k], peaks) if v is None else v
                   for k, v in cached.items()}
     if None in cached.values():
-        if progress:
-            print(f"  timing {len(kernels)} kernels in model order, {repeat} runs ...",
-                  flush=True)
+        if log is not None:
+            log(f"  timing {len(kernels)} kernels in model order, {repeat} runs ...")
         order = [k for k in graph.topological_order() if k in keys]
         with LoadWatch() as watch:
             if on_cpu:  # vendor kernels bound for ``threads``: the executor's may be for another

@@ -10,10 +10,11 @@ device's target and cores (`Remote.target`), and times whole programs there: eac
 under its schedule becomes a one-file artifact (`paragraph.tvm_interop.build.artifact`), uploaded
 into the session's work directory, loaded by the server and run side by side with the others
 in blocks (`paragraph.timing.time_in_blocks`) on the parallel executor, outputs compared with
-the first program's on the same inputs. `Remote.kernel_times` times a program's kernels there
-(critical-path's kernel costs, the search's kernel signatures), and `Remote.open_stages` /
-`Remote.stage` IOS's stages: the program is uploaded once, and each stage, named by its
-kernel ids and strategy, is timed there by IOS's protocol (`paragraph.tvm_interop.meter.stages`).
+the first program's on the same inputs. `Remote` is a `Meter`
+(`paragraph.tvm_interop.meter.protocol`): `Remote.kernel_times` times a program's kernels there
+(critical-path's kernel costs, the search's kernel signatures) and `Remote.stage_timer` IOS's
+stages: the program is uploaded once, and each stage, named by its kernel ids and strategy, is
+timed there by IOS's protocol (`paragraph.tvm_interop.meter.stages`).
 TVM's RPC gives whoever reaches the server full remote code execution: run it only on a
 trusted network (TVM's own warning).
 """
@@ -44,15 +45,25 @@ from paragraph.machine import cpu_count, describe_machine
 from paragraph.outputs import max_difference
 from paragraph.passes.ios import IOSOptions
 from paragraph.passes.schedule import sequential
+from paragraph.progress import Log
 from paragraph.schedule import Schedule
 from paragraph.timing import Config, time_in_blocks
 from paragraph.tvm_interop.build.artifact import read_artifact, write_artifact
-from paragraph.tvm_interop.measure.device import kernel_costs, measure_handoff
-from paragraph.tvm_interop.meter.stages import Groups, StageMeter, sequence_seconds
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.measure.device import (
+    Peaks,
+    kernel_costs,
+    measure_cpu_peaks,
+    measure_handoff,
+)
+from paragraph.tvm_interop.meter.protocol import Groups
+from paragraph.tvm_interop.meter.runs import require_equal
+from paragraph.tvm_interop.meter.stages import LocalStages, sequence_seconds
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.memory import plan_memory
 from paragraph.tvm_interop.runtime.program import KernelProgram
-from paragraph.tvm_interop.runtime.vm import local_cpu_target, run_vm
+from paragraph.tvm_interop.runtime.target import local_cpu_target
+from paragraph.tvm_interop.runtime.vm import run_vm
 
 PREFIX = "paragraph.rpc."
 
@@ -115,32 +126,31 @@ def _kernels(name: str, threads: str) -> str:
     return json.dumps([{str(k): v for k, v in c.items()} for c in costs])
 
 
-# IOS stage meters of this session's uploaded programs, by artifact name (a session is one
+# IOS stage timers of this session's uploaded programs, by artifact name (a session is one
 # server process: TVM's RPC server forks one per client)
-_METERS: dict[str, StageMeter] = {}
+_TIMERS: dict[str, LocalStages] = {}
 
 
 def _stages_open(name: str, protocol: str, seq_threads: int) -> str:
     """Load an uploaded program to time its stages (`_stage`) by ``protocol`` (JSON
     `IOSOptions` fields)."""
     art = read_artifact(_workpath(name))
-    _METERS[name] = StageMeter(art.program, IOSOptions(**json.loads(protocol)),
-                               seq_threads=seq_threads)
+    _TIMERS[name] = LocalStages(art.program, IOSOptions(**json.loads(protocol)), seq_threads)
     return name
 
 
 def _stage(name: str, groups: str, strategy: str) -> float:
     """Seconds of one run of a stage (JSON kernel-id groups) of an opened program."""
-    if name not in _METERS:
-        raise ParagraphError(f"no stage meter {name!r} is open in this session")
-    return _METERS[name].measure(tuple(tuple(int(k) for k in g) for g in json.loads(groups)),
+    if name not in _TIMERS:
+        raise ParagraphError(f"no stage timer {name!r} is open in this session")
+    return _TIMERS[name].measure(tuple(tuple(int(k) for k in g) for g in json.loads(groups)),
                                  strategy)
 
 
 def _stages_close(name: str) -> None:
-    meter = _METERS.pop(name, None)
-    if meter is not None:
-        meter.close()
+    timer = _TIMERS.pop(name, None)
+    if timer is not None:
+        timer.close()
 
 
 def _sequence(name: str, protocol: str, threads: int) -> float:
@@ -229,9 +239,18 @@ class Remote:
                                  f"paragraph.tvm_interop.meter.remote`): {e}") from None
         self.target = tvm.target.Target(info["target"])
         self.cores = int(info["cores"])
+        self.db: CostDB | None = None  # what the device measures is not this machine's
+        self.tuning = ""
         self.machine: dict[str, Any] = info["machine"]
         self.vm_difference = float("nan")  # of the last `time`
         self._names = itertools.count()  # uploaded files are named apart
+
+    @classmethod
+    def device_target(cls, address: str, timeout: float = 60.0) -> tvm.target.Target:
+        """The target of the device behind ``address`` (``HOST:PORT:KEY``), from a session
+        held only as long as it takes to ask."""
+        with cls(address, timeout) as remote:
+            return remote.target
 
     def _call(self, name: str, *args: Any) -> Any:
         return self.session.get_function(PREFIX + name)(*args)
@@ -259,38 +278,50 @@ class Remote:
     def _name(self, what: str) -> str:
         return f"{what}{next(self._names)}-{os.getpid()}.paragraph"
 
-    def kernel_times(self, program: KernelProgram, schedule: Schedule,
-                     threads: int | Sequence[int] = 1) -> Any:
-        """Seconds per kernel (``{node id: seconds}``) of ``program`` on the remote device on
-        ``threads`` threads (one upload for a list of thread counts: a list of dicts)."""
-        name = self._name("kernels")
-        self._upload(program, schedule, name)
-        counts = [threads] if isinstance(threads, int) else list(threads)
-        out = [{int(k): float(v) for k, v in c.items()} for c in
-               json.loads(str(self._call("kernels", name, json.dumps(counts))))]
-        return out[0] if isinstance(threads, int) else out
+    def runs(self, candidates: Sequence[tuple[KernelProgram, Schedule]], *, repeat: int = 6,
+             warmup: int = 2, block: int = 5, check: bool = False,
+             fresh: bool = False) -> list[float]:
+        """Median seconds of whole runs of each candidate side by side on the device (`time`;
+        always fresh: nothing is cached); with ``check`` their outputs there must agree."""
+        seconds, diffs = self.time(candidates, blocks=max(3, repeat), block=max(1, block))
+        if check:
+            require_equal(candidates, diffs, f" on {self.describe()}")
+        return seconds
 
-    def open_stages(self, program: KernelProgram, options: IOSOptions, seq_threads: int) -> str:
-        """Upload ``program`` to time its IOS stages there (`stage`) with ``options``'
-        protocol; returns the session's name for it (`close_stages` frees it)."""
+    def kernel_times(self, program: KernelProgram, threads: Sequence[int], *,
+                     fill: bool = False, log: Log | None = None) -> list[dict[int, float]]:
+        """Seconds per kernel (``{node id: seconds}``) of ``program`` on the device on each of
+        ``threads`` threads, in model order, after one run on sample inputs (always: one
+        upload for every thread count)."""
+        name = self._name("kernels")
+        self._upload(program, sequential(program.graph, cores=threads[0]), name)
+        return [{int(k): float(v) for k, v in c.items()} for c in
+                json.loads(str(self._call("kernels", name, json.dumps(list(threads)))))]
+
+    def stage_timer(self, program: KernelProgram, options: IOSOptions,
+                    seq_threads: int) -> RemoteStages:
+        """Upload ``program`` to time its IOS stages there with ``options``' protocol."""
         name = self._name("stages")
         self._upload(program, sequential(program.graph), name)
-        return str(self._call("stages_open", name, _protocol(options), seq_threads))
+        return RemoteStages(self, str(self._call("stages_open", name, _protocol(options),
+                                                 seq_threads)))
 
-    def stage(self, session: str, groups: Groups, strategy: str) -> float:
-        """Seconds of one run of a stage (kernel ids) of an `open_stages` program there."""
-        return float(self._call("stage", session, json.dumps(groups), strategy))
-
-    def close_stages(self, session: str) -> None:
-        if self.session is not None:
-            self._call("stages_close", session)
-
-    def time_sequence(self, program: KernelProgram, threads: int, options: IOSOptions) -> float:
+    def sequence_seconds(self, program: KernelProgram, threads: int,
+                         options: IOSOptions) -> float:
         """Seconds of ``program``'s kernels in sequence on ``threads`` threads there, by the
         stage protocol (IOS's merged-convolution stage, built here)."""
         name = self._name("sequence")
         self._upload(program, sequential(program.graph, cores=threads), name)
         return float(self._call("sequence", name, _protocol(options), threads))
+
+    def peaks(self, target: tvm.target.Target) -> Peaks:
+        """This machine's peak rates (cached in its cost database): the cost model's estimate
+        for kernels left unmeasured is the only thing not measured on the device."""
+        db = CostDB()
+        try:
+            return measure_cpu_peaks(db, "cpu")
+        finally:
+            db.close()
 
     def close(self) -> None:
         """End the session (the server takes the next client)."""
@@ -302,7 +333,7 @@ class Remote:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def handoff(self) -> float:
+    def handoff(self, target: tvm.target.Target | None = None) -> float:
         """Seconds for one worker thread to hand a result to another on the device."""
         return float(self._call("handoff"))
 
@@ -310,6 +341,21 @@ class Remote:
         """One line: the device behind the tracker."""
         return (f"{self.key} at {self.address.rsplit(':', 1)[0]}: {self.machine.get('cpu', '?')}"
                 f", {self.cores} cores")
+
+
+class RemoteStages:
+    """An uploaded program's IOS stages, timed on the device (a `StageTimer`)."""
+
+    def __init__(self, remote: Remote, name: str) -> None:
+        self.remote, self.name = remote, name
+
+    def measure(self, groups: Groups, strategy: str) -> float:
+        """Seconds of one run of a stage (kernel ids) there."""
+        return float(self.remote._call("stage", self.name, json.dumps(groups), strategy))
+
+    def close(self) -> None:
+        if self.remote.session is not None:
+            self.remote._call("stages_close", self.name)
 
 
 def _protocol(options: IOSOptions) -> str:

@@ -12,35 +12,28 @@ makes: an index tensor is in range), and its kernels timed in sequence on one th
 transposes the vendor path adds at the edges of a graph of one convolution are not the kernel's:
 in a whole model they happen once, so they are left out. The result is cached in the cost
 database by signature, so a kernel is measured once per machine, kernel source, tuning database
-and thread count, and every later search starts knowing it. With a ``remote``
-(`paragraph.tvm_interop.meter.remote.Remote`) each kernel is built here for the remote target and
-timed there (`Remote.kernel_times`, both thread counts in one upload), uncached: the cost
-database is this machine's.
+and thread count, and every later search starts knowing it. The kernels are timed by a `Meter`:
+with a remote one each kernel is built here for the remote target and timed there (both thread
+counts in one upload), uncached: the cost database is this machine's.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
 from paragraph.graph import Graph
-from paragraph.inputs import sample_inputs
 from paragraph.machine import LoadWatch
 from paragraph.passes.cost import Kernel
-from paragraph.passes.schedule import sequential
 from paragraph.passes.search import extract
-from paragraph.progress import Progress
+from paragraph.progress import Log, Progress
 from paragraph.timing import Timing
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import tuning_id
 from paragraph.tvm_interop.frontend.relax_graph import to_relax
-from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
-from paragraph.tvm_interop.measure.device import kernel_costs, vendor_tag
-from paragraph.tvm_interop.runtime.executor import make_executor
-
-if TYPE_CHECKING:
-    from paragraph.tvm_interop.meter.remote import Remote
+from paragraph.tvm_interop.measure.costdb import CostKey
+from paragraph.tvm_interop.measure.device import vendor_tag
+from paragraph.tvm_interop.meter.protocol import Meter
 
 SIGNATURE_PROTOCOL = "signature/v3"  # bump when what a signature's seconds mean changes
 # v2: TVM's CPU pools and transposes are scheduled (`cpu_schedules`), 2-4x faster in a model
@@ -52,13 +45,12 @@ class SignatureMeter:
     """Seconds of kernels by signature on one target with one kernel source: from the cost
     database, else measured (`measure`) and stored there."""
 
-    def __init__(self, target, kernels: str = "tvm", db: CostDB | None = None,
-                 tuning_db: str | None = None, threads: int = 1,
-                 remote: Remote | None = None) -> None:
+    def __init__(self, target, kernels: str, meter: Meter, tuning_db: str | None = None,
+                 threads: int = 1) -> None:
         self.target = target
         self.kernels = kernels
-        self.remote = remote
-        self.db = db if remote is None else None  # remote timings are not this machine's
+        self.meter = meter
+        self.db = meter.db
         self.tuning_db = tuning_db
         self.tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
         self.threads = threads  # the wide timing's threads (1: one-thread timings only)
@@ -97,19 +89,8 @@ class SignatureMeter:
                                 and "permute_dims" not in own))
 
         counts = [1, self.threads] if self.threads > 1 else [1]
-        watch = LoadWatch()  # what the remote device does is not seen here
-        if self.remote is not None:  # the server fills every buffer by a run first, too
-            times = self.remote.kernel_times(program, sequential(program.graph, cores=1),
-                                             counts)
-        else:
-            with make_executor(program, sequential(program.graph, cores=1),
-                               use_cuda_graph=False) as ex:
-                # every buffer filled by a real run before timing (indices within their tables)
-                ex.run(*sample_inputs([piece[i].type for i in piece.inputs],
-                                      program.input_ranges))
-                with watch:
-                    times = [kernel_costs(ex, db=self.db, threads=t, tuning=self.tuning)
-                             for t in counts]
+        with LoadWatch() as watch:  # every buffer filled by a real run before timing
+            times = self.meter.kernel_times(program, counts, fill=True)
         seconds = own_seconds(times[0])
         if self.threads > 1:
             wide = own_seconds(times[1])
@@ -123,7 +104,7 @@ class SignatureMeter:
 
     def seconds(self, graph: Graph, kernels: Iterable[Kernel], *, measure: bool = True,
                 deadline: float | None = None,
-                progress: Callable[[str], object] | None = None
+                progress: Log | None = None
                 ) -> dict[str, tuple[Kernel, float]]:
         """Seconds of each distinct signature among ``kernels`` (operators of ``graph``):
         cached, else (``measure``, before ``deadline`` on `time.monotonic`) measured. Views

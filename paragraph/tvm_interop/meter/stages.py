@@ -1,23 +1,22 @@
 """IOS's stage meter: the latency of a stage of a `KernelProgram` (groups of kernels run
 concurrently, kernels in sequence on all threads, or convolutions merged by the verified rule
-``ios-merge-convs``) measured on the device with IOS's protocol, each distinct stage once,
-cached in the cost database. `paragraph.passes.ios.search` prices its stages with it. With a
-``remote`` (`paragraph.tvm_interop.meter.remote.Remote`) the stages run on that device: the program
-is uploaded once and each stage is timed there by the same protocol (a merged convolution is
-built here, for the remote target, and timed there), uncached: the cost database is this
-machine's."""
+``ios-merge-convs``) measured with IOS's protocol, each distinct stage once, cached in the cost
+database of its `Meter`. `paragraph.passes.ios.search` prices its stages with it. The stages
+themselves are timed by the meter's `StageTimer` (`LocalStages` here; on a remote device the
+program is uploaded once and each stage timed there); a merged convolution is built here and
+timed by the meter.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paragraph.errors import ParagraphError
 from paragraph.graph import GraphBuilder, TensorRef
-from paragraph.machine import LoadWatch, cpu_count
+from paragraph.machine import LoadWatch
 from paragraph.passes.ios import (
     CONCURRENT,
     MERGE,
@@ -32,16 +31,13 @@ from paragraph.rules.parametric import Unit
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import tuning_id
-from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+from paragraph.tvm_interop.measure.costdb import CostKey
 from paragraph.tvm_interop.measure.device import time_steps, vendor_tag
+from paragraph.tvm_interop.meter.protocol import Groups, Meter, StageTimer
 from paragraph.tvm_interop.runtime.executor import CUDAExecutor, cuda_check, cudart, make_executor
 from paragraph.tvm_interop.runtime.memory import no_reuse_plan
 from paragraph.tvm_interop.runtime.program import KernelProgram
-
-if TYPE_CHECKING:
-    from paragraph.tvm_interop.meter.remote import Remote
-
-Groups = tuple[tuple[int, ...], ...]
+from paragraph.tvm_interop.runtime.target import is_cpu
 
 # A measured stage may come out a little under the sum of its kernels measured alone (noise,
 # caches kept warm across a group): the bound is scaled down by this much to stay below it.
@@ -49,42 +45,27 @@ BOUND_SLACK = 0.9
 
 
 class StageMeter:
-    """Measures stages of a `KernelProgram` on its device; each distinct stage once, cached in
-    the cost database under a key made of its kernels' hashes and the strategy."""
+    """Measures stages of a `KernelProgram` with ``meter``; each distinct stage once, cached in
+    the meter's cost database under a key made of its kernels' hashes and the strategy."""
 
-    def __init__(self, program: KernelProgram, options: IOSOptions, db: CostDB | None = None,
-                 tuning_db: str | None = None, seq_threads: int | None = None,
-                 remote: Remote | None = None) -> None:
-        self.program, self.options, self.remote = program, options, remote
-        self.db = db if remote is None else None  # remote stages are not this machine's
+    def __init__(self, program: KernelProgram, options: IOSOptions, meter: Meter,
+                 tuning_db: str | None = None, seq_threads: int | None = None) -> None:
+        self.program, self.options, self.meter = program, options, meter
+        self.db = meter.db
         self.tuning_db = tuning_db
         self.tuning = tuning_id(tuning_db)  # cost keys name the tuned records, not the path
-        self.on_cpu = program.target.kind.name == "llvm"
-        local_cores = cpu_count() if remote is None else remote.cores
-        self.cores = (options.cores or local_cores) if self.on_cpu else 1
+        self.on_cpu = is_cpu(program.target)
+        self.cores = (options.cores or meter.cores) if self.on_cpu else 1
         self.seq_threads = seq_threads or self.cores  # threads of a sequential stage
         self.rule = merge_rule()
-        graph = program.graph
-        self.executor = None
-        self.session = ""
-        if remote is not None:  # the program goes there once; stages are named by kernel ids
-            self.session = remote.open_stages(program, options, self.seq_threads)
-        else:
-            self.executor = make_executor(program, sequential(graph), plan=no_reuse_plan(graph),
-                                          use_cuda_graph=False)
-            self.executor.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype)
-                                for i in graph.inputs], copy_outputs=False)  # load kernels
+        self.timer: StageTimer = meter.stage_timer(program, options, self.seq_threads)
         self.measured = 0
         self._overhead: float | None = None
         self._seconds: dict[tuple[Groups, str], float] = {}  # what `cost` returned
         self._units: dict[tuple[int, ...], list[Unit] | None] = {}  # what `units` returned
-        self._bound: dict[int, dict] = {}  # `_steps` per thread count
 
     def close(self) -> None:
-        if self.executor is not None:
-            self.executor.close()
-        elif self.remote is not None:
-            self.remote.close_stages(self.session)
+        self.timer.close()
 
     def key(self, groups: Groups, strategy: str) -> str:
         graph = self.program.graph
@@ -153,59 +134,11 @@ class StageMeter:
         return self.units(kernels) is not None
 
     def measure(self, groups: Groups, strategy: str) -> float:
-        """Seconds of one run of the stage, measured now (here or on the remote device)."""
+        """Seconds of one run of the stage, measured now (by the meter's timer; a merge is
+        built here and timed by the meter)."""
         if strategy == MERGE:
             return self._merged_cost(tuple(k for g in groups for k in g))
-        if self.remote is not None:
-            return self.remote.stage(self.session, groups, strategy)
-        assert self.executor is not None
-        if strategy == SEQUENTIAL:
-            steps = self._steps(self.seq_threads)
-            run = [[steps[k] for g in groups for k in g]]
-            threads = [self.seq_threads]
-        else:  # an empty stage (`overhead`) still goes to one worker and back
-            steps = self._steps(1)
-            run = [[steps[k] for k in g] for g in groups] or [[]]
-            threads = [1] * len(run)
-        if not self.on_cpu:
-            return self._measure_gpu(run)
-        return protocol_seconds(run, threads, self.options, fork_join=len(run) > 1)
-
-    def _steps(self, threads: int) -> dict:
-        """The meter's steps with vendor kernels on ``threads`` CPU threads, as a stage of
-        that strategy runs them (concurrent groups: one each, not the sequential binding's
-        every core), bound once per count."""
-        assert self.executor is not None
-        if not self.on_cpu:
-            return self.executor.steps
-        if threads not in self._bound:
-            self._bound[threads] = self.executor.steps_at(threads)
-        return self._bound[threads]
-
-    def _measure_gpu(self, run: list[list]) -> float:
-        """Groups issued on their own CUDA streams, timed between synchronisations."""
-        assert isinstance(self.executor, CUDAExecutor)  # off a CPU, the CUDA executor
-        rt, streams = cudart(), self.executor.streams
-        dev = self.program.device
-
-        def once() -> None:
-            for group, stream in zip(run, streams, strict=False):  # a stream per group
-                dev.set_raw_stream(int(stream))
-                for step in group:
-                    step.fn(*step.args)
-            for stream in streams[:len(run)]:
-                cuda_check(rt.cudaStreamSynchronize(stream))
-
-        return self._gpu_median(once)
-
-    def _gpu_median(self, once) -> float:
-        opts, dev = self.options, self.program.device
-        dev.sync()
-        try:
-            timing = time_calls(once, opts.repeat, opts.warmup, opts.number)
-        finally:
-            dev.set_raw_stream(0)
-        return timing.median_ms / 1e3
+        return self.timer.measure(groups, strategy)
 
     def _merged_cost(self, kernels: tuple[int, ...]) -> float:
         """Build the merged convolution alone (the merge rule applied to a copy of the
@@ -233,18 +166,77 @@ class StageMeter:
         merged, _ = apply_merges(self.rule, mini, [[(ids[c], tuple(ids[i] for i in chain))
                                                     for c, chain in units]])
         program = build_program(merged, self.program.target, device=self.program.device,
-                                      tuning_db=self.tuning_db,
-                                      kernels=self.program.kernel_source)
-        if self.remote is not None:
-            return self.remote.time_sequence(program, self.seq_threads, self.options)
-        if self.on_cpu:
-            return sequence_seconds(program, self.seq_threads, self.options)
-        with _kernel_steps(program, self.seq_threads) as steps:
-            def once() -> None:
-                for st in steps:
-                    st.fn(*st.args)
-                self.program.device.sync()
-            return self._gpu_median(once)
+                                tuning_db=self.tuning_db, kernels=self.program.kernel_source)
+        return self.meter.sequence_seconds(program, self.seq_threads, self.options)
+
+
+class LocalStages:
+    """Times stages of ``program`` here: an executor over it (every buffer kept apart, so any
+    groups can run at once) with its kernels bound per thread count."""
+
+    def __init__(self, program: KernelProgram, options: IOSOptions, seq_threads: int) -> None:
+        self.program, self.options, self.seq_threads = program, options, seq_threads
+        self.on_cpu = is_cpu(program.target)
+        graph = program.graph
+        self.executor = make_executor(program, sequential(graph), plan=no_reuse_plan(graph),
+                                      use_cuda_graph=False)
+        self.executor.run(*[np.zeros(graph[i].type.shape, graph[i].type.dtype)
+                            for i in graph.inputs], copy_outputs=False)  # load kernels
+        self._bound: dict[int, dict] = {}  # `_steps` per thread count
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def measure(self, groups: Groups, strategy: str) -> float:
+        """Seconds of one run of the stage, measured now."""
+        if strategy == SEQUENTIAL:
+            steps = self._steps(self.seq_threads)
+            run = [[steps[k] for g in groups for k in g]]
+            threads = [self.seq_threads]
+        else:  # an empty stage (`overhead`) still goes to one worker and back
+            steps = self._steps(1)
+            run = [[steps[k] for k in g] for g in groups] or [[]]
+            threads = [1] * len(run)
+        if not self.on_cpu:
+            return self._measure_gpu(run)
+        return protocol_seconds(run, threads, self.options, fork_join=len(run) > 1)
+
+    def _steps(self, threads: int) -> dict:
+        """The steps with vendor kernels on ``threads`` CPU threads, as a stage of that
+        strategy runs them (concurrent groups: one each, not the sequential binding's every
+        core), bound once per count."""
+        if not self.on_cpu:
+            return self.executor.steps
+        if threads not in self._bound:
+            self._bound[threads] = self.executor.steps_at(threads)
+        return self._bound[threads]
+
+    def _measure_gpu(self, run: list[list]) -> float:
+        """Groups issued on their own CUDA streams, timed between synchronisations."""
+        assert isinstance(self.executor, CUDAExecutor)  # off a CPU, the CUDA executor
+        rt, streams = cudart(), self.executor.streams
+        dev = self.program.device
+
+        def once() -> None:
+            for group, stream in zip(run, streams, strict=False):  # a stream per group
+                dev.set_raw_stream(int(stream))
+                for step in group:
+                    step.fn(*step.args)
+            for stream in streams[:len(run)]:
+                cuda_check(rt.cudaStreamSynchronize(stream))
+
+        return _gpu_median(once, self.program, self.options)
+
+
+def _gpu_median(once: Callable[[], None], program: KernelProgram, opts: IOSOptions) -> float:
+    """Median seconds of ``once`` on the program's GPU by the stage protocol."""
+    dev = program.device
+    dev.sync()
+    try:
+        timing = time_calls(once, opts.repeat, opts.warmup, opts.number)
+    finally:
+        dev.set_raw_stream(0)
+    return timing.median_ms / 1e3
 
 
 @contextmanager
@@ -280,6 +272,14 @@ def protocol_seconds(run: list[list], threads: list[int], options: IOSOptions,
 
 def sequence_seconds(program: KernelProgram, threads: int, options: IOSOptions) -> float:
     """Seconds of one run of all of ``program``'s kernels in sequence on ``threads`` CPU
-    threads, by the stage protocol (`protocol_seconds`): a merged convolution's stage."""
+    threads by the stage protocol (`protocol_seconds`), or on its GPU by the same protocol:
+    a merged convolution's stage."""
     with _kernel_steps(program, threads) as steps:
-        return protocol_seconds([steps], [threads], options)
+        if is_cpu(program.target):
+            return protocol_seconds([steps], [threads], options)
+
+        def once() -> None:
+            for st in steps:
+                st.fn(*st.args)
+            program.device.sync()
+        return _gpu_median(once, program, options)

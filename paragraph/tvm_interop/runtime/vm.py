@@ -10,19 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from paragraph.machine import cpu_count
-
-
-def local_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
-    """An LLVM target for this machine's CPU (its own ``mcpu``, all its cores by default).
-
-    Uses the JSON-dict form: MetaSchedule refuses string targets in TVM 0.27.
-    """
-    spec = {"kind": "llvm", "num-cores": num_cores or cpu_count()}
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
-    if cpu and tvm.target.codegen.llvm_is_valid_cpu(cpu, ""):
-        spec["mcpu"] = cpu
-    return tvm.target.Target(spec)
+from paragraph.tvm_interop.runtime.target import local_cpu_target
 
 
 def build_vm(mod: tvm.IRModule, target: tvm.target.Target | str | None = None,

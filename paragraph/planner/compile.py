@@ -1,0 +1,146 @@
+"""The one compile path: import -> search -> build -> plan.
+
+`compile` is what the CLI, `paragraph.build`, the passes and the benchmarks call: a model in
+(an ONNX file, a torch module, a Relax module, or a module our passes lowered), a `Plan` out.
+`CompileOptions` holds every choice with one set of defaults: the target, the kernel source, the
+schedule, the substitution search (`paragraph.passes.search.SearchOptions`, off by default),
+the tuning database, the cores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+
+from paragraph.errors import ParagraphError
+from paragraph.passes.ios import IOSOptions
+from paragraph.passes.search import SearchOptions
+from paragraph.planner.onboard import search_plan
+from paragraph.planner.plan import Plan, PlanReport
+from paragraph.planner.schedules import check_schedule, plan_schedule
+from paragraph.planner.session import Session
+from paragraph.progress import Log
+from paragraph.rules.match import AnyRule
+from paragraph.tvm_interop.build.program import (
+    attached_schedule,
+    lowered_info,
+    module_rewrites,
+    program_from_lowered,
+)
+from paragraph.tvm_interop.frontend.importers import load
+from paragraph.tvm_interop.frontend.relax_graph import from_relax
+from paragraph.tvm_interop.meter.protocol import Meter
+from paragraph.tvm_interop.runtime.library.names import check_kernel_source
+from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
+from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.target import runs_here
+
+# schedules that measure on the device (those that do not are the graph algorithms)
+MEASURED = ("critical-path", "ios")
+# what a target that neither runs here nor has a remote device gets instead of critical-path
+UNMEASURED_DEFAULT = "opara"
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How to compile, with one set of defaults everywhere.
+
+    ``target``: anything `paragraph.tvm_interop.runtime.target.resolve_target` takes (this CPU
+    by default). ``kernels``: tvm, vendor or auto (None: the fastest source where the program
+    runs, `default_kernels`; TVM's own for another machine). ``schedule``: a name of
+    `paragraph.planner.SCHEDULES` (None: critical-path where it can be measured, else
+    `UNMEASURED_DEFAULT`). ``search``: the substitution search (None: none). ``tuning_db``: a
+    MetaSchedule work directory to apply. ``cores``: the cores to plan for (default: all of
+    the device's). ``split``: let critical-path split lone convolutions. ``ios``: IOS's
+    options. ``rules``: the search's rules (default: the shipped verified library).
+    ``input_shapes``: static shapes for a model's dynamic inputs (importing only).
+    """
+
+    target: Any = None
+    kernels: str | None = None
+    schedule: str | None = None
+    search: SearchOptions | None = None
+    tuning_db: str | os.PathLike[str] | None = None
+    cores: int | None = None
+    split: bool = True
+    ios: IOSOptions = field(default_factory=IOSOptions)
+    rules: Sequence[AnyRule] | None = None
+    input_shapes: Mapping[str, tuple[int, ...]] | Sequence[tuple[int, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kernels is not None:
+            check_kernel_source(self.kernels)
+        if self.schedule is not None:
+            check_schedule(self.schedule)
+
+
+def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log | None = None,
+            remote: Meter | None = None, session: Session | None = None,
+            on_built: Callable[[KernelProgram], object] | None = None) -> Plan:
+    """``model`` imported, searched, built and planned as ``options`` say (module docstring).
+
+    A module that `paragraph.transform.InterOperatorSchedule` scheduled keeps its schedule;
+    one `paragraph.transform.KernelLowering` lowered is planned without lowering it again.
+    Measurements go through ``session`` (made here from ``options``, ``log`` and ``remote``,
+    a `paragraph.tvm_interop.meter.remote.Remote` to measure on, when None). ``on_built``
+    hears of the program as built, before it is planned (not for a searched model, whose
+    candidates are built by the search)."""
+    if session is None:
+        with Session(options.target, tuning_db=options.tuning_db, cores=options.cores,
+                     log=log, remote=remote) as own:
+            return compile(model, options, session=own, on_built=on_built)
+    mod = model if isinstance(model, tvm.IRModule) else load(model, options.input_shapes)
+    schedule = _schedule(options, session, remote_meter=remote is not None)
+    if lowered_info(mod) is not None:  # lowered (and maybe scheduled) by our passes
+        program = program_from_lowered(mod, session.target)
+        attached = attached_schedule(mod, program)
+        if attached is not None:
+            return Plan(program, attached, PlanReport(attached=attached.name))
+        if on_built is not None:
+            on_built(program)
+        return plan_schedule(schedule, program, session, ios=options.ios, split=options.split)
+    kernels = options.kernels or default_source(session, remote is not None)
+    if options.search is not None:
+        session.log(f"{options.search.method} substitution search ({options.search.cost} "
+                    f"cost, beta {options.search.beta}, budget {options.search.budget:.0f} s):")
+        return search_plan(from_relax(mod), session, options.search, schedule=schedule,
+                           kernels=kernels, rules=options.rules)
+    program = session.build(mod, kernels, module_rewrites(mod))
+    if on_built is not None:
+        on_built(program)
+    return plan_schedule(schedule, program, session, ios=options.ios, split=options.split)
+
+
+def default_source(session: Session, remote: bool = False) -> str:
+    """The kernel source a compile gets without one named: the fastest where programs for
+    the session's target run (`default_kernels`), TVM's own for another machine (the vendor
+    kernels are this machine's)."""
+    if not (remote or runs_here(session.target)):
+        return "tvm"
+    return default_kernels(session.target.kind.name, session.tuning_db)
+
+
+def _schedule(options: CompileOptions, session: Session, remote_meter: bool) -> str:
+    """The schedule to plan: ``options.schedule``, or critical-path where the target can be
+    measured (here, or on the remote device), else `UNMEASURED_DEFAULT`; a measured schedule
+    for a target that cannot be measured is an error naming the ways out."""
+    measurable = remote_meter or runs_here(session.target)
+    name = options.schedule
+    if name is None:
+        if measurable:
+            return "critical-path"
+        session.log(f"  {session.target.kind.name} target {session.target} does not run on "
+                    f"this machine: planning the {UNMEASURED_DEFAULT} schedule, which needs no "
+                    "measurement (give an RPC tracker to measure there)")
+        return UNMEASURED_DEFAULT
+    if not measurable and (name in MEASURED or name.startswith("ios-")):
+        raise ParagraphError(
+            f"the {name} schedule measures on the device, and programs for {session.target} "
+            "do not run on this machine: give an RPC tracker and key to measure there "
+            "(--rpc-tracker HOST:PORT --rpc-key KEY), or a schedule that needs no measurement "
+            "(sequential, wavefront, opara, nimble)")
+    return name
