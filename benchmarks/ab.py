@@ -47,12 +47,12 @@ from paragraph.files import atomic_write_json  # noqa: E402
 from paragraph.machine import cpu_contention, describe_machine, is_contended  # noqa: E402
 from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.passes.schedule import make_schedule  # noqa: E402
-from paragraph.planner import tolerance  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
 from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS  # noqa: E402
+from paragraph.tvm_interop.meter.runs import tolerance  # noqa: E402
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.runtime.library import native  # noqa: E402
 

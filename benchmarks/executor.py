@@ -32,9 +32,10 @@ from paragraph.bench import check_outputs, each_model, executor_config, format_t
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.passes.schedule import ALGORITHMS, make_schedule, sequential
-from paragraph.planner import plan_schedule, tolerance
+from paragraph.planner import Session, plan_schedule
 from paragraph.timing import time_in_blocks, time_round_robin
 from paragraph.tvm_interop.build.program import build_program
+from paragraph.tvm_interop.meter.runs import tolerance
 from paragraph.tvm_interop.runtime import native, random_inputs
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.target import resolve_target
@@ -154,8 +155,9 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
     on_gpu = program.device.dlpack_device_type() != tvm.cpu().dlpack_device_type()
     # every algorithm as `paragraph run --schedule` gives it (critical-path: measured costs,
     # and lone convolutions split across the streams where that runs faster)
+    session = Session(program.target, log=log)
     planned = [(plan.program, plan.schedule)
-               for plan in (plan_schedule(a, program, log=log) for a in ALGORITHMS)]
+               for plan in (plan_schedule(a, program, session) for a in ALGORITHMS)]
     two_streams: list[str] = []
     work = optimum = unsplit_optimum = 0.0
     split: list[str] = []
@@ -165,15 +167,19 @@ def bench_model(name: str, target, repeat: int, reduced: bool, log,
                                                       name="sequential-1thread")))
         two = [(program, make_schedule(a, program.graph, max_streams=2, cores=2))
                for a in ("opara", "nimble", "wavefront")]
-        chosen = plan_schedule("critical-path", program, cores=2)
-        unsplit = plan_schedule("critical-path", program, cores=2, split=False)
+        two_cores = Session(program.target, log=log, cores=2)
+        chosen = plan_schedule("critical-path", program, two_cores)
+        unsplit = plan_schedule("critical-path", program, two_cores, split=False)
+        two_cores.close()
         two.append((chosen.program, replace(chosen.schedule, name="critical-path/2")))
         split = list(chosen.program.rewrites)
         if split:  # the same planner on the model's own kernels, for comparison
             two.append((program, replace(unsplit.schedule, name="critical-path/2-unsplit")))
         # the bounds are over the model's own 1-thread work (what one stream runs)
-        work = unsplit.report["work_ms"]
-        optimum, unsplit_optimum = chosen.report["optimum_ms"], unsplit.report["optimum_ms"]
+        assert unsplit.report.critical_path and chosen.report.critical_path
+        work = unsplit.report.critical_path.work_ms
+        optimum = chosen.report.critical_path.optimum_ms
+        unsplit_optimum = unsplit.report.critical_path.optimum_ms
         planned += two
         two_streams = [f"executor:{s.name}" for _, s in two if s.num_streams == 2]
     configs = [vm, default]

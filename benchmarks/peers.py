@@ -62,13 +62,20 @@ from paragraph.machine import (  # noqa: E402
 )
 from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.passes.search import METHODS, SearchOptions  # noqa: E402
-from paragraph.planner import SETTLE_RUNS, plan_schedule, search_plan  # noqa: E402
+from paragraph.planner import (  # noqa: E402
+    CompileOptions,
+    Session,
+    compile,
+    plan_schedule,
+    search_plan,
+)
 from paragraph.timing import Config  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs  # noqa: E402
-from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
-from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 from paragraph.tvm_interop.frontend.importers import load  # noqa: E402
-from paragraph.tvm_interop.measure.device import CostDB  # noqa: E402
+from paragraph.tvm_interop.measure.device import (
+    SETTLE_RUNS,  # noqa: E402
+    CostDB,  # noqa: E402
+)
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.runtime.program import KernelProgram  # noqa: E402
 from paragraph.tvm_interop.runtime.threads import config_threads  # noqa: E402
@@ -359,8 +366,8 @@ def kernel_bound(program: KernelProgram, inputs: list[np.ndarray], runs: int = 1
 
 def _search_info(plan) -> dict:
     """What a row reports of the search behind ``plan``."""
-    return {k: plan.report["search"][k] for k in ("method", "cost", "rules", "seconds",
-                                                  "candidates_built")}
+    report = plan.report.search.to_json()
+    return {k: report[k] for k in ("method", "cost", "rules", "seconds", "candidates_built")}
 
 
 def bench_model(name: str, args, db: CostDB, log) -> dict:
@@ -368,10 +375,15 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="paragraph-peers-"))
     mod, onnx_bytes, torch_run = model_and_onnx(name, args.reduced, workdir)
     inputs = random_inputs(mod, seed=0)
-    target = resolve_target("cpu")
+    session = Session("cpu", db=db, log=log)
+    built: list = []
     start = time.perf_counter()
-    program = build_program(mod, target, kernels=args.kernels)
-    log(f"{name}: {len(program.kernels)} kernels ({program.sources()}) built in "
+    # paragraph's default plan through the one compile path (`paragraph.build`'s), then the
+    # other schedules on the program it built
+    default = compile(mod, CompileOptions(kernels=args.kernels), session=session,
+                      on_built=built.append)
+    program = built[0]
+    log(f"{name}: {len(program.kernels)} kernels ({program.sources()}) built and planned in "
         f"{time.perf_counter() - start:.0f} s")
     ort = ort_config(onnx_bytes, inputs, parallel=False)
     configs = [ort, ort_config(onnx_bytes, inputs, parallel=True),
@@ -385,16 +397,18 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     vm.run = vm_on_all_cores
     vm.info.update(runtime="tvm_vm", kernels=args.kernels)
     configs.append(vm)
-    plans = [(f"paragraph:{schedule}", plan_schedule(schedule, program, db=db))
+    plans = [(f"paragraph:{schedule}", default if schedule == "critical-path" else
+              plan_schedule(schedule, program, session))
              for schedule in args.schedules.split(",")]
     same_as: dict[str, str] = {}
     if args.search != "none":  # the graph the substitution search picks, critical-path
         start = time.perf_counter()
-        searched = search_plan(from_relax(mod), target, options=SearchOptions.of(
-            args.search, seconds=args.search_budget), kernels=args.kernels, db=db,
-            top_k=args.top_k, start=dict(plans).get("paragraph:critical-path"), log=log)
+        searched = search_plan(from_relax(mod), session, SearchOptions(
+            args.search, budget=args.search_budget, top_k=args.top_k), kernels=args.kernels,
+            start=dict(plans).get("paragraph:critical-path"))
+        assert searched.report.search is not None
         log(f"{name}: {args.search} search {time.perf_counter() - start:.0f} s, "
-            f"{len(searched.report['search']['rules'])} rewrites")
+            f"{len(searched.report.search.rules)} rewrites")
         plans.append((f"paragraph:{args.search}+critical-path", searched))
         # a search that kept its input runs the critical-path row's very program: that row's
         # timing stands for it, so the best row is not the luckier of two timings of one
@@ -408,7 +422,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         c = executor_config(plan.program, plan.schedule, inputs)
         c.name = config_name
         c.info.update(runtime="paragraph", kernels=args.kernels)
-        if plan.report.get("search"):
+        if plan.report.search is not None:
             c.info.update(search=_search_info(plan))
         configs.append(c)
     expected = [np.asarray(a) for a in ort.run()]

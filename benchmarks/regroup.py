@@ -44,7 +44,7 @@ from paragraph.machine import (  # noqa: E402
     wait_for_quiet_cores,
 )
 from paragraph.passes.schedule import make_schedule  # noqa: E402
-from paragraph.planner import plan_schedule  # noqa: E402
+from paragraph.planner import Session, plan_schedule  # noqa: E402
 from paragraph.rules import default_library  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax  # noqa: E402
 from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
@@ -121,7 +121,7 @@ def main() -> None:
                 ("sequential, 1 thread", program,
                  make_schedule("sequential", program.graph, cores=1))]
         if "split" in variant:  # the planner may split convolutions: its own program
-            plan = plan_schedule("critical-path", program, log=log)
+            plan = plan_schedule("critical-path", program, Session(program.target, log=log))
             runs.append(("critical-path", plan.program, plan.schedule))
         for label, prog, schedule in runs:
             c = executor_config(prog, schedule, inputs)

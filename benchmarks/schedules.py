@@ -26,10 +26,11 @@ from paragraph.bench import check_and_time, executor_config, vm_config
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.passes.ios import IOSOptions
-from paragraph.planner import plan_digest, plan_ios, plan_schedule
+from paragraph.planner import Session, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.meter.runs import plan_digest
 from paragraph.tvm_interop.runtime.target import resolve_target
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "randwire", "squeezenet1_1")
@@ -48,8 +49,9 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     expected = vm.run()
     configs = [vm]
     plans = {}  # config name -> what its run depends on (identical plans run the same)
+    session = Session(program.target, db=db, log=log)
     for h in HEURISTICS:  # critical-path: measured kernel times
-        plan = plan_schedule(h, program, db=db)  # critical-path may split
+        plan = plan_schedule(h, program, session)  # critical-path may split
         configs.append(executor_config(plan.program, plan.schedule, inputs))
         plans[configs[-1].name] = (plan_digest(plan.schedule) if plan.program is program
                                    else None)
@@ -59,12 +61,12 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
         options = IOSOptions(mode=mode, warmup=warmup, repeat=repeat, number=number,
                              budget_s=args.budget, progress=True)
         t = time.perf_counter()
-        result = plan_ios(program, options, db=db, log=log)
+        result = plan_ios(program, session, options)
+        assert result.report.ios is not None
         searches[f"ios-{mode}"] = {"search_s": time.perf_counter() - t,
                                    "cold_cost_db": mode == "both",
-                                   "summary": result.report["search"],
-                                   "predicted_ms": result.report["predicted_ms"]}
-        log(f"  ios-{mode}: {result.report['search']}")
+                                   "summary": result.report.ios.summary,
+                                   "predicted_ms": result.report.ios.predicted_ms}
         configs.append(executor_config(result.program, result.schedule, inputs))
         plans[configs[-1].name] = (plan_digest(result.schedule)
                                    if result.program is program else None)

@@ -54,10 +54,11 @@ from paragraph.machine import (
     wait_for_quiet_cores,
 )
 from paragraph.passes.search import SearchOptions
-from paragraph.planner import measure_signatures, plan_digest, plan_schedule, search_plan
+from paragraph.planner import Session, measure_signatures, plan_schedule, search_plan
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.meter.runs import plan_digest
 from paragraph.tvm_interop.runtime.target import resolve_target
 
 MODELS = ("nasnet_a_mobile", "resnext50_32x4d", "inception_v3", "resnet50", "nasnet_a_large",
@@ -106,15 +107,16 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
                                            name=label))
 
     inputs_planned = {}  # schedule -> the input's plan: each search starts from it
+    session = Session(target, db=db, log=log)
     for label, schedule in (("none+sequential", "sequential"), ("none+best", "critical-path")):
         # critical-path splits as searches do
-        inputs_planned[schedule] = plan_schedule(schedule, program, db=db)
+        inputs_planned[schedule] = plan_schedule(schedule, program, session)
         add(label, inputs_planned[schedule])
     # every search prices the input's kernels first: measured once here, timed apart, so no
     # configuration's budget goes on what all of them share (the first one's had, on a GPU)
     log(f"{name}: the input's kernel signatures")
     t = time.perf_counter()
-    signatures = measure_signatures(graph, target, kernels=args.kernels, db=db, log=log)
+    signatures = measure_signatures(graph, session, kernels=args.kernels)
     warmed = {"signatures_measured": signatures, "signatures_s": time.perf_counter() - t}
     searches = {}
     skipped: list[str] = []
@@ -126,11 +128,12 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
             continue
         log(f"{name}: {label}")
         t = time.perf_counter()
-        plan = search_plan(graph, target, options=SearchOptions(
-            method=method, cost=cost, beta=beta, seconds=args.budget), schedule=schedule,
-            kernels=args.kernels, top_k=args.top_k if loop else 0, db=db,
-            start=inputs_planned[schedule], log=log)
-        report = plan.report["search"]
+        plan = search_plan(graph, session, SearchOptions(
+            method=method, cost=cost or "", beta=beta or 0.0, budget=args.budget,
+            top_k=args.top_k if loop else 0), schedule=schedule, kernels=args.kernels,
+            start=inputs_planned[schedule])
+        assert plan.report.search is not None
+        report = plan.report.search.to_json()
         searches[label] = {"search_s": time.perf_counter() - t, "on_board_loop": loop,
                            "candidates_built": report["candidates_built"],
                            "build_failures": report["build_failures"],
@@ -146,7 +149,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
             if report["applied"]:
                 program = build_program(to_relax(plan.graph), target, kernels=args.kernels,
                                               rewrites=tuple(report["rules"]))
-                add("taso+sequential", plan_schedule("sequential", program, db=db))
+                add("taso+sequential", plan_schedule("sequential", program, session))
             else:
                 add("taso+sequential", inputs_planned["sequential"])
             searches["taso+sequential"] = {**searches[label], "search_s": 0.0,

@@ -44,12 +44,15 @@ from paragraph.machine import (  # noqa: E402
     wait_for_quiet_cores,
 )
 from paragraph.outputs import max_difference  # noqa: E402
-from paragraph.planner import SETTLE_RUNS, plan_schedule  # noqa: E402
+from paragraph.planner import Session, plan_schedule  # noqa: E402
 from paragraph.timing import Config, time_after_pauses, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
 from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
 from paragraph.tvm_interop.build.program import build_program  # noqa: E402
-from paragraph.tvm_interop.measure.device import CostDB  # noqa: E402
+from paragraph.tvm_interop.measure.device import (
+    SETTLE_RUNS,  # noqa: E402
+    CostDB,  # noqa: E402
+)
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "resnet50", "bert", "encoder")
 
@@ -70,7 +73,7 @@ def bench_model(name: str, args, db: CostDB, log) -> dict:
     mod, onnx_bytes, _ = model_and_onnx(name, args.reduced, workdir)
     inputs = random_inputs(mod, seed=0)
     program = build_program(mod, resolve_target("cpu"), kernels="vendor")
-    plan = plan_schedule("critical-path", program, db=db)
+    plan = plan_schedule("critical-path", program, Session(program.target, db=db))
     ort = ort_config(onnx_bytes, inputs, parallel=False)
     ours = executor_config(plan.program, plan.schedule, inputs)
     ours.name = "paragraph"

@@ -40,9 +40,9 @@ def child(name: str, pause_ms: float) -> dict:
     from peers import model_and_onnx  # benchmarks/ is on the path when run as a script
 
     from paragraph.bench import executor_config
-    from paragraph.planner import SETTLE_RUNS
     from paragraph.timing import time_after_pauses, time_in_blocks
     from paragraph.tvm_interop import random_inputs
+    from paragraph.tvm_interop.measure.device import SETTLE_RUNS
 
     mod, _, _ = model_and_onnx(name, False, Path(tempfile.mkdtemp(prefix="paragraph-team-")))
     exe = paragraph.build(mod, kernels="vendor")

@@ -28,10 +28,11 @@ from paragraph import models
 from paragraph.files import atomic_write_json
 from paragraph.machine import cpu_contention, describe_machine, is_contended, wait_for_quiet_cores
 from paragraph.outputs import max_difference
+from paragraph.planner import check_models
 from paragraph.timing import Config, time_in_blocks
 from paragraph.tvm_interop.build.tuning_db import RECORDS, STATE_FILE, write_applied
 from paragraph.tvm_interop.runtime.target import local_cpu_target
-from paragraph.tvm_interop.tune.metaschedule import check_models, tune
+from paragraph.tvm_interop.tune.metaschedule import tune
 
 
 def main() -> int:
@@ -45,7 +46,7 @@ def main() -> int:
     mod = models.get(args.model, reduced=True)
     work = Path(args.work_dir)
     if not (work / RECORDS).exists():
-        tune(mod, local_cpu_target(), work, args.trials, check=False)
+        tune(mod, local_cpu_target(), work, args.trials)
     wait_for_quiet_cores(print)
     check = check_models([mod], local_cpu_target(), work)
     state = json.loads((work / STATE_FILE).read_text())

@@ -31,6 +31,8 @@ from paragraph.version import __version__
 # The TVM-facing API loads TVM on first use, so `import paragraph` (the graph IR, rules and
 # algorithms) stays fast and works without TVM.
 _LAZY = {"build": "paragraph.deploy", "load": "paragraph.deploy",
+         "SearchOptions": "paragraph.passes.search", "compile": "paragraph.planner",
+         "CompileOptions": "paragraph.planner",
          "ParallelExecutable": "paragraph.deploy", "pipeline": "paragraph.transform",
          "register_pipelines": "paragraph.transform", "GraphSubstitution": "paragraph.transform",
          "KernelLowering": "paragraph.transform", "InterOperatorSchedule": "paragraph.transform"}

@@ -20,7 +20,7 @@ import paragraph
 from paragraph import models
 from paragraph.errors import InputError
 from paragraph.passes.ios import apply_merges, merge_rule
-from paragraph.planner import plan_schedule, split_program
+from paragraph.planner import Session, plan_schedule, split_program
 from paragraph.tvm_interop.build.artifact import ArtifactError, is_artifact, read_manifest
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
@@ -64,10 +64,11 @@ def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_pa
     resnext = models.get("resnext50_32x4d", reduced=True)
     merged = _merged(resnext)
     assert any(n.kind == "view" and "offset" in n.attrs for n in merged.graph.nodes)
-    split = split_program(build_program(squeezenet, "llvm", kernels="vendor"), 2)
+    with Session() as session:
+        split = split_program(build_program(squeezenet, "llvm", kernels="vendor"), 2, session)
     assert split is not None and any(r.startswith("split-conv") for r in split.rewrites)
-    searched = paragraph.build(squeezenet, kernels="vendor", search="greedy", search_budget=10,
-                               top_k=2)
+    searched = paragraph.build(squeezenet, kernels="vendor",
+                               search=paragraph.SearchOptions("greedy", budget=10, top_k=2))
     assert searched.report["search"]["method"] == "greedy"
     xr = random_inputs(resnext)
     cases = {  # name: (executable, input, expected output)

@@ -16,7 +16,7 @@ import pytest
 from paragraph.errors import InputError
 from paragraph.graph import GraphBuilder, TensorType
 from paragraph.inputs import IndexRange, check_index_ranges, index_ranges, sample_inputs
-from paragraph.planner import plan_schedule
+from paragraph.planner import Session, plan_schedule
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.importers import load
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
@@ -110,7 +110,7 @@ def test_encoder_runs_under_every_schedule(encoder_program, schedule, tmp_path):
     assert program.input_ranges[0].high == 1000  # the reduced vocabulary
     db = CostDB(tmp_path / "costs.sqlite")  # critical-path times its kernels afresh
     try:
-        plan = plan_schedule(schedule, program, db=db)
+        plan = plan_schedule(schedule, program, Session(db=db))
     finally:
         db.close()
     ids = sample_inputs([program.graph[i].type for i in program.graph.inputs],

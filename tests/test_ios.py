@@ -5,7 +5,7 @@ import random
 import sqlite3
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
 import networkx as nx
 import numpy as np
@@ -37,10 +37,11 @@ from paragraph.passes.ios import (
     schedule_part,
 )
 from paragraph.passes.schedule import sequential
-from paragraph.planner import plan_digest, plan_ios, plan_schedule
+from paragraph.planner import PlanReport, Session, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.meter.runs import plan_digest
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.vm import run_vm
 
@@ -253,31 +254,32 @@ def test_ios_search_end_to_end(mode, tmp_path):
     program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     db = CostDB(tmp_path / "costs.sqlite")
     opts = IOSOptions(mode=mode, warmup=1, repeat=2, number=1)
-    result = plan_ios(program, opts, db=db)
-    stats = result.report["stats"]
-    assert stats["stages_measured"] > 0 and not stats["budget_hit"]
+    result = plan_ios(program, Session(db=db), opts)
+    assert result.report.ios is not None
+    stats = result.report.ios.stats
+    assert stats.stages_measured > 0 and not stats.budget_hit
     strategies = set(result.schedule.info["strategies"])
     if mode == "parallel":
         assert MERGE not in strategies
     if mode == "merge":  # IOS-Merge: one kernel or one merged kernel per stage
-        assert all(len(groups) == 1 for groups, _, _ in result.report["stages"])
+        assert all(len(groups) == 1 for groups, _, _ in result.report.ios.stages)
     x = random_inputs(program.lowered)
     expected = run_vm(program.vm(), x)
     with make_executor(result.program, result.schedule) as ex:
         for a, b in zip(ex.run(*x), expected, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     # the same inputs and cost database give the same schedule, with nothing measured again
-    again = plan_ios(program, opts, db=db)
-    assert again.report["stats"]["stages_measured"] == 0
+    again = plan_ios(program, Session(db=db), opts)
+    assert again.report.ios.stats.stages_measured == 0
     assert again.schedule.streams == result.schedule.streams
     assert again.schedule.stages == result.schedule.stages
 
 
 def test_ios_time_budget(tmp_path):
     program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
-    result = plan_ios(program, IOSOptions(budget_s=1e-9, warmup=0, repeat=1, number=1),
-                          db=CostDB(tmp_path / "c.sqlite"))
-    assert result.report["stats"]["budget_hit"]
+    result = plan_ios(program, Session(db=CostDB(tmp_path / "c.sqlite")),
+                      IOSOptions(budget_s=1e-9, warmup=0, repeat=1, number=1))
+    assert result.report.ios.stats.budget_hit
     result.schedule.validate(result.program.graph)
     x = random_inputs(program.lowered)
     with make_executor(result.program, result.schedule) as ex:
@@ -291,23 +293,24 @@ def test_chosen_merges_rebuild_the_program(inception, tmp_path):
     opts = IOSOptions(mode="both", warmup=0, repeat=1, number=1, max_part_size=12,
                       confirm=False,  # the rebuild path itself, however fast the result
                       bound=False)  # price every stage, so the second search measures none
-    first = plan_ios(inception, opts, db=CostDB(path))
+    first = plan_ios(inception, Session(db=CostDB(path)), opts)
     # lazy pricing (the default) measures a fraction of the stages for the same search
-    lazy = plan_ios(inception, replace(opts, bound=True), db=CostDB(tmp_path / "b.sqlite"))
-    assert lazy.report["stats"]["bounded"] > 0
-    assert lazy.report["stats"]["stages_measured"] < first.report["stats"]["stages_measured"]
+    lazy = plan_ios(inception, Session(db=CostDB(tmp_path / "b.sqlite")),
+                    replace(opts, bound=True))
+    assert lazy.report.ios.stats.bounded > 0
+    assert lazy.report.ios.stats.stages_measured < first.report.ios.stats.stages_measured
     with sqlite3.connect(path) as conn:  # make every merged stage nearly free
         changed = conn.execute("UPDATE costs SET median = 1e-9 WHERE kernel LIKE 'ios:merge:%'")
         assert changed.rowcount > 0
-    result = plan_ios(inception, opts, db=CostDB(path))
-    assert result.report["stats"]["stages_measured"] == 0
+    result = plan_ios(inception, Session(db=CostDB(path)), opts)
+    assert result.report.ios.stats.stages_measured == 0
     assert MERGE in result.schedule.info["strategies"]
     def compute(p):
         return sum(n.kind == "kernel" for n in p.graph.nodes)
 
     assert compute(result.program) < compute(inception)
     result.schedule.validate(result.program.graph)
-    assert first.report["predicted_ms"] > result.report["predicted_ms"]
+    assert first.report.ios.predicted_ms > result.report.ios.predicted_ms
     x = random_inputs(inception.lowered)
     expected = run_vm(inception.vm(), x)
     with make_executor(result.program, result.schedule) as ex:
@@ -318,26 +321,29 @@ def test_chosen_merges_rebuild_the_program(inception, tmp_path):
 def test_plan_schedule_names(tmp_path):
     program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     plan = plan_schedule("nimble", program)
-    assert plan.program is program and plan.schedule.name == "nimble" and not plan.report
+    assert plan.program is program and plan.schedule.name == "nimble"
+    assert plan.report == PlanReport()
     opts = IOSOptions(warmup=0, repeat=1, number=1)
-    plan = plan_schedule("ios-parallel", program, options=opts,
-                         db=CostDB(tmp_path / "c.sqlite"))
-    assert plan.schedule.name == "ios-parallel" and "states" in plan.report["search"]
+    plan = plan_schedule("ios-parallel", program, Session(db=CostDB(tmp_path / "c.sqlite")),
+                         ios=opts)
+    assert plan.report.ios is not None
+    assert plan.schedule.name == "ios-parallel" and "states" in plan.report.ios.summary
     # critical-path: list scheduling (and search) on each kernel's measured 1-thread time
     db = CostDB(tmp_path / "cp.sqlite")
-    plan = plan_schedule("critical-path", program, db=db, cores=2, split=False)
+    plan = plan_schedule("critical-path", program, Session(db=db, cores=2), split=False)
     sched = plan.schedule
     assert plan.program is program and sched.name == "critical-path"
     assert sched.num_streams <= 2  # fewer where the hand-offs cost more than they win
     assert sched.threads == (2 // sched.num_streams,) * sched.num_streams
-    info = plan.report
-    assert 0 < info["critical_path_ms"] <= info["optimum_ms"] + 1e-9
-    assert info["optimum_ms"] <= info["predicted_ms"] + 1e-9  # hand-offs only add
-    assert info["predicted_ms"] <= info["work_ms"] + 1e-9
-    assert 0 < info["handoff_us"] < 1000  # measured: a spin (native runner) or a wake-up
+    info = plan.report.critical_path
+    assert info is not None
+    assert 0 < info.critical_path_ms <= info.optimum_ms + 1e-9
+    assert info.optimum_ms <= info.predicted_ms + 1e-9  # hand-offs only add
+    assert info.predicted_ms <= info.work_ms + 1e-9
+    assert 0 < info.handoff_us < 1000  # measured: a spin (native runner) or a wake-up
     assert len(db) >= len({n.attrs["hash"] for n in program.kernels})  # times were cached
-    with pytest.raises(TypeError):  # a plan is a value: its report and info are read-only
-        plan.report["predicted_ms"] = 0.0  # type: ignore[index]
+    with pytest.raises(FrozenInstanceError):  # a plan is a value: its report is read-only
+        info.predicted_ms = 0.0  # type: ignore[misc]
     with pytest.raises(TypeError):
         sched.info["predicted"] = 0.0  # type: ignore[index]
     x = random_inputs(program.lowered)
@@ -345,7 +351,7 @@ def test_plan_schedule_names(tmp_path):
         np.testing.assert_allclose(ex.run(*x)[0], run_vm(program.vm(), x)[0], rtol=1e-5,
                                    atol=1e-6)
     with pytest.raises(ParagraphError, match="unknown IOS mode"):
-        plan_schedule("ios-fast", program, options=opts)
+        plan_schedule("ios-fast", program, ios=opts)
     with pytest.raises(ParagraphError, match="unknown schedule"):
         plan_schedule("greedy", program)
 
@@ -357,7 +363,7 @@ def test_vendor_kernels_get_one_thread_count(tmp_path):
     program = build_program(models.get("inception_v3", reduced=True), "llvm",
                                   kernels="vendor")
     opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
-    result = plan_ios(program, opts, db=CostDB(tmp_path / "c.sqlite"))
+    result = plan_ios(program, Session(db=CostDB(tmp_path / "c.sqlite")), opts)
     threads = set(result.schedule.threads)
     assert threads == {1} or (threads == {2} and result.schedule.num_streams == 1)
     x = random_inputs(program.lowered)
@@ -374,7 +380,8 @@ from paragraph.passes.ios import CONCURRENT, IOSOptions
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.meter.stages import StageMeter
 program = build_program(models.get("inception_v3", reduced=True), "llvm", kernels="vendor")
-meter = StageMeter(program, IOSOptions(warmup=1, repeat=2, number=1, cores=2))
+from paragraph.tvm_interop.meter.local import LocalMeter
+meter = StageMeter(program, IOSOptions(warmup=1, repeat=2, number=1, cores=2), LocalMeter())
 convs = [n.id for n in program.graph.nodes
          if n.kind == "kernel" and n.attrs["source"] == "vendor" and "conv2d" in n.attrs["func"]]
 def native():  # threads Python did not start: OpenMP's (TVM's pools are off: one thread)
@@ -411,17 +418,18 @@ def test_search_is_confirmed_end_to_end(tmp_path):
     program = build_program(models.get("squeezenet1_1", reduced=True), "llvm")
     db = CostDB(tmp_path / "c.sqlite")
     opts = IOSOptions(warmup=0, repeat=1, number=1, cores=2)
-    result = plan_ios(program, opts, db=db)
-    confirmed = result.report["confirmed"]
-    assert confirmed["ios_ms"] > 0 and confirmed["sequential_ms"] > 0
+    result = plan_ios(program, Session(db=db), opts)
+    assert result.report.ios is not None and result.report.ios.confirmed is not None
+    confirmed = result.report.ios.confirmed
+    assert confirmed.ios_ms > 0 and confirmed.sequential_ms > 0
     plain = plan_digest(sequential(program.graph, cores=2))
     for sequence_wins in (True, False):
         with sqlite3.connect(db.path) as conn:
             conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
                          "WHERE kernel LIKE 'run:%'",
                          (f"%{plain}", *((1e-9, 1.0) if sequence_wins else (1.0, 1e-9))))
-        again = plan_ios(program, opts, db=db)
-        assert again.report["stats"]["stages_measured"] == 0 and again.schedule.name == "ios-both"
+        again = plan_ios(program, Session(db=db), opts)
+        assert again.report.ios.stats.stages_measured == 0 and again.schedule.name == "ios-both"
         assert (again.schedule.info["strategies"] == [SEQUENTIAL]) == sequence_wins
         if sequence_wins:
             assert again.schedule.num_streams == 1 and again.program is program
@@ -430,17 +438,17 @@ def test_search_is_confirmed_end_to_end(tmp_path):
     with sqlite3.connect(db.path) as conn:
         conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN 1e-9 ELSE 1.0 END "
                      "WHERE kernel LIKE 'run:%'", (f"%{one}",))
-    again = plan_ios(program, opts, db=db)
+    again = plan_ios(program, Session(db=db), opts)
     assert again.schedule.threads == (1,) and again.program is program
-    assert again.report["confirmed"]["kept"].endswith("on 1 thread(s)")
+    assert again.report.ios.confirmed.kept.endswith("on 1 thread(s)")
 
 
 def test_budget_cuts_a_search_in_progress(inception, tmp_path):
     """A deadline reached inside a large part stops pricing endings there and finishes the
     rest sequentially; the schedule is still valid and computes the same."""
     opts = IOSOptions(budget_s=0.5, warmup=0, repeat=1, number=1, confirm=False)
-    result = plan_ios(inception, opts, db=CostDB(tmp_path / "c.sqlite"))
-    assert result.report["stats"]["budget_hit"] and result.report["stats"]["states"] >= 1
+    result = plan_ios(inception, Session(db=CostDB(tmp_path / "c.sqlite")), opts)
+    assert result.report.ios.stats.budget_hit and result.report.ios.stats.states >= 1
     result.schedule.validate(result.program.graph)
     x = random_inputs(inception.lowered)
     with make_executor(result.program, result.schedule) as ex:

@@ -8,7 +8,8 @@ import pytest
 from paragraph import models
 from paragraph.interpret import run_graph
 from paragraph.passes.pools import RULE_ID, pools_after_convs
-from paragraph.planner import plan_like, plan_schedule
+from paragraph.planner import Session, plan_like, plan_schedule
+from paragraph.timing import clearly_faster
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.importers import prepare
@@ -49,14 +50,14 @@ def test_critical_path_moves_the_pools_unless_the_model_as_it_is_runs_clearly_fa
     and relu into each pool) has its pools moved, timed against the model as it is and kept
     unless that was clearly faster; its outputs equal the model's on the VM either way, and a
     search candidate planned like it gets the same rewrite."""
-    from paragraph.planner import clearly_faster
-
-    db = CostDB(tmp_path / "c.sqlite")
-    plan = plan_schedule("critical-path", inception, db=db, cores=2, split=False)
-    report = plan.report
-    kept = not clearly_faster(report["unmoved_ms"], report["moved_ms"])
-    assert len(report["pools"]) == (9 if kept else 0)
-    assert [r for r in plan.program.rewrites if r.startswith(RULE_ID)] == report["pools"]
+    session = Session(db=CostDB(tmp_path / "c.sqlite"), cores=2)
+    plan = plan_schedule("critical-path", inception, session, split=False)
+    assert plan.report.critical_path is not None
+    pools = plan.report.critical_path.pools
+    assert pools is not None
+    kept = not clearly_faster(pools.before_ms, pools.after_ms)
+    assert len(pools.rules) == (9 if kept else 0)
+    assert tuple(r for r in plan.program.rewrites if r.startswith(RULE_ID)) == pools.rules
     if kept:
         names = {k.attrs.get("func", "") for k in plan.program.kernels}
         assert sum(".avg_pool2d." in f and f.endswith(".incpad.bias.relu") for f in names) >= 1
@@ -64,20 +65,23 @@ def test_critical_path_moves_the_pools_unless_the_model_as_it_is_runs_clearly_fa
     with make_executor(plan.program, plan.schedule) as ex:
         for g, e in zip(ex.run(*x), run_vm(inception.vm(), x), strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
-    like = plan_like(plan, from_relax(prepare(inception.source)), "llvm", kernels="vendor",
-                     db=db, cores=2)
+    assert inception.model is not None
+    like = plan_like(plan, inception.model.get(), session, kernels="vendor", prepared=True)
     # as many moved (the names are the re-imported graph's)
-    assert len(like.report["pools"]) == len(report["pools"])
+    assert like.report.critical_path is not None
+    like_pools = like.report.critical_path.pools
+    assert len(like_pools.rules if like_pools else ()) == len(pools.rules)
 
 
 def test_pools_that_cannot_be_moved_leave_the_plan(inception, tmp_path, monkeypatch):
-    import paragraph.planner as planner
+    import paragraph.planner.critical_path as planner
 
     def broken(*args, **kwargs):
         raise RuntimeError("no rule")
 
     monkeypatch.setattr(planner, "pools_after_convs", broken)
     with pytest.warns(RuntimeWarning, match="pools moved could not be built.*no rule"):
-        plan = plan_schedule("critical-path", inception, db=CostDB(tmp_path / "c.sqlite"),
-                             cores=2, split=False)
-    assert plan.program is inception and "pools" not in plan.report
+        plan = plan_schedule("critical-path", inception,
+                             Session(db=CostDB(tmp_path / "c.sqlite"), cores=2), split=False)
+    assert plan.report.critical_path is not None
+    assert plan.program is inception and plan.report.critical_path.pools is None

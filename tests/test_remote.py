@@ -17,7 +17,7 @@ from paragraph.errors import ParagraphError
 from paragraph.passes.ios import IOSOptions
 from paragraph.passes.schedule import make_schedule
 from paragraph.passes.search import SearchOptions
-from paragraph.planner import plan_schedule, search_plan
+from paragraph.planner import Session, plan_schedule, search_plan
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.meter.remote import Remote, parse_address, serve
@@ -55,21 +55,25 @@ def test_programs_kernels_and_stages_are_timed_on_the_server(address, tmp_path):
         seconds, diffs = remote.time([(program, seq), (program, wave)], blocks=2, block=3)
         assert len(seconds) == 2 and all(0 < s < 1 for s in seconds)
         assert diffs[0] == 0.0 and diffs[1] <= 1e-5 and remote.vm_difference <= 1e-5
-        kernels = remote.kernel_times(program, seq)
+        (kernels,) = remote.kernel_times(program, [1])
         assert {k for k in kernels if program.graph[k].kind == "kernel"} == {
             n.id for n in program.graph.nodes if n.kind == "kernel"}
         assert all(v >= 0 for v in kernels.values()) and remote.handoff() > 0
-        plan = plan_schedule("critical-path", program, remote=remote, cores=remote.cores,
-                             split=False)
-        assert plan.schedule.name == "critical-path" and plan.report["predicted_ms"] > 0
-        # IOS's stages, merged convolutions included, measured there and not cached here
         db = CostDB(tmp_path / "costs.sqlite")
-        merges, time_sequence = [], remote.time_sequence
-        remote.time_sequence = lambda *a: merges.append(a) or time_sequence(*a)  # counted
-        ios = plan_schedule("ios", program, remote=remote, db=db, options=IOSOptions(
+        session = Session(db=db, remote=remote)
+        assert session.target == remote.target and session.cores == remote.cores
+        plan = plan_schedule("critical-path", program, session, split=False)
+        assert plan.report.critical_path is not None
+        assert plan.schedule.name == "critical-path" and plan.report.critical_path.predicted_ms > 0
+        # IOS's stages, merged convolutions included, measured there and not cached here
+        merges, sequence_seconds = [], remote.sequence_seconds
+        remote.sequence_seconds = lambda *a: merges.append(a) or sequence_seconds(*a)  # counted
+        ios = plan_schedule("ios", program, session, ios=IOSOptions(
             warmup=1, repeat=2, number=2, max_part_size=12))
-        assert ios.report["stats"]["stages_measured"] > 0 and ios.report["stages"]
-        assert "confirmed" in ios.report and not [k for k in _keys(db) if "ios:" in k]
+        assert ios.report.ios is not None
+        assert ios.report.ios.stats.stages_measured > 0 and ios.report.ios.stages
+        assert ios.report.ios.confirmed is not None
+        assert not [k for k in _keys(db) if "ios:" in k or "run:" in k]
         assert merges  # the fire modules' two expand convolutions, merged here, timed there
         # the server serves one session at a time: a second client is told, not hung
         with pytest.raises(ParagraphError, match="no free device with key"):
@@ -80,26 +84,38 @@ def test_the_search_measures_its_kernels_and_candidates_on_the_server(address, t
     g = inception_module()
     db = CostDB(tmp_path / "costs.sqlite")
     with Remote(address, timeout=30) as remote:
-        plan = search_plan(g, remote.target, options=SearchOptions(method="greedy", seconds=20),
-                           top_k=1, rounds=1, remote=remote, db=db)
-    report = plan.report["search"]
-    assert report["kernels_measured_now"] >= 2  # the convolutions, the concatenation
-    assert report["kernels_priced_by_measurement"] == report["kernels_measured_now"]
-    assert report["measured_before_ms"] > 0 and report["candidates_built"] >= 1
+        plan = search_plan(g, Session(db=db, remote=remote),
+                           SearchOptions(method="greedy", budget=20, top_k=1, rounds=1))
+    report = plan.report.search
+    assert report is not None
+    assert report.kernels_measured_now >= 2  # the convolutions, the concatenation
+    assert report.kernels_priced_by_measurement == report.kernels_measured_now
+    assert report.measured_before_ms > 0 and report.candidates_built >= 1
     assert not [k for k in _keys(db) if "sig:" in k or "run:" in k]  # timed there
 
 
-def test_run_and_compile_with_rpc(address, capsys, tmp_path):
-    code = main(["run", "squeezenet1_1", "--reduced", "--rpc", address, "--kernels", "tvm",
-                 "--schedule", "wavefront", "--repeat", "5"])
+def test_run_compile_and_tune_with_rpc(address, capsys, tmp_path):
+    tracker, _, key = address.rpartition(":")
+    code = main(["run", "squeezenet1_1", "--reduced", "--rpc-tracker", tracker, "--rpc-key",
+                 key, "--kernels", "tvm", "--schedule", "wavefront", "--repeat", "5"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "kernels and runs are timed there" in out and "equal" in out
     assert f"on {KEY} at 127.0.0.1" in out and "wavefront schedule" in out
     artifact = tmp_path / "remote.paragraph"
     assert main(["compile", "squeezenet1_1", "--reduced", "--rpc", address, "--kernels", "tvm",
-                 "--schedule", "opara", "-o", str(artifact)]) == 0
+                 "--schedule", "opara", "-o", str(artifact)]) == 0  # the older form
     assert artifact.is_file()
+    # half a pair, or both forms, is refused with a clear error
+    assert main(["run", "squeezenet1_1", "--reduced", "--rpc-tracker", tracker]) == 2
+    assert "--rpc-key KEY go together" in capsys.readouterr().err
+    # MetaSchedule's trials and the tuned-against-untuned timing run on the device
+    code = main(["tune", "squeezenet1_1", "--reduced", "--trials", "1", "--max-tasks", "1",
+                 "--work-dir", str(tmp_path / "tuned"), "--rpc-tracker", tracker,
+                 "--rpc-key", key, "--schedule", "sequential"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "[1/1]" in out and "model check" in out
 
 
 def test_a_wrong_address_is_refused():

@@ -200,12 +200,12 @@ def test_sum_cost_merges_parallel_convolutions_and_simulated_keeps_them_apart():
         return sum(n.kind == "conv2d" for n in graph.nodes)
 
     summed = search(g, rules, lambda x: model.cost(x, "sum"),
-                    SearchOptions(method="taso", beta=1.05, seconds=60))
+                    SearchOptions(method="taso", beta=1.05, budget=60))
     assert convs(summed.graph) == 1 and summed.cost_after < summed.cost_before
     assert {a.rule for a in summed.applied} == {"ios-merge-convs"}
     same_outputs(g, summed.graph)
     sim = search(g, rules, lambda x: model.cost(x, "simulated"),
-                 SearchOptions(method="autograph", seconds=60))
+                 SearchOptions(method="autograph", budget=60))
     assert convs(sim.graph) == 2 and sim.cost_after < sim.cost_before
     assert model.cost(summed.graph, "simulated") > sim.cost_after
     same_outputs(g, sim.graph)
@@ -242,11 +242,11 @@ def test_parallel_costs_reject_the_fusions_that_lengthen_the_critical_path(paral
         return sum(n.kind == "conv2d" for n in graph.nodes)
 
     taso = search(g, rules, lambda x: model.cost(x, "sum"),
-                  SearchOptions(method="taso", cost="sum", beta=1.05, seconds=60))
+                  SearchOptions(method="taso", cost="sum", beta=1.05, budget=60))
     assert {a.rule for a in taso.applied} == {"ios-merge-convs", "taso-avgpool-pair-dwconv"}
     assert convs(taso.graph) == 1 + 1  # the merged convolution and the pools' depth-wise one
     ours = search(g, rules, lambda x: model.cost(x, parallel),
-                  SearchOptions(method="autograph", cost=parallel, seconds=60))
+                  SearchOptions(method="autograph", cost=parallel, budget=60))
     assert {a.rule for a in ours.applied} == {"taso-avgpool-pair-dwconv"}
     assert convs(ours.graph) == 2 + 1
     # by the parallel cost TASO's graph is the worse one; by the sum cost, the better one
@@ -309,12 +309,12 @@ def test_search_regroups_a_resnext_convolution_where_measurements_favour_fewer_g
     assert len(grouped) == len(fewer) == 1
     model.measured[grouped.pop()] = 100e-6  # 8 groups: slow
     model.measured[fewer.pop()] = 10e-6  # 2 groups: fast
-    result = search(g, rules, lambda x: model.cost(x, "mixed"), SearchOptions(seconds=60))
+    result = search(g, rules, lambda x: model.cost(x, "mixed"), SearchOptions(budget=60))
     assert any(a.rule.startswith("autograph-regroup") for a in result.applied)
     assert result.cost_after < result.cost_before
     same_outputs(g, result.graph)
     # without that measurement the roofline prices the block-diagonal kernel's extra work
-    plain = search(g, rules, lambda x: CostModel().cost(x, "mixed"), SearchOptions(seconds=60))
+    plain = search(g, rules, lambda x: CostModel().cost(x, "mixed"), SearchOptions(budget=60))
     assert not any(a.rule.startswith("autograph-regroup") for a in plain.applied)
 
 
@@ -337,7 +337,7 @@ def test_every_search_keeps_the_outputs_and_never_raises_the_cost(name, methods)
     want = run_graph(g, xs)
     for method, kind in methods:
         result = search(g, rules, lambda x, k=kind: model.cost(x, k),
-                        SearchOptions(method=method, cost=kind, seconds=4, expansions=40))
+                        SearchOptions(method=method, cost=kind, budget=4, expansions=40))
         assert result.cost_after <= result.cost_before, (method, kind)
         for c in result.candidates:
             c.graph.validate()

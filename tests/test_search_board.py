@@ -10,15 +10,15 @@ from paragraph.interpret import run_graph
 from paragraph.passes.cost import VIEWS, kernels_of
 from paragraph.passes.schedule import sequential
 from paragraph.passes.search import SearchOptions, extract
-from paragraph.planner import measure_signatures, search_plan
+from paragraph.planner import Session, measure_signatures, search_plan
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.relax_graph import to_relax
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.measure.device import kernel_costs
+from paragraph.tvm_interop.meter.local import LocalMeter
 from paragraph.tvm_interop.meter.signatures import SignatureMeter
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.library.torch_kernels import torch_available
-from paragraph.tvm_interop.runtime.program import KernelProgram
 
 RNG = np.random.default_rng(0)
 
@@ -48,10 +48,11 @@ def test_measure_signatures_warms_what_a_search_prices(tmp_path):
     the search times them on, so the search that follows measures none of them again."""
     g = cell()
     db = CostDB(tmp_path / "costs.sqlite")
-    n = measure_signatures(g, "llvm", kernels="tvm", cores=2, db=db)
+    session = Session("llvm", db=db, cores=2)
+    n = measure_signatures(g, session, kernels="tvm")
     assert n == len({k.signature for k in kernels_of(g) if k.kind not in VIEWS})
-    assert measure_signatures(g, "llvm", kernels="tvm", cores=2, db=db) == 0
-    meter = SignatureMeter("llvm", "tvm", db, threads=2)
+    assert measure_signatures(g, session, kernels="tvm") == 0
+    meter = SignatureMeter("llvm", "tvm", LocalMeter(db), threads=2)
     assert all(meter.cached(k) is not None for k in kernels_of(g) if k.kind not in VIEWS)
 
 
@@ -60,22 +61,22 @@ def test_signatures_are_measured_once_and_then_read_from_the_cost_database(tmp_p
     ks = kernels_of(g)
     want = {k.signature for k in ks if k.kind not in VIEWS}
     db = CostDB(tmp_path / "costs.sqlite")
-    meter = SignatureMeter("llvm", "tvm", db)
+    meter = SignatureMeter("llvm", "tvm", LocalMeter(db))
     got = meter.seconds(g, ks)
     assert set(got) == want and all(s > 0 for _, s in got.values())
     assert meter.measured == len(want) and not meter.failed
-    again = SignatureMeter("llvm", "tvm", db)  # a later search on this machine
+    again = SignatureMeter("llvm", "tvm", LocalMeter(db))  # a later search on this machine
     assert {s: v[1] for s, v in again.seconds(g, ks).items()} == {
         s: v[1] for s, v in got.items()}
     assert again.measured == 0
     # measuring off: only what the database knows; another kernel source knows nothing yet
-    assert SignatureMeter("llvm", "vendor", db).seconds(g, ks, measure=False) == {}
+    assert SignatureMeter("llvm", "vendor", LocalMeter(db)).seconds(g, ks, measure=False) == {}
     # on two threads too: one-thread times known, two-thread ones not yet, so measured again
-    wide = SignatureMeter("llvm", "tvm", db, threads=2)
+    wide = SignatureMeter("llvm", "tvm", LocalMeter(db), threads=2)
     assert wide.seconds(g, ks, measure=False) == {}
     assert set(wide.seconds(g, ks)) == want and set(wide.wide) == want
     assert all(s > 0 for s in wide.wide.values())
-    both = SignatureMeter("llvm", "tvm", db, threads=2)
+    both = SignatureMeter("llvm", "tvm", LocalMeter(db), threads=2)
     assert set(both.seconds(g, ks)) == want and both.measured == 0 and both.wide == wide.wide
 
 
@@ -84,7 +85,7 @@ def test_a_vendor_convolution_is_priced_without_the_layout_transposes_around_it(
     g = cell(c=16, hw=16)
     conv = next(k for k in kernels_of(g) if k.kind == "conv2d")
     db = CostDB(tmp_path / "costs.sqlite")
-    (_, seconds), = SignatureMeter("llvm", "vendor", db).seconds(g, [conv]).values()
+    (_, seconds), = SignatureMeter("llvm", "vendor", LocalMeter(db)).seconds(g, [conv]).values()
     program = build_program(to_relax(extract(g, set(conv.ops))), "llvm", kernels="vendor")
     funcs = [str(n.attrs["func"]) for n in program.kernels]
     assert any(f.startswith("transpose") for f in funcs)  # NHWC in, NCHW out
@@ -108,14 +109,16 @@ def assert_runs_the_model(g, plan) -> None:
 def test_the_on_board_loop_prices_candidates_by_measured_vendor_kernels(tmp_path):
     g = cell()
     db = CostDB(tmp_path / "costs.sqlite")
-    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=20),
-                       kernels="vendor", top_k=2, rounds=1, cores=2, db=db)
-    report = plan.report["search"]
+    plan = search_plan(g, Session("llvm", db=db, cores=2),
+                       SearchOptions(method="taso", cost="sum", budget=20, top_k=2, rounds=1),
+                       kernels="vendor")
+    report = plan.report.search
+    assert report is not None
     want = {k.signature for k in kernels_of(g) if k.kind not in VIEWS}
-    assert report["kernels_priced_by_measurement"] >= len(want)
-    assert report["kernels_measured_now"] >= len(want)
-    assert report["candidates_built"] >= 2  # the input and at least one candidate
-    assert report["measured_after_ms"] <= report["measured_before_ms"]
+    assert report.kernels_priced_by_measurement >= len(want)
+    assert report.kernels_measured_now >= len(want)
+    assert report.candidates_built >= 2  # the input and at least one candidate
+    assert report.measured_after_ms <= report.measured_before_ms
     # outputs were checked against the input inside the loop; check the result here too
     assert_runs_the_model(g, plan)
 
@@ -124,7 +127,7 @@ def test_the_on_board_loop_prices_candidates_by_measured_vendor_kernels(tmp_path
 def test_the_on_board_loop_builds_in_batches_that_fit_in_memory(tmp_path, monkeypatch):
     """With memory for one built candidate at a time, candidates are built and timed one by
     one, the best so far beside each; the result still runs the model."""
-    from paragraph import planner
+    from paragraph.planner import onboard as planner
 
     g = cell()
     weights = sum(n.type.nbytes for n in g.nodes if n.kind == "weight")
@@ -134,30 +137,33 @@ def test_the_on_board_loop_builds_in_batches_that_fit_in_memory(tmp_path, monkey
     monkeypatch.setattr(planner, "available_memory", lambda: 1)
     assert planner.candidates_in_memory(g) == 1
     lines: list[str] = []
-    plan = search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum", seconds=30),
-                       kernels="vendor", top_k=3, rounds=1, cores=2,
-                       db=CostDB(tmp_path / "costs.sqlite"), log=lines.append)
-    report = plan.report["search"]
-    assert report["candidates_built"] >= 3
+    plan = search_plan(g, Session("llvm", db=CostDB(tmp_path / "costs.sqlite"), cores=2,
+                                  log=lines.append),
+                       SearchOptions(method="taso", cost="sum", budget=30, top_k=3, rounds=1),
+                       kernels="vendor")
+    report = plan.report.search
+    assert report is not None and report.candidates_built >= 3
     assert any("(batches of 1)" in line for line in lines)
-    assert report["measured_after_ms"] <= report["measured_before_ms"]
+    assert report.measured_after_ms <= report.measured_before_ms
     assert_runs_the_model(g, plan)
 
 
 def taso_on_one_stream(g, tmp_path, lines, seconds, **kwargs):
-    """`search_plan` of ``g`` by TASO's search and sum cost for ``seconds``, planned
-    sequentially on one core with a cost database of the test's own, its log in ``lines``."""
-    return search_plan(g, "llvm", options=SearchOptions(method="taso", cost="sum",
-                                                        seconds=seconds),
-                       schedule="sequential", cores=1, db=CostDB(tmp_path / "costs.sqlite"),
-                       log=lines.append, **kwargs)
+    """`search_plan` of ``g`` by TASO's search and sum cost for ``seconds`` (with the other
+    search options in ``kwargs``), planned sequentially on one core with a cost database of
+    the test's own, its log in ``lines``."""
+    return search_plan(g, Session("llvm", db=CostDB(tmp_path / "costs.sqlite"), cores=1,
+                                  log=lines.append),
+                       SearchOptions(method="taso", cost="sum", budget=seconds, **kwargs),
+                       schedule="sequential")
 
 
 def test_a_gain_must_exceed_how_far_two_builds_of_the_best_differ():
-    from paragraph.planner import MIN_GAIN, required_gain
+    from paragraph.planner import required_gain
+    from paragraph.timing import MARGIN
 
-    assert required_gain(10.0, 10.0) == MIN_GAIN
-    assert required_gain(10.0, 10.1) == MIN_GAIN  # 1% apart: the floor stands
+    assert required_gain(10.0, 10.0) == MARGIN
+    assert required_gain(10.0, 10.05) == MARGIN  # 0.5% apart: the floor stands
     assert required_gain(10.0, 9.3) == pytest.approx(0.07)
     assert required_gain(9.3, 10.0) == pytest.approx(0.07)
 
@@ -167,8 +173,8 @@ def test_candidates_far_dearer_once_measured_are_not_built(tmp_path, monkeypatch
     than `MAX_OVERSHOOT` is not built (NASNet-A's regrouped depthwise convolutions: 1.75x
     the input's cost, 1.9x its time); where a round has only such, the loop searches again
     with their kernels known instead of stopping."""
-    from paragraph import planner
     from paragraph.passes.search import Candidate
+    from paragraph.planner import onboard as planner
 
     graphs = [cell() for _ in range(4)]
     costs = {id(gr): c for gr, c in zip(graphs, (1.3, 0.9, 1.2, 2.0), strict=True)}
@@ -203,7 +209,7 @@ def test_the_on_board_loop_confirms_a_gain_beside_a_second_build_of_the_best(
     its batch is kept only if, timed again beside the input and a second build of the input,
     it beats both by more than those two differ. (The timings are the test's; building,
     planning and the rest run for real.)"""
-    from paragraph import planner
+    from paragraph.tvm_interop.meter import local
 
     calls: list[int] = []
 
@@ -217,12 +223,13 @@ def test_the_on_board_loop_confirms_a_gain_beside_a_second_build_of_the_best(
             return [1.0, twin, 0.94]
         return [1.0] + [0.94] * (len(candidates) - 1)
 
-    monkeypatch.setattr(planner, "end_to_end", timings)
+    monkeypatch.setattr(local, "time_runs", timings)
     g = cell()
     lines: list[str] = []
     plan = taso_on_one_stream(g, tmp_path, lines, 30, top_k=2, rounds=1)
     assert calls[-1] == 3
-    applied = plan.report["search"]["applied"]
+    assert plan.report.search is not None
+    applied = plan.report.search.applied
     if kept:
         assert applied and any("confirmed" in line for line in lines)
     else:
@@ -236,9 +243,9 @@ def test_without_the_on_board_loop_the_cheapest_graph_is_kept_even_if_slower(tmp
     """``top_k`` 0, TASO's way: one search, and its cheapest graph by the cost is the result
     whatever it measures (here, as the test says, twice the input's time); its outputs are
     still checked against the input's, and the candidates are neither built nor timed."""
-    from paragraph import planner
+    from paragraph.tvm_interop.meter import local
 
-    real = planner.end_to_end
+    real = local.time_runs
     calls: list[tuple[int, bool]] = []
 
     def timings(candidates, db, tuning, *args, check=False, **kwargs):
@@ -246,18 +253,19 @@ def test_without_the_on_board_loop_the_cheapest_graph_is_kept_even_if_slower(tmp
         seconds = real(candidates, db, tuning, *args, check=check, **kwargs)
         return seconds[:1] + [2 * seconds[0]] * (len(candidates) - 1)
 
-    monkeypatch.setattr(planner, "end_to_end", timings)
+    monkeypatch.setattr(local, "time_runs", timings)
     g = cell()
     lines: list[str] = []
     plan = taso_on_one_stream(g, tmp_path, lines, 20, top_k=0)
-    report = plan.report["search"]
-    assert report["applied"] and report["cost_after_ms"] < report["cost_before_ms"]
-    assert report["measured_after_ms"] == pytest.approx(2 * report["measured_before_ms"])
-    assert report["candidates_built"] == 2 and calls == [(2, True)]
+    report = plan.report.search
+    assert report is not None
+    assert report.applied and report.cost_after_ms < report.cost_before_ms
+    assert report.measured_after_ms == pytest.approx(2 * report.measured_before_ms)
+    assert report.candidates_built == 2 and calls == [(2, True)]
     assert any("kept unconfirmed" in line for line in lines)
     assert_runs_the_model(g, plan)
     with pytest.raises(ParagraphError, match="top_k"):
-        search_plan(g, "llvm", top_k=-1)
+        SearchOptions(top_k=-1)
 
 
 def test_the_search_starts_from_a_plan_of_its_input_built_already(tmp_path):
@@ -267,17 +275,17 @@ def test_the_search_starts_from_a_plan_of_its_input_built_already(tmp_path):
     g = cell()
     db = CostDB(tmp_path / "costs.sqlite")
     program = build_program(to_relax(g), "llvm")
-    start = plan_schedule("sequential", program, db=db)
     lines: list[str] = []
-    plan = search_plan(g, "llvm", options=SearchOptions(method="greedy", seconds=20),
-                       schedule="sequential", top_k=1, rounds=1, cores=1, db=db, start=start,
-                       log=lines.append)
-    assert plan.report["search"]["candidates_built"] >= 1
+    session = Session("llvm", db=db, cores=1, log=lines.append)
+    start = plan_schedule("sequential", program, session)
+    plan = search_plan(g, session, SearchOptions(method="greedy", budget=20, top_k=1, rounds=1),
+                       schedule="sequential", start=start)
+    assert plan.report.search is not None and plan.report.search.candidates_built >= 1
     assert_runs_the_model(g, plan)
     for wrong in ({"schedule": "critical-path"}, {"kernels": "vendor"}):
         with pytest.raises(ParagraphError, match="start plan"):
-            search_plan(g, "llvm", options=SearchOptions(method="greedy", seconds=5),
-                        **{"schedule": "sequential", **wrong}, db=db, start=start)
+            search_plan(g, session, SearchOptions(method="greedy", budget=5),
+                        **{"schedule": "sequential", **wrong}, start=start)
 
 
 def cell_then_conv():
@@ -298,7 +306,7 @@ def test_a_candidate_is_planned_with_the_choices_timed_for_the_input(tmp_path, o
                                                                       split):
     """`plan_like`: a candidate gets the stream layout and the convolution split that timing
     chose for the input, without timing them again, and still computes the model."""
-    from paragraph.planner import Plan, plan_like
+    from paragraph.planner import CriticalPathReport, Plan, PlanReport, RewriteChoice, plan_like
     from paragraph.schedule import Schedule, kernel_ids
 
     g = cell_then_conv()
@@ -306,13 +314,16 @@ def test_a_candidate_is_planned_with_the_choices_timed_for_the_input(tmp_path, o
     program = build_program(to_relax(g), "llvm")
     streams = ([kernel_ids(program.graph)] if one_stream else
                [[k] for k in kernel_ids(program.graph)])  # any layout of several streams
+    choices = CriticalPathReport(0.0, 0.0, 0.0, 0.0, 0.0, True, split=RewriteChoice(
+        ("split-conv-2 at %9",) if split else (), 1.0, 0.5))
     reference = Plan(program, Schedule.build(program.graph, streams, threads=2 if one_stream
-                                             else 1),
-                     {"split": ["split-conv-2 at %9"] if split else []})
-    plan = plan_like(reference, g, "llvm", kernels="tvm", db=db, cores=2)
+                                             else 1), PlanReport(critical_path=choices))
+    plan = plan_like(reference, g, Session("llvm", db=db, cores=2), kernels="tvm")
     assert (len(plan.schedule.streams) == 1) == one_stream
     assert any(r.startswith("split-conv-2") for r in plan.program.rewrites) == split
-    assert plan.report["split"] == list(plan.program.rewrites)
+    assert plan.report.critical_path is not None
+    done = plan.report.critical_path.split
+    assert (done.rules if done is not None else ()) == plan.program.rewrites
     assert_runs_the_model(g, plan)
 
 
@@ -321,8 +332,9 @@ def test_a_candidate_that_cannot_be_built_is_skipped_and_reported(tmp_path, monk
     tvm.compile's module) and the whole search stopped: a candidate that fails to build is
     now skipped, said and counted, and the search keeps its input or another candidate."""
     from paragraph.errors import ParagraphError
+    from paragraph.planner import session
 
-    real = KernelProgram.build
+    real = session.build_program
     g = cell()
 
     def build(mod, *args, **kwargs):
@@ -330,13 +342,14 @@ def test_a_candidate_that_cannot_be_built_is_skipped_and_reported(tmp_path, monk
             raise ParagraphError("kernel 'fused_x' is missing from the module")
         return real(mod, *args, **kwargs)
 
-    monkeypatch.setattr(KernelProgram, "build", build)
+    monkeypatch.setattr(session, "build_program", build)
     lines: list[str] = []
     plan = taso_on_one_stream(g, tmp_path, lines, 20, top_k=2, rounds=1)
-    report = plan.report["search"]
-    assert report["build_failures"] and "fused_x" in report["build_failures"][0]
+    report = plan.report.search
+    assert report is not None
+    assert report.build_failures and "fused_x" in report.build_failures[0]
     assert any("could not be built and is skipped" in line for line in lines)
-    assert not report["applied"]
+    assert not report.applied
     assert_runs_the_model(g, plan)
 
 
@@ -344,19 +357,24 @@ def test_a_kernel_missing_from_the_vm_module_is_a_clear_error():
     """tvm-ffi raises AttributeError for a name its module lacks; the program says which
     kernel and whether the lowered module had it."""
     from paragraph.errors import ParagraphError
+    from paragraph.tvm_interop.build import program as built
 
     program = build_program(to_relax(cell()), "llvm")
     name = next(n.attrs["func"] for n in program.graph.nodes
                 if n.kind == "kernel" and n.attrs["source"] == "tvm")
-    assert program._exported(name) is not None
+
+    def exported(name: str) -> object:
+        return built._exported(program.compiled, program.lowered, program.target, name)
+
+    assert exported(name) is not None
     with pytest.raises(ParagraphError, match="'no_such_kernel' is missing .* does not have it"):
-        program._exported("no_such_kernel")
+        exported("no_such_kernel")
 
 
 def test_end_to_end_blocks_of_a_fast_model_last_long_enough(monkeypatch):
     """Blocks of five runs of a 0.3 ms encoder were too few to tell its schedules apart (the
     slower kept): a block runs until it lasts `MIN_BLOCK_S`, at most `MAX_BLOCK` runs."""
-    from paragraph import planner
+    from paragraph.tvm_interop.meter import runs as planner
 
     program = build_program(to_relax(cell()), "llvm")
     blocks: list[int] = []
@@ -367,8 +385,8 @@ def test_end_to_end_blocks_of_a_fast_model_last_long_enough(monkeypatch):
         return real(configs, blocks_n, block, settle)
 
     monkeypatch.setattr(planner, "time_in_blocks", spy)
-    seconds = planner.end_to_end([(program, sequential(program.graph))], None, "", repeat=3,
-                                 block=5)
+    seconds = planner.time_runs([(program, sequential(program.graph))], None, "", repeat=3,
+                                block=5)
     assert len(seconds) == 1 and seconds[0] > 0
     # a run of this cell takes well under a millisecond: each block is longer than 5 runs
     assert blocks and all(b >= min(planner.MAX_BLOCK, planner.MIN_BLOCK_S / seconds[0]) * 0.5

@@ -11,13 +11,15 @@ from paragraph.graph import Graph
 from paragraph.interpret import run_graph
 from paragraph.passes.schedule import make_schedule, sequential
 from paragraph.passes.split import split_lone_convs, split_rule
-from paragraph.planner import end_to_end, plan_schedule, split_program
+from paragraph.planner import Session, plan_schedule, split_program
 from paragraph.schedule import kernel_ids, producers
+from paragraph.timing import clearly_faster
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.meter.runs import time_runs
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.vm import run_vm
 
@@ -88,7 +90,8 @@ def inception():
 
 
 def test_split_program_runs_on_two_streams_like_the_vm(inception):
-    split = split_program(inception, 2)
+    with Session() as session:
+        split = split_program(inception, 2, session)
     assert split is not None and split.rewrites and not inception.rewrites
     assert len(split.kernels) > len(inception.kernels)
     x = random_inputs(inception.lowered, seed=4)
@@ -106,28 +109,32 @@ def test_only_library_rules_split():
 
 
 def test_critical_path_keeps_whichever_program_runs_faster(inception, tmp_path):
-    db = CostDB(tmp_path / "c.sqlite")
-    plan = plan_schedule("critical-path", inception, db=db, cores=2)
-    program, report = plan.program, plan.report
-    assert report["split_ms"] > 0 and report["unsplit_ms"] > 0
-    assert bool(report["split"]) == (report["split_ms"] < report["unsplit_ms"])
+    session = Session(db=CostDB(tmp_path / "c.sqlite"), cores=2)
+    plan = plan_schedule("critical-path", inception, session)
+    program, report = plan.program, plan.report.critical_path
+    assert report is not None and report.split is not None
+    split = report.split
+    assert split.after_ms > 0 and split.before_ms > 0
+    assert bool(split.rules) == clearly_faster(split.after_ms, split.before_ms)
     # the program may also have its pools moved first (tests/test_pools.py)
-    assert report["split"] == [r for r in program.rewrites if r.startswith("split-conv-")]
+    assert split.rules == tuple(r for r in program.rewrites if r.startswith("split-conv-"))
     x = random_inputs(inception.lowered, seed=5)
     with make_executor(program, plan.schedule) as ex:
         for g, e in zip(ex.run(*x), run_vm(inception.vm(), x), strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
     # the choice is cached: planning again measures nothing new and decides the same
-    again = plan_schedule("critical-path", inception, db=db, cores=2)
-    assert again.report["split_ms"] == report["split_ms"]
+    again = plan_schedule("critical-path", inception, session)
+    assert again.report.critical_path is not None and again.report.critical_path.split == split
     assert again.program.rewrites == program.rewrites
-    unsplit = plan_schedule("critical-path", inception, db=db, cores=2, split=False)
-    assert "split" not in unsplit.report
+    unsplit = plan_schedule("critical-path", inception, session, split=False)
+    assert unsplit.report.critical_path is not None
+    assert unsplit.report.critical_path.split is None
     assert not any(r.startswith("split-conv-") for r in unsplit.program.rewrites)
 
 
 def test_end_to_end_check_refuses_a_program_that_computes_something_else(inception):
-    ops = from_relax(prepare(inception.source))
+    assert inception.model is not None
+    ops = inception.model.get()
     split, _ = split_lone_convs(ops, 2)
     conv = next(n for n in split.nodes if n.kind == "conv2d" and n.name.endswith("_1"))
     w = split[conv.inputs[1].node]
@@ -136,29 +143,29 @@ def test_end_to_end_check_refuses_a_program_that_computes_something_else(incepti
     wrong = build_program(to_relax(broken), "llvm")
     candidates = [(p, sequential(p.graph, cores=1)) for p in (inception, wrong)]
     with pytest.raises(ParagraphError, match="does not compute the model's outputs"):
-        end_to_end(candidates, None, "", repeat=1, warmup=0, check=True)
+        time_runs(candidates, None, "", repeat=1, warmup=0, check=True)
 
 
 def test_a_split_that_cannot_be_built_leaves_the_plain_schedule(inception, tmp_path,
                                                                 monkeypatch):
-    import paragraph.planner as planner
+    import paragraph.planner.critical_path as planner
 
     def broken(*args, **kwargs):
         raise RuntimeError("lowering failed")
 
     monkeypatch.setattr(planner, "split_program", broken)
     with pytest.warns(RuntimeWarning, match="could not be built.*lowering failed"):
-        plan = plan_schedule("critical-path", inception, db=CostDB(tmp_path / "c.sqlite"),
-                             cores=2)
-    assert "split" not in plan.report
+        plan = plan_schedule("critical-path", inception,
+                             Session(db=CostDB(tmp_path / "c.sqlite"), cores=2))
+    assert plan.report.critical_path is not None and plan.report.critical_path.split is None
     assert not any(r.startswith("split-conv-") for r in plan.program.rewrites)
 
 
 def test_a_comparison_timed_under_load_is_timed_again_when_quiet(inception, monkeypatch,
                                                                  tmp_path):
-    """`end_to_end` timed while another process held a core waits for quiet cores and times
+    """`time_runs` timed while another process held a core waits for quiet cores and times
     the comparison again; the quiet timing is cached, one taken under load twice is not."""
-    from paragraph import planner
+    from paragraph.tvm_interop.meter import runs as planner
 
     made: list[planner.LoadWatch] = []
     loaded = {"always": False}
@@ -178,12 +185,12 @@ def test_a_comparison_timed_under_load_is_timed_again_when_quiet(inception, monk
                         lambda log, wait_s: waited.append(wait_s) or {})
     db = CostDB(tmp_path / "costs.sqlite")
     candidates = [(inception, sequential(inception.graph, cores=1))]
-    first = end_to_end(candidates, db, "", repeat=1, warmup=0, block=1)
+    first = time_runs(candidates, db, "", repeat=1, warmup=0, block=1)
     assert len(made) == 2 and waited == [planner.QUIET_WAIT_S]
-    assert end_to_end(candidates, db, "", repeat=1, warmup=0, block=1) == first
+    assert time_runs(candidates, db, "", repeat=1, warmup=0, block=1) == first
     assert len(made) == 2  # cached: nothing timed
     loaded["always"] = True
     other = [(inception, sequential(inception.graph, cores=2))]
-    end_to_end(other, db, "", repeat=1, warmup=0, block=1)
-    end_to_end(other, db, "", repeat=1, warmup=0, block=1)
+    time_runs(other, db, "", repeat=1, warmup=0, block=1)
+    time_runs(other, db, "", repeat=1, warmup=0, block=1)
     assert len(made) == 6  # under load both times: not cached, timed again

@@ -81,8 +81,9 @@ def test_graph_substitution_in_a_pipeline(model):
     mod, x, target, expected = model
     lines: list[str] = []
     with target:
-        rewritten = paragraph.GraphSubstitution("greedy", budget=20, top_k=2, kernels="vendor",
-                                                log=lines.append)(mod)
+        rewritten = paragraph.GraphSubstitution(paragraph.SearchOptions("greedy", budget=20,
+                                                                        top_k=2),
+                                                kernels="vendor", log=lines.append)(mod)
     rules = [str(r) for r in rewritten["main"].attrs["paragraph.rewrites"]]
     report = json.loads(str(rewritten["main"].attrs["paragraph.search"]))
     assert report["method"] == "greedy" and report["rules"] == rules

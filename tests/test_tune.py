@@ -13,6 +13,7 @@ import tvm_ffi
 
 from paragraph import models
 from paragraph.cli import main
+from paragraph.timing import MARGIN as MIN_GAIN
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.tuning_db import (
@@ -24,7 +25,6 @@ from paragraph.tvm_interop.build.tuning_db import (
     write_applied,
 )
 from paragraph.tvm_interop.runtime.vm import run_vm
-from paragraph.tvm_interop.tune.metaschedule import MIN_GAIN
 
 ARGS = ["tune", "squeezenet1_1", "--reduced", "--trials", "2", "--max-tasks", "2"]
 TUNE = [sys.executable, "-m", "paragraph", *ARGS]

@@ -833,7 +833,8 @@ def test_kernels_measured_faster_on_one_thread_are_capped(tmp_path):
     """`fewer_threads_where_faster` caps only vendor kernels of multi-thread streams, to one
     thread, from measurements it caches; the capped schedule validates, survives JSON and runs
     with the same outputs; a cap beyond its stream's threads is refused."""
-    from paragraph.planner import fewer_threads_where_faster
+    from paragraph.planner import Session
+    from paragraph.planner.critical_path import fewer_threads_where_faster
     from paragraph.schedule import Schedule, ScheduleError
 
     mod = models.get("nasnet_a_mobile", reduced=True)
@@ -842,12 +843,13 @@ def test_kernels_measured_faster_on_one_thread_are_capped(tmp_path):
     g = program.graph
     wide = make_schedule("sequential", g, cores=2)
     db = CostDB(tmp_path / "costs.sqlite")
-    capped = fewer_threads_where_faster(program, wide, db)
+    session = Session(db=db)
+    capped = fewer_threads_where_faster(program, wide, session)
     vendor_kernels = {n.id for n in program.kernels if n.attrs.get("source") == "vendor"}
     assert set(capped.kernel_threads) <= vendor_kernels
     assert set(capped.kernel_threads.values()) <= {1}
     measured = len(db)
-    assert fewer_threads_where_faster(program, wide, db) == capped  # from the cache
+    assert fewer_threads_where_faster(program, wide, session) == capped  # from the cache
     assert len(db) == measured
     every = Schedule.build(g, wide.streams, threads=2)
     every = Schedule(**{**every.__dict__, "kernel_threads": dict.fromkeys(vendor_kernels, 1)})
@@ -856,7 +858,7 @@ def test_kernels_measured_faster_on_one_thread_are_capped(tmp_path):
         for got, want in zip(fewer.run(*inputs), plain.run(*inputs), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert fewer_threads_where_faster(program, make_schedule("sequential", g, cores=1),
-                                      db).kernel_threads == {}  # one thread: nothing to cap
+                                      session).kernel_threads == {}  # 1 thread: nothing to cap
     k = next(iter(vendor_kernels))
     for bad in ({k: 3}, {k: 0}, {-5: 1}):
         with pytest.raises(ScheduleError, match="cannot run on"):
@@ -1861,12 +1863,14 @@ def test_one_stream_keeps_its_capped_kernels_only_where_whole_runs_are_faster(tm
     """Kernels each faster alone on one thread can make the stream slower (between two
     2-thread kernels a 1-thread one lets the OpenMP worker fall asleep), so the planner's one
     stream keeps its caps only where whole runs with them are clearly faster (by more than
-    `PLAN_MARGIN`), each timed under a cache key of its own (`plan_digest` carries the caps);
+    `MARGIN`), each timed under a cache key of its own (`plan_digest` carries the caps);
     told whether to cap (as `plan_like` passes the reference's choice), it does as told."""
     import sqlite3
     from dataclasses import replace
 
-    from paragraph import planner
+    from paragraph.planner import Plan, PlanReport, Session
+    from paragraph.planner import critical_path as planner
+    from paragraph.tvm_interop.meter.runs import plan_digest
 
     mod = models.get("squeezenet1_1", reduced=True)
     program = build_program(mod, "llvm", kernels="vendor")
@@ -1874,19 +1878,20 @@ def test_one_stream_keeps_its_capped_kernels_only_where_whole_runs_are_faster(tm
     k = next(n.id for n in program.kernels if n.attrs.get("source") == "vendor")
     monkeypatch.setattr(planner, "fewer_threads_where_faster",  # one cap, whatever it measures
                         lambda program, one, *a, **kw: replace(one, kernel_threads={k: 1}))
-    plan = planner.Plan(program, make_schedule("sequential", g, cores=2), {})
+    plan = Plan(program, make_schedule("sequential", g, cores=2), PlanReport())
     db = CostDB(tmp_path / "costs.sqlite")
-    first = planner._one_stream(plan, db, "", 2, None, None)
-    capped = planner.plan_digest(replace(first, kernel_threads={k: 1}))
-    plain = planner.plan_digest(replace(first, kernel_threads={}))
+    session = Session(db=db, cores=2)
+    first = planner._one_stream(plan, session, 2)
+    capped = plan_digest(replace(first, kernel_threads={k: 1}))
+    plain = plan_digest(replace(first, kernel_threads={}))
     assert capped != plain
-    # capped runs take: far less, more, and 0.5% less (a tie inside `PLAN_MARGIN`: noise
+    # capped runs take: far less, more, and 0.5% less (a tie inside `MARGIN`: noise
     # does not buy the capped schedule)
     for capped_s, caps_win in ((1e-9, True), (2.0, False), (0.995, False)):
         with sqlite3.connect(db.path) as conn:
             conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
                          "WHERE kernel LIKE 'run:%'", (f"%{capped}", capped_s, 1.0))
-        again = planner._one_stream(plan, db, "", 2, None, None)
+        again = planner._one_stream(plan, session, 2)
         assert again.kernel_threads == ({k: 1} if caps_win else {})
-    assert planner._one_stream(plan, db, "", 2, None, None, caps=True).kernel_threads == {k: 1}
-    assert planner._one_stream(plan, db, "", 2, None, None, caps=False).kernel_threads == {}
+    assert planner._one_stream(plan, session, 2, caps=True).kernel_threads == {k: 1}
+    assert planner._one_stream(plan, session, 2, caps=False).kernel_threads == {}

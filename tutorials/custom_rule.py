@@ -91,8 +91,8 @@ def main(full: bool = False, budget: float = 20.0) -> None:
     #    (TVM fuses a ReLU into the convolution before it, so two fused ReLUs are free and
     #    one after the concatenation is an extra kernel: expect the search to leave it out).
     rules = [*default_library().for_search(), rule]
-    with paragraph.build(mod, search="greedy", rules=rules, search_budget=budget,
-                         top_k=2, kernels="tvm") as exe:
+    search = paragraph.SearchOptions("greedy", budget=budget, top_k=2)
+    with paragraph.build(mod, search=search, rules=rules, kernels="tvm") as exe:
         got = exe.run(*x)
         np.testing.assert_allclose(got[0], run_graph(graph, x)[0], rtol=1e-4, atol=1e-4)
         applied = exe.report["search"]["rules"]
@@ -102,8 +102,7 @@ def main(full: bool = False, budget: float = 20.0) -> None:
 
     # An unverified rule never reaches a program:
     try:
-        paragraph.build(mod, search="greedy", rules=[replace(rule, proof=None)],
-                        search_budget=budget)
+        paragraph.build(mod, search=search, rules=[replace(rule, proof=None)])
     except paragraph.ParagraphError as e:
         print(f"unverified: {e}")
 

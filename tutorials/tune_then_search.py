@@ -21,8 +21,9 @@ import numpy as np
 
 import paragraph
 from paragraph import models
+from paragraph.planner import tune_and_check
 from paragraph.tvm_interop.runtime.target import local_cpu_target
-from paragraph.tvm_interop.tune.metaschedule import format_summary, tune
+from paragraph.tvm_interop.tune.metaschedule import format_summary
 
 
 def main(full: bool = False, trials: int = 4, max_tasks: int = 3, budget: float = 20.0) -> None:
@@ -30,7 +31,8 @@ def main(full: bool = False, trials: int = 4, max_tasks: int = 3, budget: float 
     target = local_cpu_target()
     with tempfile.TemporaryDirectory() as work:
         # 1. Tune the heaviest kernels (TVM's own code generation; vendor kernels need none).
-        results = tune(mod, target, work, trials, max_tasks=None if full else max_tasks)
+        results = tune_and_check(mod, target, work, trials,
+                                 max_tasks=None if full else max_tasks)
         print(format_summary(results))
 
         # 2. The same model untuned and tuned, both with TVM kernels, side by side.
@@ -46,8 +48,9 @@ def main(full: bool = False, trials: int = 4, max_tasks: int = 3, budget: float 
               "faster, alone and in the model under critical-path, are applied)")
 
         # 3. The graph search on top, measuring its candidates with the tuned kernels.
-        with paragraph.build(mod, target, kernels="tvm", tuning_db=work, search="autograph",
-                             search_budget=budget, top_k=2) as searched:
+        search = paragraph.SearchOptions("autograph", budget=budget, top_k=2)
+        with paragraph.build(mod, target, kernels="tvm", tuning_db=work,
+                             search=search) as searched:
             np.testing.assert_allclose(searched.run(*x)[0], plain.run(*x)[0], rtol=1e-4,
                                        atol=1e-4)
             report = searched.report["search"]

@@ -51,8 +51,8 @@ class LocalMeter:
     def runs(self, candidates: Sequence[tuple[KernelProgram, Schedule]], *, repeat: int = 6,
              warmup: int = 2, block: int = 5, check: bool = False,
              fresh: bool = False) -> list[float]:
-        return time_runs(candidates, None if fresh else self.db, self.tuning, repeat, warmup,
-                         check, block)
+        return time_runs(candidates, None if fresh else self.db, self.tuning, repeat=repeat,
+                         warmup=warmup, check=check, block=block)
 
     def stage_timer(self, program: KernelProgram, options: IOSOptions,
                     seq_threads: int) -> LocalStages:
