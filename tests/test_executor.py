@@ -27,9 +27,11 @@ from paragraph.passes.schedule import (
     wavefront,
 )
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop import compiled, native, random_inputs, threads
+from paragraph.tvm_interop import random_inputs
+from paragraph.tvm_interop.build import compiled
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.device import kernel_costs
+from paragraph.tvm_interop.runtime import native, threads
 from paragraph.tvm_interop.runtime.executor import (
     CPUExecutor,
     InputError,

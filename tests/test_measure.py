@@ -8,13 +8,13 @@ import time
 import pytest
 
 from paragraph import models
+from paragraph.files import cache_dir
 from paragraph.machine import LoadWatch
 from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
 from paragraph.tvm_interop.measure.device import (
-    cache_dir,
     kernel_costs,
     measure_cpu_peaks,
     measure_handoff,

@@ -1,6 +1,8 @@
-"""The house rules, checked from the source: the import graph of `paragraph` has no cycle,
-imports inside functions only defer optional or slow dependencies (and say why), and the pure
-core (graph IR, operator specs, schedules, rules, the graph algorithms) runs without TVM."""
+"""The house rules, checked from the source: the layers (`LAYERS`, bottom up) import only their
+own layer and those below it, with the imports under ``TYPE_CHECKING`` counted too; the import
+graph has no cycle, hidden under ``TYPE_CHECKING`` or not; imports inside functions only defer
+optional or slow dependencies (and say why); and the pure core (graph IR, operator specs,
+schedules, rules, the graph algorithms) runs without TVM."""
 
 from __future__ import annotations
 
@@ -16,7 +18,24 @@ TVM_FACING = ("paragraph.tvm_interop", "paragraph.models", "paragraph.planner",
               "paragraph.deploy", "paragraph.transform",
               "paragraph.bench", "paragraph.cli", "paragraph.timeline", "paragraph.__main__")
 # what a function may import for itself: optional extras, and slow imports few callers need
-DEFERRED = ("torch", "onnx", "onnxruntime", "matplotlib", "scipy", "cuda")
+DEFERRED = ("torch", "onnx", "onnxruntime", "matplotlib", "scipy", "cuda", "tqdm")
+# bottom up: a module may import its own layer and the layers below it, nothing above (the
+# data flows up this list: a model is imported, built, run and measured, then planned, then
+# handed to the user). The pure core is every module no other layer names.
+LAYERS = (
+    ("core", ()),  # the graph IR, operators, schedules, timing, files, machine, progress
+    ("rules", ("paragraph.rules",)),  # the verified rule library
+    ("passes", ("paragraph.passes",)),  # the graph algorithms and the search
+    ("frontend", ("paragraph.tvm_interop.frontend", "paragraph.models")),  # models in
+    ("runtime", ("paragraph.tvm_interop.runtime",)),  # running a program; the kernel library
+    ("measure", ("paragraph.tvm_interop.measure",)),  # timing kernels, the cost database
+    ("build", ("paragraph.tvm_interop.build",)),  # lowering, kernel sources, programs
+    ("meter", ("paragraph.tvm_interop.meter",)),  # measuring programs, here or remote
+    ("tune", ("paragraph.tvm_interop.tune",)),  # MetaSchedule
+    ("planner", ("paragraph.planner",)),  # every decision made by measurement
+    ("face", ("paragraph.deploy", "paragraph.transform", "paragraph.bench",
+              "paragraph.timeline", "paragraph.cli", "paragraph.__main__")),
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -37,22 +56,25 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(name: str) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement of module ``name`` that runs (not under ``TYPE_CHECKING``),
-    with whether it sits inside a function."""
+def _imports(name: str, typing: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement of module ``name`` that runs (with ``typing``, also those under
+    ``TYPE_CHECKING``), with whether it sits inside a function."""
     tree = ast.parse(MODULES[name].read_text())
     found = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                for other in child.orelse:
-                    visit(other, in_function)
-                continue
-            if isinstance(child, (ast.Import, ast.ImportFrom)):
-                found.append((child, in_function))
-            visit(child, in_function or isinstance(child, (ast.FunctionDef,
-                                                            ast.AsyncFunctionDef, ast.Lambda)))
+            statement(child, in_function)
+
+    def statement(child: ast.AST, in_function: bool) -> None:
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for other in ([*child.body, *child.orelse] if typing else child.orelse):
+                statement(other, in_function)
+            return
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            found.append((child, in_function))
+        visit(child, in_function or isinstance(child, (ast.FunctionDef,
+                                                        ast.AsyncFunctionDef, ast.Lambda)))
 
     visit(tree, False)
     return found
@@ -72,9 +94,27 @@ def _targets(name: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return subs + ([base] if len(subs) < len(node.names) else [])
 
 
-def _graph() -> dict[str, set[str]]:
-    return {name: {t for node, _ in _imports(name) for t in _targets(name, node)
+def _graph(typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules it imports (with ``typing``, under ``TYPE_CHECKING`` too)."""
+    return {name: {t for node, _ in _imports(name, typing) for t in _targets(name, node)
                    if t in MODULES and t != name} for name in MODULES}
+
+
+def layer(name: str) -> int:
+    """The index in `LAYERS` of module ``name``'s layer (the package ``paragraph.tvm_interop``
+    itself re-exports the frontend)."""
+    if name == "paragraph.tvm_interop":
+        return 3
+    for i, (_, prefixes) in reversed(list(enumerate(LAYERS))):
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return i
+    return 0
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above its own."""
+    return sorted(f"{a} ({LAYERS[layer(a)][0]}) imports {b} ({LAYERS[layer(b)][0]})"
+                  for a, targets in graph.items() for b in targets if layer(b) > layer(a))
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -99,8 +139,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_import_graph_has_no_cycle():
-    graph = _graph()
+def test_the_import_graph_has_no_cycle_even_under_type_checking():
+    graph = _graph(typing=True)
     assert len(graph) > 40 and "paragraph.planner" in graph["paragraph.cli"]
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
@@ -109,6 +149,39 @@ def test_the_import_graph_has_no_cycle():
 def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_imports_point_down_the_layers():
+    upward = _upward(_graph(typing=True))
+    assert not upward, "imports from a layer above:\n" + "\n".join(upward)
+
+
+def test_the_direction_check_finds_an_upward_import():
+    assert layer("paragraph.graph") == 0 and layer("paragraph.tvm_interop.runtime.executor") \
+        < layer("paragraph.tvm_interop.build.program") < layer("paragraph.planner.ios")
+    graph = {"paragraph.tvm_interop.runtime.executor": {"paragraph.tvm_interop.build.program"},
+             "paragraph.planner.ios": {"paragraph.graph"}}
+    assert _upward(graph) == ["paragraph.tvm_interop.runtime.executor (runtime) imports "
+                              "paragraph.tvm_interop.build.program (build)"]
+    # an import only a type checker follows counts: it is a dependency all the same
+    typed, run = (_graph(typing)["paragraph.tvm_interop.measure.device"] for typing in (True,
+                                                                                     False))
+    assert "paragraph.tvm_interop.runtime.executor" in typed - run
+
+
+def test_every_module_is_in_a_layer_the_architecture_names():
+    """ARCHITECTURE.md names every module (a package is named through its modules), as
+    `` `x/y/z` `` or `` `x.y.z` `` with any leading packages left out."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    missing = []
+    for name, path in MODULES.items():
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        parts = name.split(".")[1:]
+        forms = {sep.join(parts[i:]) for i in range(len(parts)) for sep in "./"}
+        if not any(f"`{form}`" in text for form in forms):
+            missing.append(name)
+    assert not missing, "modules ARCHITECTURE.md does not name:\n" + "\n".join(missing)
 
 
 def test_imports_inside_functions_only_defer_optional_or_slow_dependencies():

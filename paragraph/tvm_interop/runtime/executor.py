@@ -40,7 +40,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
@@ -55,6 +54,7 @@ from paragraph.tvm_interop.runtime import native as _native
 from paragraph.tvm_interop.runtime.library import native as native_vendor
 from paragraph.tvm_interop.runtime.library import torch_kernels as vendor
 from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
+from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.threads import (
     acquire_workers,
     config_threads,
@@ -65,9 +65,6 @@ from paragraph.tvm_interop.runtime.threads import (
     stream_cores,
     stream_teams,
 )
-
-if TYPE_CHECKING:  # programs are built above the executor, which only runs them
-    from paragraph.tvm_interop.runtime.program import KernelProgram
 
 
 class KernelError(ParagraphError):
