@@ -49,12 +49,12 @@ from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.passes.schedule import make_schedule  # noqa: E402
 from paragraph.timing import Config, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
-from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
 from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS  # noqa: E402
 from paragraph.tvm_interop.meter.runs import tolerance  # noqa: E402
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.runtime.library import native  # noqa: E402
+from paragraph.tvm_interop.runtime.target import resolve_target  # noqa: E402
 
 KERNELS = "paragraph/tvm_interop/runtime/library/cpp/kernels.cc"
 WARMUP = SETTLE_RUNS  # runs per executor before timing: past every form's timed trials

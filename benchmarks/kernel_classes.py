@@ -53,13 +53,13 @@ from paragraph.machine import (  # noqa: E402
 from paragraph.passes.pools import pools_after_convs  # noqa: E402
 from paragraph.passes.schedule import make_schedule  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
-from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
 from paragraph.tvm_interop.build.program import build_program  # noqa: E402
 from paragraph.tvm_interop.frontend.importers import prepare  # noqa: E402
 from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax  # noqa: E402
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS  # noqa: E402
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.runtime.library.names import VendorOp, is_vendor_name  # noqa: E402
+from paragraph.tvm_interop.runtime.target import resolve_target  # noqa: E402
 
 # class, words of an ORT op type or a TVM fused function's name (first match wins)
 CLASSES = (("convolution", ("conv",)), ("product", ("matmul", "gemm", "bmm", "dense")),

@@ -72,10 +72,8 @@ from paragraph.planner import (  # noqa: E402
 from paragraph.timing import Config  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs  # noqa: E402
 from paragraph.tvm_interop.frontend.importers import load  # noqa: E402
-from paragraph.tvm_interop.measure.device import (
-    SETTLE_RUNS,  # noqa: E402
-    CostDB,  # noqa: E402
-)
+from paragraph.tvm_interop.measure.costdb import CostDB  # noqa: E402
+from paragraph.tvm_interop.measure.device import SETTLE_RUNS  # noqa: E402
 from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.runtime.program import KernelProgram  # noqa: E402
 from paragraph.tvm_interop.runtime.threads import config_threads  # noqa: E402

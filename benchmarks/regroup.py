@@ -47,8 +47,8 @@ from paragraph.passes.schedule import make_schedule  # noqa: E402
 from paragraph.planner import Session, plan_schedule  # noqa: E402
 from paragraph.rules import default_library  # noqa: E402
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax  # noqa: E402
-from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
 from paragraph.tvm_interop.build.program import build_program  # noqa: E402
+from paragraph.tvm_interop.runtime.target import resolve_target  # noqa: E402
 
 MODEL = "resnext50_32x4d"
 

@@ -47,12 +47,10 @@ from paragraph.outputs import max_difference  # noqa: E402
 from paragraph.planner import Session, plan_schedule  # noqa: E402
 from paragraph.timing import Config, time_after_pauses, time_in_blocks  # noqa: E402
 from paragraph.tvm_interop import random_inputs  # noqa: E402
-from paragraph.tvm_interop.build.lowering import resolve_target  # noqa: E402
 from paragraph.tvm_interop.build.program import build_program  # noqa: E402
-from paragraph.tvm_interop.measure.device import (
-    SETTLE_RUNS,  # noqa: E402
-    CostDB,  # noqa: E402
-)
+from paragraph.tvm_interop.measure.costdb import CostDB  # noqa: E402
+from paragraph.tvm_interop.measure.device import SETTLE_RUNS  # noqa: E402
+from paragraph.tvm_interop.runtime.target import resolve_target  # noqa: E402
 
 MODELS = ("inception_v3", "nasnet_a_mobile", "resnet50", "bert", "encoder")
 

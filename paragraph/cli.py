@@ -58,7 +58,6 @@ from paragraph.tvm_interop.runtime.target import (
     is_cpu,
     local_cpu_target,
     resolve_target,
-    runs_here,
 )
 from paragraph.tvm_interop.runtime.vm import build_vm, run_vm
 from paragraph.tvm_interop.tune.metaschedule import format_summary, tune
@@ -162,18 +161,6 @@ def _target(args: argparse.Namespace, here: bool = True) -> Any:
     return resolve_target(args.target)
 
 
-def _default_kernels(args: argparse.Namespace) -> str:
-    """--kernels' default: the fastest source where the program runs (TVM's own for a target
-    that runs neither here nor on an RPC device)."""
-    if args.target in ("cpu", "cuda") or _rpc_address(args) is not None:
-        return default_kernels("cuda" if args.target == "cuda" else "llvm",
-                               getattr(args, "tuning_db", None))
-    target = resolve_target(args.target)
-    if not runs_here(target):
-        return "tvm"
-    return default_kernels(target.kind.name, getattr(args, "tuning_db", None))
-
-
 def _options(args: argparse.Namespace, target: Any, schedule: str | None = None
              ) -> CompileOptions:
     """The compile options of the command line."""
@@ -195,10 +182,11 @@ def _plan(args: argparse.Namespace, mod: Any, step: str,
     if from_file:  # a program to schedule as the file says: no planning, nothing measured
         options = replace(options, schedule="sequential")
     if options.search is None:
-        _say(f"{step} ...")
+        _say(f"{step}, {options.kernels or 'the fastest'} kernels ...")
 
     def built(program: KernelProgram) -> None:
-        _say(f"  {_kernel_summary(program)}, built in {program.build_seconds:.1f} s")
+        _say(f"  {_kernel_summary(program)} ({program.kernel_source}), built in "
+             f"{program.build_seconds:.1f} s")
         if on_built is not None:
             on_built(program)
 
@@ -352,8 +340,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                        device=program.device))
 
     plan = _plan(args, roundtrip, f"lowering and compiling for {target.kind.name} "
-                 f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}, {args.kernels} "
-                 "kernels", on_built=reference)
+                 f"{target.attrs.get('mcpu', target.attrs.get('arch', ''))}",
+                 on_built=reference)
     if plan.report.search is not None:  # a rewritten model: compare with the model itself
         reference_program = plan.program
         with _Step("running the original model on the TVM VM"):
@@ -364,7 +352,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.save_schedule, plan.schedule.dumps().encode())
         _say(f"  wrote {args.save_schedule}")
     return _check_and_time(args, plan, inputs, expected,
-                           f"{label}: paragraph executor, {args.kernels} kernels")
+                           f"{label}: paragraph executor, {plan.program.kernel_source} kernels")
 
 
 def _run_remote(args: argparse.Namespace) -> int:
@@ -377,7 +365,7 @@ def _run_remote(args: argparse.Namespace) -> int:
                              "the program runs there on seeded inputs")
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    plan = _plan(args, mod, f"compiling for {remote.key}, {args.kernels} kernels")
+    plan = _plan(args, mod, f"compiling for {remote.key}")
     _say(f"  schedule {plan.schedule.describe()}")
     with _Step(f"checking and timing on {remote.key}"):
         (seconds,), _ = remote.time([(plan.program, plan.schedule)],
@@ -389,7 +377,7 @@ def _run_remote(args: argparse.Namespace) -> int:
         _write_json(args, {"equal": False, "max_difference": remote.vm_difference})
         return 1
     _say(f"{label} on {remote.describe()}: median {seconds * 1e3:.2f} ms, "
-         f"{plan.schedule.name} schedule, {args.kernels} kernels")
+         f"{plan.schedule.name} schedule, {plan.program.kernel_source} kernels")
     _write_json(args, {"equal": True, "max_difference": remote.vm_difference, "label": label,
                        "median_ms": seconds * 1e3, "remote": remote.describe(),
                        "remote_machine": remote.machine, "kernels": plan.program.sources(),
@@ -487,7 +475,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     _connect(args)
     mod, label = load_model(args.model, reduced=args.reduced, batch=args.batch,
                             input_shapes=parse_shapes(args.input_shape))
-    plan = _plan(args, mod, f"lowering and compiling {label}, {args.kernels} kernels")
+    plan = _plan(args, mod, f"lowering and compiling {label}")
     _say(f"  schedule {plan.schedule.describe()}")
     exe = ParallelExecutable.of(plan)
     with _Step(f"writing {args.output}"):
@@ -556,7 +544,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         searched = _plan(args, mod, f"searching {label}")
     result = benchmark(mod, schedules=schedules, repeat=args.repeat, target=target,
                        tuning_db=args.tuning_db, seed=args.seed, model=args.model, log=_say,
-                       kernels=args.kernels, ios=_ios_options(args), cores=args.threads,
+                       kernels=args.kernels or default_kernels(target.kind.name,
+                                                               args.tuning_db),
+                       ios=_ios_options(args), cores=args.threads,
                        split=not args.no_split, searched=searched)
     result.update(reduced=args.reduced, batch=args.batch)
     _say(format_table(result))
@@ -590,7 +580,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if not is_cpu(_target(args)):
             raise ParagraphError("paragraph inspect records kernel timelines on the CPU "
                                  "executor; use --target cpu")
-        plan = _plan(args, mod, f"lowering and compiling {label}, {args.kernels} kernels")
+        plan = _plan(args, mod, f"lowering and compiling {label}")
         searched = plan if plan.graph is not None else None
         program, schedule = plan.program, plan.schedule
         inputs = random_inputs(mod, seed=args.seed)
@@ -837,8 +827,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``paragraph`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "kernels", "") is None:  # the fastest source the target has
-            args.kernels = "tvm" if args.command == "tune" else _default_kernels(args)
+        if args.command == "tune" and args.kernels is None:  # tuning tunes TVM's kernels
+            args.kernels = "tvm"
         return args.func(args)
     except ParagraphError as e:
         print(f"\nparagraph: error: {e}", file=sys.stderr)

@@ -229,3 +229,70 @@ def test_a_damaged_artifact_is_named_as_one(capsys, tmp_path):
     for verb in ("run", "inspect"):
         code, _, err = run_cli(capsys, verb, str(path))
         assert code == 2 and "is not a paragraph artifact, or it is truncated or damaged" in err
+
+
+def test_target_takes_what_tvm_takes(capsys, tmp_path):
+    """--target: cpu, a kind, TVM's JSON form (TVM 0.27 refuses "llvm -mcpu=..." strings: the
+    error says what to write instead), or a tag of a machine that is not this one, whose
+    program is compiled with TVM's kernels and a schedule that needs no measurement, into a
+    file this machine refuses to run."""
+    import tvm
+
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
+                           "--schedule", "wavefront", "--target",
+                           json.dumps({"kind": "llvm", "mcpu": cpu, "num-cores": 2}))
+    assert code == 0 and "equal" in out
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced",
+                           "--target", "llvm -mcpu=znver4")
+    assert code == 2 and "JSON form" in err and "Traceback" not in err
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--target", "{oops")
+    assert code == 2 and "not valid JSON" in err
+    if tvm.cuda(0).exist:
+        return  # the tag's machine is this one
+    artifact = tmp_path / "h100.paragraph"
+    code, out, _ = run_cli(capsys, "compile", "squeezenet1_1", "--reduced", "--target",
+                           "nvidia/nvidia-h100", "-o", str(artifact))
+    assert code == 0, out
+    assert "does not run on this machine: planning the opara schedule" in out
+    assert "tvm kernels" in out and artifact.is_file()
+    code, _, err = run_cli(capsys, "run", str(artifact))
+    assert code == 2 and "Traceback" not in err
+    code, _, err = run_cli(capsys, "compile", "squeezenet1_1", "--reduced", "--target",
+                           "nvidia/nvidia-h100", "--schedule", "critical-path", "-o",
+                           str(artifact))
+    assert code == 2 and "--rpc-tracker" in err and "needs no measurement" in err
+
+
+def test_inputs_and_outputs_files(capsys, tmp_path):
+    """run --inputs x.npz (by name, or in order) --outputs y.npz, as tvmc does; a file that
+    does not fit the model is a clear error."""
+    import numpy as np
+
+    from paragraph.tvm_interop import random_inputs
+
+    mod = models.get("squeezenet1_1", reduced=True)
+    (x,) = random_inputs(mod, seed=3)
+    name = mod["main"].params[0].name_hint
+    inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(inputs, **{name: x})
+    code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
+                           "--schedule", "sequential", "--inputs", str(inputs), "--outputs",
+                           str(outputs))
+    assert code == 0 and "equal" in out and "wrote 1 output(s)" in out
+    with np.load(outputs) as got:
+        first = got["output_0"]
+    np.savez(inputs, x)  # in order: arr_0
+    code, _, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
+                         "--schedule", "sequential", "--inputs", str(inputs), "--outputs",
+                         str(outputs))
+    with np.load(outputs) as again:
+        np.testing.assert_array_equal(again["output_0"], first)
+    np.savez(inputs, x[:, :1])
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--inputs",
+                           str(inputs))
+    assert code == 2 and f"input {name!r} takes float32" in err
+    np.savez(inputs, a=x, b=x)
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--inputs",
+                           str(inputs))
+    assert code == 2 and "the model takes 1 input(s)" in err

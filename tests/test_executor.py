@@ -528,7 +528,7 @@ def test_cores_that_cannot_be_bound_warn_and_the_run_goes_on(monkeypatch):
 
 
 def test_a_stream_failing_outside_its_kernels_stops_all(monkeypatch, stream_runner):
-    from paragraph.tvm_interop import executor
+    from paragraph.tvm_interop.runtime import executor
 
     tvm_ffi.register_global_func("paragraph_test.copy", lambda x, out: out.copyfrom(x.numpy()),
                                  override=True)
@@ -602,7 +602,7 @@ def test_programs_share_the_compiled_kernels_they_have_in_common():
     assert len(set(second.functions.values()) & set(first.functions.values())) == 1
     x = np.random.default_rng(0).standard_normal((4, 8)).astype("float32")
     for program, want in ((first, np.maximum(x, 0)), (second, 1 / (1 + np.exp(-x)))):
-        assert program._executable is None  # the VM's module is not built for the executor
+        assert not program.compiled.made  # the VM's module is not built for the executor
         with make_executor(program, make_schedule("sequential", program.graph)) as ex:
             got = ex.run(x)
         np.testing.assert_allclose(got[0], x.sum(axis=1), rtol=1e-5)

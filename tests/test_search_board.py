@@ -52,7 +52,7 @@ def test_measure_signatures_warms_what_a_search_prices(tmp_path):
     n = measure_signatures(g, session, kernels="tvm")
     assert n == len({k.signature for k in kernels_of(g) if k.kind not in VIEWS})
     assert measure_signatures(g, session, kernels="tvm") == 0
-    meter = SignatureMeter("llvm", "tvm", LocalMeter(db), threads=2)
+    meter = SignatureMeter(session.target, "tvm", LocalMeter(db), threads=2)
     assert all(meter.cached(k) is not None for k in kernels_of(g) if k.kind not in VIEWS)
 
 

@@ -32,7 +32,7 @@ def main(full: bool = False, trials: int = 4, max_tasks: int = 3, budget: float 
     with tempfile.TemporaryDirectory() as work:
         # 1. Tune the heaviest kernels (TVM's own code generation; vendor kernels need none).
         results = tune_and_check(mod, target, work, trials,
-                                 max_tasks=None if full else max_tasks)
+                                 max_tasks=None if full else max_tasks, log=print)
         print(format_summary(results))
 
         # 2. The same model untuned and tuned, both with TVM kernels, side by side.

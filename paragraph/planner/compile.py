@@ -37,7 +37,6 @@ from paragraph.tvm_interop.meter.protocol import Meter
 from paragraph.tvm_interop.runtime.library.names import check_kernel_source
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 from paragraph.tvm_interop.runtime.program import KernelProgram
-from paragraph.tvm_interop.runtime.target import runs_here
 
 # schedules that measure on the device (those that do not are the graph algorithms)
 MEASURED = ("critical-path", "ios")
@@ -83,8 +82,9 @@ def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log 
             on_built: Callable[[KernelProgram], object] | None = None) -> Plan:
     """``model`` imported, searched, built and planned as ``options`` say (module docstring).
 
-    A module that `paragraph.transform.InterOperatorSchedule` scheduled keeps its schedule;
-    one `paragraph.transform.KernelLowering` lowered is planned without lowering it again.
+    A module that `paragraph.transform.InterOperatorSchedule` scheduled keeps its schedule
+    unless ``options`` name one; one `paragraph.transform.KernelLowering` lowered is planned
+    without lowering it again.
     Measurements go through ``session`` (made here from ``options``, ``log`` and ``remote``,
     a `paragraph.tvm_interop.meter.remote.Remote` to measure on, when None). ``on_built``
     hears of the program as built, before it is planned (not for a searched model, whose
@@ -94,16 +94,16 @@ def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log 
                      log=log, remote=remote) as own:
             return compile(model, options, session=own, on_built=on_built)
     mod = model if isinstance(model, tvm.IRModule) else load(model, options.input_shapes)
-    schedule = _schedule(options, session, remote_meter=remote is not None)
+    schedule = _schedule(options, session)
     if lowered_info(mod) is not None:  # lowered (and maybe scheduled) by our passes
         program = program_from_lowered(mod, session.target)
         attached = attached_schedule(mod, program)
-        if attached is not None:
+        if attached is not None and options.schedule is None:
             return Plan(program, attached, PlanReport(attached=attached.name))
         if on_built is not None:
             on_built(program)
         return plan_schedule(schedule, program, session, ios=options.ios, split=options.split)
-    kernels = options.kernels or default_source(session, remote is not None)
+    kernels = options.kernels or default_source(session)
     if options.search is not None:
         session.log(f"{options.search.method} substitution search ({options.search.cost} "
                     f"cost, beta {options.search.beta}, budget {options.search.budget:.0f} s):")
@@ -115,20 +115,21 @@ def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log 
     return plan_schedule(schedule, program, session, ios=options.ios, split=options.split)
 
 
-def default_source(session: Session, remote: bool = False) -> str:
-    """The kernel source a compile gets without one named: the fastest where programs for
-    the session's target run (`default_kernels`), TVM's own for another machine (the vendor
-    kernels are this machine's)."""
-    if not (remote or runs_here(session.target)):
+def default_source(session: Session) -> str:
+    """The kernel source a compile gets without one named: the fastest where the session's
+    meter runs programs for its target (`default_kernels`), TVM's own for a machine it does
+    not reach (the vendor kernels are built for the machines paragraph runs on)."""
+    if not session.meter.measures(session.target):
         return "tvm"
     return default_kernels(session.target.kind.name, session.tuning_db)
 
 
-def _schedule(options: CompileOptions, session: Session, remote_meter: bool) -> str:
-    """The schedule to plan: ``options.schedule``, or critical-path where the target can be
-    measured (here, or on the remote device), else `UNMEASURED_DEFAULT`; a measured schedule
-    for a target that cannot be measured is an error naming the ways out."""
-    measurable = remote_meter or runs_here(session.target)
+def _schedule(options: CompileOptions, session: Session) -> str:
+    """The schedule to plan: ``options.schedule``, or critical-path where the session's
+    meter can measure the target (here, or on the remote device), else `UNMEASURED_DEFAULT`;
+    a measured schedule for a target that cannot be measured is an error naming the ways
+    out."""
+    measurable = session.meter.measures(session.target)
     name = options.schedule
     if name is None:
         if measurable:

@@ -24,6 +24,7 @@ from paragraph.tvm_interop.meter.runs import time_runs
 from paragraph.tvm_interop.meter.stages import LocalStages, sequence_seconds
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.target import runs_here
 
 
 class LocalMeter:
@@ -44,6 +45,9 @@ class LocalMeter:
                                       program.input_ranges))
             return [kernel_costs(ex, db=self.db, threads=t, tuning=self.tuning, log=log)
                     for t in threads]
+
+    def measures(self, target: tvm.target.Target) -> bool:
+        return runs_here(target)
 
     def handoff(self, target: tvm.target.Target) -> float:
         return measure_handoff(self.db, str(target))

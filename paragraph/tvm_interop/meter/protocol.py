@@ -46,6 +46,10 @@ class Meter(Protocol):
         ``log`` hears when kernels are timed)."""
         ...
 
+    def measures(self, target: tvm.target.Target) -> bool:
+        """Whether programs for ``target`` can be run and measured by this meter."""
+        ...
+
     def handoff(self, target: tvm.target.Target) -> float:
         """Seconds for one worker thread to hand a result to another on the device."""
         ...

@@ -333,6 +333,10 @@ class Remote:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def measures(self, target: tvm.target.Target) -> bool:
+        """Whether ``target`` is the device's own (programs are compiled for it here)."""
+        return target.kind.name == self.target.kind.name
+
     def handoff(self, target: tvm.target.Target | None = None) -> float:
         """Seconds for one worker thread to hand a result to another on the device."""
         return float(self._call("handoff"))

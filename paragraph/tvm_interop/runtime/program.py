@@ -35,6 +35,11 @@ class Once(Generic[T]):
         once.get()
         return once
 
+    @property
+    def made(self) -> bool:
+        """Whether the value exists yet."""
+        return self._make is None
+
     def get(self) -> T:
         with self._lock:
             if self._make is not None:

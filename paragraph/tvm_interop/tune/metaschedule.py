@@ -25,6 +25,7 @@ leaves ``applied/`` as the last check left it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -65,6 +66,7 @@ from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.runtime.target import default_device, is_cpu, is_gpu, resolve_target
 
 Tracker = tuple[str, int, str]  # an RPC tracker's host and port, and the device's key
+_UPLOADS = itertools.count()  # kernels uploaded to a device, named apart
 
 
 @dataclass
@@ -303,12 +305,13 @@ def _timer(func_mod: tvm.IRModule, target: tvm.target.Target, session: Any = Non
     lib = tvm.compile(func_mod, target=target).mod
     if session is None:
         dev = default_device(target)
-    else:
+    else:  # a name of its own: a file loaded there is not replaced under its handle
+        name = f"kernel{next(_UPLOADS)}-{os.getpid()}.so"
         with tempfile.TemporaryDirectory(prefix="paragraph-tune-") as tmp:
-            path = Path(tmp) / "kernel.so"
+            path = Path(tmp) / name
             lib.export_library(str(path))
             session.upload(str(path))
-        lib = session.load_module("kernel.so")
+        lib = session.load_module(name)
         dev = session.cuda(0) if is_gpu(target) else session.cpu(0)
     rng = np.random.default_rng(0)  # integer arguments (indices) zero: in range of any table
     args = [tvm.runtime.tensor(rng.standard_normal(info.shape).astype(info.dtype)
