@@ -295,9 +295,11 @@ def _conv2d_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[Ten
     return [TensorType((n, o, oh, ow), attrs["out_dtype"] or x.dtype)]
 
 
-def _windows(x: np.ndarray, kh: int, kw: int, s: tuple[int, int], d: tuple[int, int],
-             oh: int, ow: int) -> np.ndarray:
-    """View of shape (N, C, oh, ow, kh, kw) over a padded NCHW array."""
+def windows(x: np.ndarray, kh: int, kw: int, s: tuple[int, int], d: tuple[int, int],
+            oh: int, ow: int) -> np.ndarray:
+    """View of shape (N, C, oh, ow, kh, kw) over a padded NCHW array: the ``kh`` x ``kw``
+    window (strides ``s``, dilation ``d``) of every output position, which convolutions and
+    pools reduce."""
     sn, sc, sh_, sw_ = x.strides
     return np.lib.stride_tricks.as_strided(
         x, (x.shape[0], x.shape[1], oh, ow, kh, kw),
@@ -314,7 +316,7 @@ def _conv2d(x: np.ndarray, w: np.ndarray, strides: Any, padding: Any, dilation: 
     xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     n, o, oh, ow = out_t.shape
     kh, kw = w.shape[2:]
-    win = _windows(xp, kh, kw, _pair(strides), _pair(dilation), oh, ow)
+    win = windows(xp, kh, kw, _pair(strides), _pair(dilation), oh, ow)
     cg, og = w.shape[1], o // groups
     outs = [np.einsum("nchwij,ocij->nohw", win[:, g * cg:(g + 1) * cg],
                       w[g * og:(g + 1) * og], optimize=True) for g in range(groups)]
@@ -397,16 +399,16 @@ def _pool(x: np.ndarray, reduce: str, pool_size: Any, strides: Any, padding: Any
     pads = ((0, 0), (0, 0), (pt, pb + extra_h), (pl, pr + extra_w))
     if reduce == "max":
         xp = np.pad(x, pads, constant_values=-np.inf)
-        high: np.ndarray = _windows(xp, kh, kw, s, d, oh, ow).max(axis=(4, 5))
+        high: np.ndarray = windows(xp, kh, kw, s, d, oh, ow).max(axis=(4, 5))
         return high.astype(x.dtype)
     xp = np.pad(x, pads)
-    total = _windows(xp, kh, kw, s, d, oh, ow).sum(axis=(4, 5))
+    total = windows(xp, kh, kw, s, d, oh, ow).sum(axis=(4, 5))
     inside = np.zeros((1, 1) + xp.shape[2:], x.dtype)
     if count_include_pad:  # padding counts, the ceil_mode overhang does not
         inside[..., :x.shape[2] + pt + pb, :x.shape[3] + pl + pr] = 1
     else:
         inside[..., pt:pt + x.shape[2], pl:pl + x.shape[3]] = 1
-    count = _windows(inside, kh, kw, s, d, oh, ow).sum(axis=(4, 5))
+    count = windows(inside, kh, kw, s, d, oh, ow).sum(axis=(4, 5))
     out: np.ndarray = (total / np.maximum(count, 1)).astype(x.dtype)
     return out
 

@@ -8,6 +8,14 @@ dividing and the non-linear element-wise functions are fixed polynomials, as in 
 generator) and a z3 uninterpreted function over the sort of tensors ``T`` with integer
 parameters (TASO section 2.4: shapes are not modelled).
 
+The float references are the graph IR's (`paragraph.ops`, one numpy reference per operator):
+a rule operator runs the IR operator it lowers to, its parameters (stride, SAME/VALID
+padding, activation, groups) mapped to that operator's attributes. The int mode keeps its own
+arithmetic where it differs (non-linear functions, pools, a convolution's activation) and
+shares the rest: operators exact on int64 (element-wise, matmul, concat, ...) run the IR's
+reference in both modes, and pools and convolutions take their windows from
+`paragraph.ops.windows`.
+
 Conventions: tensors are NCHW / OIHW; axes are negative (counted from the last), so an axiom
 about rows and columns holds for matrices and batched matrices alike; ``pad`` is ``SAME``
 (centred, ``k // 2`` on each side, odd kernels only) or ``VALID``; ``act`` is ``NONE`` or
@@ -26,6 +34,8 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 import z3
+
+from paragraph import ops as graph_ops
 
 SAME, VALID = 0, 1  # padding modes
 NONE, RELU = 0, 1  # activations
@@ -99,6 +109,26 @@ def _join(a: Tree, b: Tree) -> Tree:
     return a if a == b else None
 
 
+def _ir(kind: str, args: Sequence[np.ndarray], attrs: Mapping[str, Any] | None = None
+        ) -> np.ndarray:
+    """The one output of the IR operator ``kind``'s numpy reference (`paragraph.ops`)."""
+    return graph_ops.compute(kind, args, attrs or {})[0]
+
+
+AttrsFn = Callable[[Params, list[np.ndarray]], Mapping[str, Any]]  # params, args -> attrs
+
+
+def _no_attrs(p: Params, xs: list[np.ndarray]) -> Mapping[str, Any]:
+    return {}
+
+
+def _ir_ref(kind: str, attrs: AttrsFn = _no_attrs) -> RefFn:
+    """A reference that is IR operator ``kind``'s in both modes, with the attributes
+    ``attrs`` makes of the parameters and arguments: for operators exact on int64, where
+    the fingerprint arithmetic is the real operator's."""
+    return lambda p, xs, mode: [_ir(kind, xs, attrs(p, xs))]
+
+
 # ---------------------------------------------------------------------------- element-wise
 def _ew_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     a, b = metas
@@ -106,9 +136,9 @@ def _ew_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     return [Meta(a.shape, tuple(map(_join, a.trees, b.trees)))]
 
 
-_op("ewadd", (), 2)((_ew_shape, lambda p, xs, mode: [xs[0] + xs[1]]))
-_op("ewmul", (), 2)((_ew_shape, lambda p, xs, mode: [xs[0] * xs[1]]))
-_op("ewsub", (), 2)((_ew_shape, lambda p, xs, mode: [xs[0] - xs[1]]))
+_op("ewadd", (), 2)((_ew_shape, _ir_ref("add")))
+_op("ewmul", (), 2)((_ew_shape, _ir_ref("multiply")))
+_op("ewsub", (), 2)((_ew_shape, _ir_ref("subtract")))
 
 
 def _smul_shape(p: Params, metas: list[Meta]) -> list[Meta]:
@@ -117,7 +147,7 @@ def _smul_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     return [x]
 
 
-_op("smul", (), 2)((_smul_shape, lambda p, xs, mode: [xs[0] * xs[1]]))
+_op("smul", (), 2)((_smul_shape, _ir_ref("multiply")))
 
 
 def _unary_shape(p: Params, metas: list[Meta]) -> list[Meta]:
@@ -128,29 +158,22 @@ def _unary_shape(p: Params, metas: list[Meta]) -> list[Meta]:
 # arbitrary polynomials, different for each function, so that no identity specific to one of
 # them (relu(relu(x)) = relu(x), ...) holds in the fingerprint arithmetic.
 _UnaryFn = Callable[[np.ndarray], np.ndarray]
-_UNARY: dict[str, tuple[_UnaryFn, _UnaryFn]] = {
-    "relu": (lambda x: np.maximum(x, 0), lambda x: x * (x + 1) + 1),
-    "sigmoid": (lambda x: 1 / (1 + np.exp(-x)), lambda x: x * x * x + 7),
-    "tanh": (np.tanh, lambda x: 3 * x * x - x + 11),
-    "gelu": (lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), lambda x: 5 * x * x + 3 * x + 13),
+_POLYNOMIALS: dict[str, _UnaryFn] = {
+    "relu": lambda x: x * (x + 1) + 1,
+    "sigmoid": lambda x: x * x * x + 7,
+    "tanh": lambda x: 3 * x * x - x + 11,
+    "gelu": lambda x: 5 * x * x + 3 * x + 13,
 }
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    from scipy.special import erf  # half a second to import, for GELU's reference only
-
-    out: np.ndarray = erf(x)
-    return out
-
-
-def _unary_ref(real: _UnaryFn, poly: _UnaryFn) -> RefFn:
+def _unary_ref(name: str, poly: _UnaryFn) -> RefFn:
     def ref(p: Params, xs: list[np.ndarray], mode: str) -> list[np.ndarray]:
-        return [poly(xs[0]) if mode == "int" else real(xs[0]).astype(xs[0].dtype)]
+        return [poly(xs[0]) if mode == "int" else _ir(name, xs)]
     return ref
 
 
-for _name, (_real, _poly) in _UNARY.items():
-    _op(_name, (), 1)((_unary_shape, _unary_ref(_real, _poly)))
+for _name, _poly in _POLYNOMIALS.items():
+    _op(_name, (), 1)((_unary_shape, _unary_ref(_name, _poly)))
 
 
 def _transpose_shape(p: Params, metas: list[Meta]) -> list[Meta]:
@@ -160,7 +183,12 @@ def _transpose_shape(p: Params, metas: list[Meta]) -> list[Meta]:
                                                                             x.trees[-2]))]
 
 
-_op("transpose", (), 1)((_transpose_shape, lambda p, xs, mode: [np.swapaxes(xs[0], -1, -2)]))
+def _swap_last_two(p: Params, xs: list[np.ndarray]) -> dict[str, Any]:
+    n = xs[0].ndim
+    return {"axes": (*range(n - 2), n - 1, n - 2)}
+
+
+_op("transpose", (), 1)((_transpose_shape, _ir_ref("permute_dims", _swap_last_two)))
 
 
 # ---------------------------------------------------------------------------- matmul
@@ -172,7 +200,7 @@ def _matmul_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     return [Meta(a.shape[:-1] + (b.shape[-1],), trees)]
 
 
-_op("matmul", (), 2)((_matmul_shape, lambda p, xs, mode: [np.matmul(xs[0], xs[1])]))
+_op("matmul", (), 2)((_matmul_shape, _ir_ref("matmul")))
 
 
 def _chmul_shape(p: Params, metas: list[Meta]) -> list[Meta]:
@@ -186,7 +214,7 @@ def _chmul_ref(p: Params, xs: list[np.ndarray], mode: str) -> list[np.ndarray]:
     x, v = xs
     shape = [1] * x.ndim
     shape[p["axis"]] = -1
-    return [x * v.reshape(shape)]
+    return [_ir("multiply", [x, v.reshape(shape)])]
 
 
 # multiply every slice along ``axis`` by one entry of a vector (batch norm's scale)
@@ -222,27 +250,28 @@ def _conv_shape(p: Params, metas: list[Meta]) -> list[Meta]:
 
 
 def _windows(x: np.ndarray, kh: int, kw: int, s: int, oh: int, ow: int) -> np.ndarray:
-    n, c = x.shape[:2]
-    sn, sc, sh, sw = x.strides
-    return np.lib.stride_tricks.as_strided(x, (n, c, oh, ow, kh, kw),
-                                           (sn, sc, sh * s, sw * s, sh, sw), writeable=False)
+    """The IR's windows (`paragraph.ops.windows`) for a square stride, without dilation."""
+    return graph_ops.windows(x, kh, kw, (s, s), (1, 1), oh, ow)
 
 
 def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, act: int, groups: int,
                mode: str = "float") -> np.ndarray:
-    """Grouped 2-D convolution (NCHW/OIHW) with SAME or VALID padding and an activation."""
+    """Grouped 2-D convolution (NCHW/OIHW) with SAME or VALID padding and an activation:
+    the IR's ``conv2d`` (and ``relu``); in int mode the same sums in int64, and relu's
+    polynomial."""
     kh, kw = w.shape[2:]
     ph, pw = _pads(pad, kh, kw)
+    if mode != "int":
+        out = _ir("conv2d", [x, w], {"strides": stride, "padding": (ph, pw), "groups": groups})
+        return _ir("relu", [out]) if act == RELU else out
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     oh, ow = _window_out(x.shape[2], kh, stride, ph), _window_out(x.shape[3], kw, stride, pw)
     win = _windows(xp, kh, kw, stride, oh, ow)
     n, g = x.shape[0], groups
     win = win.reshape(n, g, x.shape[1] // g, oh, ow, kh, kw)
     wg = w.reshape(g, w.shape[0] // g, w.shape[1], kh, kw)
-    out: np.ndarray = np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, w.shape[0], oh, ow)
-    if act == RELU:
-        out = _UNARY["relu"][1](out) if mode == "int" else np.maximum(out, 0)
-    return out
+    out = np.einsum("ngchwij,gocij->ngohw", win, wg).reshape(n, w.shape[0], oh, ow)
+    return _POLYNOMIALS["relu"](out) if act == RELU else out
 
 
 def _conv_ref(p: Params, xs: list[np.ndarray], mode: str) -> list[np.ndarray]:
@@ -265,17 +294,23 @@ def _pool_shape(p: Params, metas: list[Meta]) -> list[Meta]:
 
 def pool_ref(x: np.ndarray, kh: int, kw: int, stride: int, pad: int, kind: str,
              mode: str = "float") -> np.ndarray:
-    """Average pooling counting the padding (= conv with C_pool), or max pooling."""
+    """Average pooling counting the padding (= conv with C_pool), or max pooling: the IR's
+    ``avg_pool2d`` (``count_include_pad``) or ``max_pool2d``; in int mode the average is
+    the window's sum (C_pool is all ones there)."""
     ph, pw = _pads(pad, kh, kw)
+    if mode != "int":
+        kind_ir = "max_pool2d" if kind == "max" else "avg_pool2d"
+        return _ir(kind_ir, [x], {"pool_size": (kh, kw), "strides": stride, "padding": (ph, pw),
+                                  "count_include_pad": True})
     oh, ow = _window_out(x.shape[2], kh, stride, ph), _window_out(x.shape[3], kw, stride, pw)
     if kind == "max":
-        low = np.iinfo(np.int64).min if mode == "int" else -np.inf
-        xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=low)
+        xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)),
+                    constant_values=np.iinfo(np.int64).min)
         out: np.ndarray = _windows(xp, kh, kw, stride, oh, ow).max(axis=(4, 5))
         return out
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     total: np.ndarray = _windows(xp, kh, kw, stride, oh, ow).sum(axis=(4, 5))
-    return total if mode == "int" else (total / (kh * kw)).astype(x.dtype)
+    return total
 
 
 _POOL = ("kh", "kw", "stride", "pad")
@@ -295,9 +330,9 @@ def _enlarge_shape(p: Params, metas: list[Meta]) -> list[Meta]:
 
 
 def enlarge_ref(w: np.ndarray, kh: int, kw: int) -> np.ndarray:
-    """Zero-pad a kernel to kh x kw, keeping it centred (so SAME convolutions agree)."""
-    dh, dw = (kh - w.shape[2]) // 2, (kw - w.shape[3]) // 2
-    return np.pad(w, ((0, 0), (0, 0), (dh, dh), (dw, dw)))
+    """Zero-pad a kernel to kh x kw, keeping it centred (so SAME convolutions agree): the
+    IR's ``enlarge``, in both modes."""
+    return _ir("enlarge", [w], {"kernel_size": (kh, kw)})
 
 
 _op("enlarge", ("kh", "kw"), 1)((_enlarge_shape,
@@ -317,8 +352,7 @@ def _concat_shape(p: Params, metas: list[Meta]) -> list[Meta]:
     return [Meta(tuple(shape), tuple(trees))]
 
 
-_op("concat", ("axis",), 2)((_concat_shape,
-                             lambda p, xs, mode: [np.concatenate(xs, axis=p["axis"])]))
+_op("concat", ("axis",), 2)((_concat_shape, _ir_ref("concat", lambda p, xs: p)))
 
 
 def _split_shape(p: Params, metas: list[Meta]) -> list[Meta]:
@@ -451,7 +485,8 @@ def compute(name: str, params: Params, args: Sequence[np.ndarray], metas: Sequen
     """Run the numpy reference of ``name`` (``metas`` give split points to ``split``)."""
     if name == "split":
         cut = split_point(metas[0], params["axis"])
-        return np.split(args[0], [cut], axis=params["axis"])
+        return graph_ops.compute("split", args, {"indices_or_sections": (cut,),
+                                                 "axis": params["axis"]})
     return OPS[name].ref(params, list(args), mode)
 
 
