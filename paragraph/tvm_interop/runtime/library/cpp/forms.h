@@ -23,7 +23,7 @@ constexpr double kMargin = 0.97;  // a later form's median against the earlier b
 using Form = std::function<void()>;
 
 // forms chosen once per (kernel, shapes, threads) in the process: executors bound later start
-// with the choice (as `runtime._CHOSEN`)
+// with the choice (as `torch_kernels._CHOSEN`)
 std::mutex chosen_mutex;
 std::map<std::string, int> chosen_forms;
 
@@ -32,7 +32,7 @@ std::atomic<int64_t> timing_kernels{0};
 
 // One kernel with several forms on the same buffers, in order of preference: the first calls
 // alternate between them, timed, then the fastest by median runs, a later form only where it
-// is 3% faster than the earlier ones (see `runtime._Fastest`).
+// is 3% faster than the earlier ones (see `torch_kernels._Fastest`).
 struct Fastest {
   std::vector<Form> forms;
   std::string key;

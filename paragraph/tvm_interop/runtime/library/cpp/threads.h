@@ -17,7 +17,7 @@ void use_threads(int64_t n) {
 
 // share(t, nt) for each thread t of a team of ``threads`` OpenMP threads (nt as OpenMP gave);
 // share(0, 1) on the calling thread alone for one thread or a build without OpenMP (the
-// `vendor.native` build warned)
+// `library.native` build warned)
 template <typename Share>
 void parallel(int64_t threads, const Share& share) {
 #ifdef _OPENMP
