@@ -5,9 +5,11 @@ Usage: python benchmarks/ab.py [--models resnet50,inception_v3] [--threads 2] [-
            [--schedule sequential] [--same-forms] [--blocks 12] [--block 8] [--reduced]
            [--profile CLASS] [--json F]
 
-``--base`` is a git revision (its
-``paragraph/tvm_interop/runtime/library/cpp/kernels.cc``) or the path of a copy of that file.
-Both builds load as libraries of their own
+``--base`` is a git revision (every ``.cc`` and ``.h`` file of its
+``paragraph/tvm_interop/runtime/library/cpp/``: ``kernels.cc`` and the headers it includes; of a
+revision from before the headers, its one ``kernels.cc``, or before that
+``paragraph/tvm_interop/vendor/native_kernels.cc``), the path of a copy of such a folder, or the
+path of a single-file ``kernels.cc``. Both builds load as libraries of their own
 (`paragraph.tvm_interop.runtime.library.native.variant`), each with its own chosen forms and packed
 weights; the executors run the same program (vendor kernels) under the same schedule, their
 outputs are checked against each other, and the timing alternates blocks of runs between them
@@ -56,20 +58,48 @@ from paragraph.tvm_interop.runtime.executor import make_executor  # noqa: E402
 from paragraph.tvm_interop.runtime.library import native  # noqa: E402
 from paragraph.tvm_interop.runtime.target import resolve_target  # noqa: E402
 
-KERNELS = "paragraph/tvm_interop/runtime/library/cpp/kernels.cc"
+KERNELS = "paragraph/tvm_interop/runtime/library/cpp"  # kernels.cc and its headers
+VENDOR = "paragraph/tvm_interop/vendor/native_kernels.cc"  # the one file, before the layout
 WARMUP = SETTLE_RUNS  # runs per executor before timing: past every form's timed trials
 
 
-def base_source(base: str) -> bytes:
-    """The text of the base kernels: a file's, or ``KERNELS`` at git revision ``base``."""
-    if Path(base).is_file():
-        return Path(base).read_bytes()
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(["git", "show", f"{base}:{KERNELS}"], cwd=root, capture_output=True)
+def git(root: Path, *args: str) -> bytes:
+    """git's output (in the checkout ``root``); SystemExit where it fails."""
+    done = subprocess.run(["git", *args], cwd=root, capture_output=True)
     if done.returncode != 0:
-        raise SystemExit(f"--base {base!r}: neither a file nor a git revision with {KERNELS} "
-                         f"({done.stderr.decode().strip()})")
+        raise SystemExit(f"git {' '.join(args)}: {done.stderr.decode().strip()}")
     return done.stdout
+
+
+def base_sources(base: str) -> dict[str, bytes]:
+    """The base kernels' files, name -> text (`native.variant` builds them): a folder's (its
+    ``.cc`` and ``.h`` files), a single file's (as ``kernels.cc``), or at git revision ``base``
+    those of ``KERNELS`` (kernels.cc alone before the headers), else ``VENDOR`` (as
+    ``kernels.cc``)."""
+    if Path(base).is_dir():
+        files = native.sources(Path(base))
+        if native.SOURCE.name not in files:
+            raise SystemExit(f"--base {base!r}: a folder without {native.SOURCE.name}")
+        return files
+    if Path(base).is_file():
+        return {native.SOURCE.name: Path(base).read_bytes()}
+    root = Path(__file__).resolve().parent.parent
+    if subprocess.run(["git", "rev-parse", "--verify", "-q", f"{base}^{{commit}}"], cwd=root,
+                      capture_output=True).returncode != 0:
+        raise SystemExit(f"--base {base!r}: neither a file, a folder nor a git revision")
+    files = {}
+    for entry in filter(None, git(root, "ls-tree", "-z", base, "--", f"{KERNELS}/").split(b"\0")):
+        meta, path = entry.decode().split("\t", 1)  # "<mode> <type> <object>\t<path>"
+        name = Path(path).name
+        if meta.split()[1] == "blob" and name.endswith(native.SUFFIXES) and name[0] != ".":
+            files[name] = git(root, "show", f"{base}:{path}")
+    if native.SOURCE.name in files:
+        return files
+    if subprocess.run(["git", "cat-file", "-e", f"{base}:{VENDOR}"], cwd=root,
+                      capture_output=True).returncode == 0:
+        return {native.SOURCE.name: git(root, "show", f"{base}:{VENDOR}")}
+    raise SystemExit(f"--base {base!r}: a git revision without the kernels ({KERNELS}/ or "
+                     f"{VENDOR})")
 
 
 def chosen(kernels) -> dict[str, str]:
@@ -175,27 +205,27 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    text = base_source(args.base)
+    files = base_sources(args.base)
     root = Path(__file__).resolve().parent.parent
     if not native.SOURCE.resolve().is_relative_to(root):
         # an editable install of another checkout (a fresh clone's) would make "work" that
         # checkout's kernels: an A/A run of another revision, reported as this tree's
         raise SystemExit(f"paragraph is imported from {native.SOURCE.parents[3]}, not from this "
                          f"checkout ({root}): reinstall it here (pip install --no-deps -e .)")
-    work_text = native.SOURCE.read_bytes()
+    work_files = native.sources()
     if native.module() is None:
         raise SystemExit(f"the C++ vendor kernels are unavailable: {native.reason()}")
-    if text == work_text:
+    if files == work_files:
         log(f"--base {args.base} has the working tree's kernels: an A/A run (the noise floor)")
     log(f"building the base kernels ({args.base}) ...")
-    base = native.variant(text)
+    base = native.variant(files)
     load_before = os.getloadavg()
     results = []
     for m in args.models.split(","):
         results.append(bench_model(m, base, args, log))
         if args.json:
             atomic_write_json(args.json, {
-                "benchmark": "ab", "base": args.base, "identical_sources": text == work_text,
+                "benchmark": "ab", "base": args.base, "identical_sources": files == work_files,
                 "machine": describe_machine(), "blocks": args.blocks, "block": args.block,
                 "load_average_before": load_before, "load_average": os.getloadavg(),
                 "models": results})

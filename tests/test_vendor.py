@@ -1800,7 +1800,7 @@ def test_a_variant_build_of_the_kernels_runs_beside_the_main_one_with_its_own_ch
     module = native.module()
     if module is None:
         pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
-    other = native.variant(native.SOURCE.read_bytes())
+    other = native.variant(native.sources())
     gen = torch.Generator().manual_seed(5)
     a, w = torch.randn(24, 176, generator=gen), torch.randn(176, 144, generator=gen)
     out = torch.empty(24, 144)

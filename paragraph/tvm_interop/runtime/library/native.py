@@ -1,8 +1,9 @@
-"""The CPU vendor kernels in C++ (``cpp/kernels.cc``): convolutions, products (with a
-constant matrix or of two activations), concatenations, softmax and layer norm bound once to
-TVM's buffers as TVM FFI functions (PyTorch's oneDNN and MKL calls, and paragraph's own GEMM
-and layer norm where those are faster, chosen per shape by timing), which the native stream
-runner calls without the GIL. Built on first use with the system C++ compiler against
+"""The CPU vendor kernels in C++ (``cpp/``: ``kernels.cc``, the one translation unit, and a
+header per family that it includes): convolutions, products (with a constant matrix or of two
+activations), concatenations, softmax and layer norm bound once to TVM's buffers as TVM FFI
+functions (PyTorch's oneDNN and MKL calls, and paragraph's own GEMM and layer norm where
+those are faster, chosen per shape by timing), which the native stream runner calls without
+the GIL. Built on first use with the system C++ compiler against
 PyTorch's and TVM FFI's headers (about 30 s), cached under `paragraph.files.cache_dir`.
 Without a compiler or PyTorch's headers, or with ``PARAGRAPH_NATIVE=0`` or
 ``PARAGRAPH_NATIVE_VENDOR=0``, `bind` returns None and the executor binds the Python kernels
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,19 +30,36 @@ from paragraph.files import cache_dir
 from paragraph.tvm_interop.runtime.library.names import POOLS, VendorOp, is_vendor_name
 from paragraph.tvm_interop.runtime.native import build_library
 
-SOURCE = Path(__file__).parent / "cpp" / "kernels.cc"
+CPP = Path(__file__).parent / "cpp"  # the kernels' folder: kernels.cc and its headers
+SOURCE = CPP / "kernels.cc"  # the one translation unit: it includes the headers beside it
+SUFFIXES = (".cc", ".h")  # the files of the folder that make the kernels
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 _binding = threading.local()  # .module: the module `bind` uses on this thread (`using`)
 
 
+def sources(folder: Path = CPP) -> dict[str, bytes]:
+    """The C++ kernels' files in ``folder`` (``kernels.cc`` and its headers): name -> text, by
+    name. What `revision`, the cached library's name and `variant` take: every file of it."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+            if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith(".")}
+
+
+def _serialized(files: Mapping[str, bytes]) -> bytes:
+    """``files`` as one text to hash: each file's name, length and text, by name (so that moving
+    code between files, or renaming one, changes it)."""
+    return b"".join(name.encode() + b"\0" + str(len(files[name])).encode() + b"\0" + files[name]
+                    for name in sorted(files))
+
+
 @functools.cache
 def revision() -> str:
     """Which implementation of the CPU vendor kernels this process runs: the C++ kernels'
-    and the Python kernels' source, hashed (``n`` or ``p``: the C++ ones enabled or not).
-    Vendor kernel costs are cached under it: a change to how a vendor kernel runs (packed
-    weights shared between calls made the SRU's products 1.7x faster) voids their old times."""
-    text = SOURCE.read_bytes() + Path(__file__).with_name("torch_kernels.py").read_bytes()
+    (every file of ``cpp/``) and the Python kernels' source, hashed (``n`` or ``p``: the C++
+    ones enabled or not). Vendor kernel costs are cached under it: a change to how a vendor
+    kernel runs (packed weights shared between calls made the SRU's products 1.7x faster)
+    voids their old times."""
+    text = _serialized(sources()) + Path(__file__).with_name("torch_kernels.py").read_bytes()
     return ("p" if _switched_off() else "n") + hashlib.blake2b(text, digest_size=6).hexdigest()
 
 
@@ -51,19 +69,25 @@ def _switched_off() -> bool:
                    os.environ.get("PARAGRAPH_NATIVE_VENDOR", "1"))
 
 
-def _library_path(torch: Any, text: bytes | None = None, kind: str = "vendor_kernels") -> Path:
-    key = hashlib.sha256((SOURCE.read_bytes() if text is None else text)
+def _library_path(torch: Any, files: Mapping[str, bytes] | None = None,
+                  kind: str = "vendor_kernels") -> Path:
+    """Where the library built from ``files`` (this folder's: `sources`) is cached: named by
+    a hash of every file, TVM FFI's and PyTorch's versions (a header's change builds anew)."""
+    key = hashlib.sha256(_serialized(sources() if files is None else files)
                          + tvm_ffi.__version__.encode() + torch.__version__.encode())
     return cache_dir() / "native" / f"{kind}-{key.hexdigest()[:16]}.so"
 
 
-def _build(torch: Any, out: Path, source: Path = SOURCE) -> None:
+def _build(torch: Any, out: Path, folder: Path = CPP) -> None:
+    """Compile ``folder``'s ``kernels.cc`` (its headers found beside it) to ``out``."""
     from torch.utils import cpp_extension  # optional (the torch extra), slow to import
 
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    flags = (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w")
-    build = functools.partial(build_library, source, out,
+    # the folder on the quoted include path only (-iquote, not -I): a header of its own named
+    # as a system one (threads.h is C11's) must not stand in for it in an #include <...>
+    flags = (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", f"-iquote{folder}")
+    build = functools.partial(build_library, folder / SOURCE.name, out,
                               includes=tuple(cpp_extension.include_paths()),
                               libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"))
     try:
@@ -126,28 +150,36 @@ def reason() -> str | None:
     return _state.get("reason")
 
 
-def variant(text: bytes) -> Any:
-    """The C++ vendor kernels built from ``text`` (another revision of ``cpp/kernels.cc``,
-    or this one) and loaded as a library of their own beside `module`'s, with its own state
-    (chosen forms, packed weights): for comparing a kernel change in one process
+def variant(files: Mapping[str, bytes]) -> Any:
+    """The C++ vendor kernels built from ``files`` (file name -> text: the whole ``cpp/``
+    folder of another revision, as `sources` reads this one, or a single ``kernels.cc`` of a
+    revision before the headers) and loaded as a library of their own beside `module`'s, with
+    its own state (chosen forms, packed weights): for comparing a kernel change in one process
     (`benchmarks/ab.py`), where separate processes of the same code differed by up to 10%
-    on the shared VM. Built once per text (an interrupted build leaves nothing), raises where
-    it cannot be built."""
+    on the shared VM. Built once per set of files, in a folder of their own (an interrupted
+    build leaves nothing); raises where they cannot be built."""
     import torch  # the kernels link against this PyTorch
 
-    path = _library_path(torch, text, "vendor_variant")
+    if SOURCE.name not in files:
+        raise ValueError(f"the kernels' files have no {SOURCE.name}: {sorted(files)}")
+    for name in files:  # written into one folder: plain names only
+        if Path(name).name != name or name.startswith("."):
+            raise ValueError(f"not a file name of the kernels' folder: {name!r}")
+    path = _library_path(torch, files, "vendor_variant")
     if not path.exists():
         main = _library_path(torch)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            if text == SOURCE.read_bytes() and main.exists():  # this source: a copy
+            if dict(files) == sources() and main.exists():  # this source: a copy
                 copy = Path(tmp) / path.name
                 shutil.copyfile(main, copy)
                 os.replace(copy, path)
             else:  # `build_library` writes the library atomically
-                source = Path(tmp) / SOURCE.name
-                source.write_bytes(text)
-                _build(torch, path, source)
+                folder = Path(tmp) / "cpp"
+                folder.mkdir()
+                for name, text in files.items():
+                    (folder / name).write_bytes(text)
+                _build(torch, path, folder)
     # a file of its own: loaded as a second library, not the one `module` holds
     return tvm_ffi.load_module(str(path))
 

@@ -1,0 +1,133 @@
+// What every family of the kernels uses: the system, ATen and TVM FFI includes (and
+// PARAGRAPH_AVX512 on x86-64, where the own AVX-512 kernels are compiled), TVM's buffers as ATen
+// tensors (`to_aten`, `nchw`), an output zeroed before a kernel adds into it (`zero_for`), the
+// tensors the own kernels take (`plain_float`), the text of packing and choice keys (`ints`,
+// `shape_key`), a kernel's body as a TVM FFI function (`wrap`), the activation applied after a
+// library's call (`activate`), and the AVX-512 tail masks and NaN-keeping relu of the own kernels'
+// epilogues (`tail_mask`, `relu_keep_nan`).
+//
+// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// kernels.cc's anonymous namespace, after those of the headers it includes.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/DLConvertor.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+#include <tvm/ffi/string.h>
+
+#include <atomic>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PARAGRAPH_AVX512 1
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ffi = tvm::ffi;
+
+namespace {
+
+at::Tensor to_aten(const ffi::Tensor& t) {
+  // a torch view of TVM's buffer: the DLPack capsule keeps the TVM tensor alive
+  return at::fromDLPack(t.ToDLPack());
+}
+
+at::Tensor nchw(const at::Tensor& t) { return t.permute({0, 3, 1, 2}); }  // NHWC -> NCHW view
+
+void memset_zero(const at::Tensor& t) {
+  std::memset(t.data_ptr(), 0, t.numel() * t.element_size());
+}
+
+// zero an output before a kernel that adds into it: on several threads as a parallel region,
+// which also keeps the OpenMP worker from falling asleep (its spin lasts ~30 us; one thread
+// took ~35 us to zero a 3 MB output) and the kernel's own region from waking it
+void zero_for(const at::Tensor& t) {
+  if (at::get_num_threads() > 1) {
+    at::Tensor z = t;
+    z.zero_();
+  } else {
+    memset_zero(t);
+  }
+}
+
+// a contiguous float32 CPU tensor: what the AVX-512 kernels read and write
+bool plain_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
+}
+
+std::string ints(const std::vector<int64_t>& v) {
+  std::string out = "/";
+  for (int64_t x : v) out += std::to_string(x) + ",";
+  return out;
+}
+
+std::string shape_key(const std::vector<at::Tensor>& ts) {
+  std::string key;
+  for (const at::Tensor& t : ts) {
+    key += "(";
+    for (int64_t d : t.sizes()) key += std::to_string(d) + ",";
+    key += ")";
+  }
+  return key;
+}
+
+ffi::Function wrap(std::function<void()> body) {
+  // torch's errors become TVM FFI errors, which the stream runner reports by kernel
+  return ffi::Function::FromTyped([body = std::move(body)]() {
+    try {
+      body();
+    } catch (const ffi::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      TVM_FFI_THROW(RuntimeError) << e.what();
+    }
+  });
+}
+
+void activate(at::Tensor& o, const std::string& act) {
+  if (act == "relu") {
+    o.relu_();
+  } else if (act == "gelu" || act == "gelu_tanh") {
+    at::gelu_(o, act == "gelu" ? "none" : "tanh");
+  }
+}
+
+#ifdef PARAGRAPH_AVX512
+// the lanes of a 16-float vector that ``left`` remaining elements fill (none for 0)
+constexpr __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// relu that keeps NaN, as torch's does: a lane is zeroed only where it compares below zero
+__attribute__((target("avx512f"))) inline __m512 relu_keep_nan(__m512 v) {
+  const __m512 zero = _mm512_setzero_ps();
+  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), zero);
+}
+#endif
+
+}  // namespace

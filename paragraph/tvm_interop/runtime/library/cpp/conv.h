@@ -1,0 +1,280 @@
+// Convolutions with groups = 1: oneDNN's in place on a weight it packed once (`onednn_conv`, also
+// the form of depthwise convolutions and of linear layers), and paragraph's own as an implicit GEMM
+// on the packed GEMM's panels and tile parts (`conv_tile`, `ImplicitConv`, `own_conv`), its input
+// padded or reordered from NCHW into a scratch buffer of the calling thread (`padded_input`,
+// `nhwc_row`).
+//
+// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// kernels.cc's anonymous namespace, after those of the headers it includes.
+#pragma once
+
+#include "common.h"
+#include "threads.h"
+#include "packing.h"
+#include "forms.h"
+#include "gemm.h"
+
+namespace {
+
+const c10::OperatorHandle& in_place_conv() {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "mkldnn::_convolution_pointwise_", "binary");
+  return op;
+}
+
+// out = act(conv(x, w) + bias + out), in place: out starts as zero or the residual
+Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<at::Tensor> bias,
+                 c10::optional<at::Tensor> res, std::vector<int64_t> padding,
+                 std::vector<int64_t> stride, std::vector<int64_t> dilation, int64_t groups,
+                 std::vector<int64_t> pre_pad, std::string act, at::Tensor out_buffer) {
+  return [=]() {
+    at::Tensor xp = pre_pad.empty() ? x : at::constant_pad_nd(x, pre_pad);
+    if (res) {
+      // the memory plan may give the output the residual's buffer (written in place)
+      if (res->data_ptr() != out.data_ptr()) out.copy_(*res);
+    } else {
+      zero_for(out_buffer);
+    }
+    torch::jit::Stack stack;
+    stack.reserve(13);
+    stack.emplace_back(out);
+    stack.emplace_back(xp);
+    stack.emplace_back(packed);
+    stack.emplace_back(bias ? c10::IValue(*bias) : c10::IValue());
+    stack.emplace_back(padding);
+    stack.emplace_back(stride);
+    stack.emplace_back(dilation);
+    stack.emplace_back(groups);
+    stack.emplace_back(std::string("add"));
+    stack.emplace_back(c10::IValue());
+    stack.emplace_back(act.empty() ? c10::IValue() : c10::IValue(act));
+    stack.emplace_back(c10::List<c10::optional<at::Scalar>>());
+    stack.emplace_back(c10::IValue());
+    in_place_conv().callBoxed(&stack);
+  };
+}
+
+#ifdef PARAGRAPH_AVX512
+// a convolution's tile: MR output pixels, pixel r's input at rows[r] (its window's origin),
+// by a panel, accumulated over the kernel's taps (tap t: kc = cin inputs at rows[r] + taps[t],
+// against the panel's next kc rows); pixels of different output rows may share a tile
+template <int MR, int NV>
+__attribute__((target("avx512f,fma"))) void conv_tile(
+    const float* const* rows, const int64_t* taps, int64_t ntaps, int64_t kc,
+    const float* __restrict__ b, float* c, int64_t ldc, int64_t ncols, const float* bias,
+    const float* res, int64_t ldr, bool relu, Prefetch pf) {
+  __m512 acc0[MR], acc1[MR];
+  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  prefetch_epilogue<MR, NV>(c, ldc, res, ldr);
+  for (int64_t t = 0; t < ntaps; ++t, b += kc * kNR) {
+    const float* at[MR];
+    for (int r = 0; r < MR; ++r) at[r] = rows[r] + taps[t];
+    accumulate<MR, NV>(at, kc, b, pf, ntaps * kc, acc0, acc1);
+  }
+  store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
+}
+
+using ConvTileFn = void (*)(const float* const*, const int64_t*, int64_t, int64_t, const float*,
+                            float*, int64_t, int64_t, const float*, const float*, int64_t, bool,
+                            Prefetch);
+template <int NV, int... R>
+constexpr std::array<ConvTileFn, sizeof...(R)> conv_tiles(std::integer_sequence<int, R...>) {
+  return {&conv_tile<R + 1, NV>...};
+}
+const auto kConvTiles1 = conv_tiles<1>(std::make_integer_sequence<int, kMR>{});
+const auto kConvTiles2 = conv_tiles<2>(std::make_integer_sequence<int, kMR>{});
+
+// paragraph's own convolution (groups = 1, any kernel, stride, dilation and padding) on NHWC
+// float32 buffers: out = act(conv + bias + res) as an implicit GEMM on the packed GEMM's tiles.
+// The weight (cout, kh, kw, cin) is packed once into 32-column panels over K = kh * kw * cin;
+// a tile is 12 consecutive output pixels (across rows and images), each tap a GEMM step over
+// the kc inputs that lie side by side in NHWC where the pixel's window has that tap: a kernel
+// row's kw * cin where the width is undilated, else one position's cin (no im2col).
+// Padding is a zero-bordered copy of the input in a buffer of the calling thread (one pass over
+// the input: oneDNN's form zero-fills the output and adds into it instead). oneDNN's 3x3 and
+// 7x1 convolutions ran Inception-v3 and ResNet-50 7-9% slower than ONNX Runtime's on one
+// thread and scaled worse on two (Xeon host).
+struct ImplicitConv {
+  const float *x, *packed, *bias, *res;  // x: the (padded) input, [n][hp][wp][cin]
+  float* out;
+  int64_t n, hp, wp, cin, oh, ow, cout, sh, sw;
+  int64_t kc;                 // inputs per tap: a kernel row's (kw * cin, contiguous) or cin
+  std::vector<int64_t> taps;  // each tap's offset into x from a pixel's window origin
+  bool relu;
+
+  // tiles [t0, t1) of kMR output pixels (image-major, row-major) by panels [p0, p1)
+  void range(int64_t t0, int64_t t1, int64_t p0, int64_t p1) const {
+    const int64_t k = kc * static_cast<int64_t>(taps.size()), pixels = n * oh * ow;
+    const float* rows[kMR];
+    int64_t at = -1;  // the tile whose pixels `rows` holds
+    auto tile = [&](int64_t q, int64_t p, Prefetch pf) {
+      const int64_t n0 = p * kNR, ncols = std::min(kNR, cout - n0);
+      const int64_t q0 = q * kMR, count = std::min(kMR, pixels - q0);
+      if (at != q) {  // one division per tile, not three per pixel: a stem's K is only 27
+        int64_t img = q0 / (oh * ow), y = q0 / ow % oh, j = q0 % ow;
+        for (int64_t r = 0; r < count; ++r) {
+          rows[r] = x + ((img * hp + y * sh) * wp + j * sw) * cin;
+          if (++j == ow) {
+            j = 0;
+            if (++y == oh) y = 0, ++img;
+          }
+        }
+        at = q;
+      }
+      (ncols > 16 ? kConvTiles2 : kConvTiles1)[count - 1](
+          rows, taps.data(), static_cast<int64_t>(taps.size()), kc, packed + p * k * kNR,
+          out + q0 * cout + n0, cout, ncols, bias ? bias + n0 : nullptr,
+          res ? res + q0 * cout + n0 : nullptr, cout, relu, pf);
+    };
+    if (k * cout * 4 <= kWeightInL2) {
+      for (int64_t q = t0; q < t1; ++q)
+        for (int64_t p = p0; p < p1; ++p)  // the first tile brings in W, as the GEMM's
+          tile(q, p,
+               q == t0 && p + 1 < p1 ? Prefetch::whole(packed + (p + 1) * k * kNR, k * kNR)
+                                     : Prefetch{});
+    } else {
+      for (int64_t p = p0; p < p1; ++p) {
+        const float* next = p + 1 < p1 ? packed + (p + 1) * k * kNR : nullptr;
+        for (int64_t q = t0; q < t1; ++q)
+          tile(q, p, Prefetch::share(next, k * kNR, q - t0, t1 - t0));
+      }
+    }
+  }
+
+  void operator()(int64_t threads) const {
+    const int64_t panels = (cout + kNR - 1) / kNR, tiles = (n * oh * ow + kMR - 1) / kMR;
+    const int64_t k = kc * static_cast<int64_t>(taps.size());
+    const bool by_panel = k * cout > n * hp * wp * cin;
+    parallel(threads, [&](int64_t t, int64_t nt) {
+      if (by_panel) {
+        panel_share(panels, tiles, t, nt, [&](int64_t q0, int64_t q1, int64_t p0, int64_t p1) {
+          range(q0, q1, p0, p1);
+        });
+      } else {
+        range(tiles * t / nt, tiles * (t + 1) / nt, 0, panels);
+      }
+    });
+  }
+};
+
+// one row of w NHWC pixels of c channels at d from an NCHW image's row at s (channel planes
+// ``plane`` apart): the model's input read where it lies, as ONNX Runtime's first convolution
+// reorders it, instead of a transpose kernel before the convolution. Three channels (an RGB
+// image) 16 pixels at a time: three loads, interleaved by two-source permutes into 48 floats
+__attribute__((target("avx512f"))) void nhwc_row(float* d, const float* s, int64_t w,
+                                                 int64_t c, int64_t plane) {
+  int64_t j = 0;
+  if (c == 3) {
+    // output float o of a 48-float block is channel o % 3 of pixel o / 3; its index into
+    // the pair (r, g) is pixel + 16 * channel, and b follows in a second permute
+    alignas(64) int32_t i0[16], i1[16], i2[16];
+    alignas(64) int32_t b0[16], b1[16], b2[16];
+    for (int o = 0; o < 48; ++o) {
+      const int pix = o / 3, ch = o % 3, lane = o % 16;
+      int32_t* rg = o < 16 ? i0 : o < 32 ? i1 : i2;
+      int32_t* bl = o < 16 ? b0 : o < 32 ? b1 : b2;
+      rg[lane] = ch < 2 ? pix + 16 * ch : 0;   // r or g from the pair
+      bl[lane] = ch == 2 ? 16 + pix : lane;    // b from the second source, else keep
+    }
+    const __m512i r0 = _mm512_load_si512(i0), r1 = _mm512_load_si512(i1),
+                  r2 = _mm512_load_si512(i2), c0 = _mm512_load_si512(b0),
+                  c1 = _mm512_load_si512(b1), c2 = _mm512_load_si512(b2);
+    for (; j + 16 <= w; j += 16) {
+      const __m512 r = _mm512_loadu_ps(s + j), g = _mm512_loadu_ps(s + plane + j),
+                   b = _mm512_loadu_ps(s + 2 * plane + j);
+      float* o = d + j * 3;
+      _mm512_storeu_ps(o, _mm512_permutex2var_ps(_mm512_permutex2var_ps(r, r0, g), c0, b));
+      _mm512_storeu_ps(o + 16,
+                       _mm512_permutex2var_ps(_mm512_permutex2var_ps(r, r1, g), c1, b));
+      _mm512_storeu_ps(o + 32,
+                       _mm512_permutex2var_ps(_mm512_permutex2var_ps(r, r2, g), c2, b));
+    }
+  }
+  for (; j < w; ++j)
+    for (int64_t k = 0; k < c; ++k) d[j * c + k] = s[k * plane + j];
+}
+
+// the input with zero borders (top, left, bottom, right) in the calling thread's scratch
+// buffer, rows copied over the team; the buffer lives as long as the thread (the stream). x is
+// NHWC, contiguous or a view of a contiguous NCHW tensor (reordered as it is copied)
+const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t pb, int64_t pr,
+                          int64_t threads) {
+  thread_local std::vector<float> scratch;
+  const int64_t n = x.size(0), h = x.size(1), w = x.size(2), c = x.size(3);
+  const int64_t hp = h + pt + pb, wp = w + pl + pr;
+  if (static_cast<int64_t>(scratch.size()) < n * hp * wp * c) scratch.resize(n * hp * wp * c);
+  float* dst = scratch.data();
+  const float* src = x.data_ptr<float>();
+  const bool planes = !x.is_contiguous();  // checked by the caller: an NCHW tensor's view
+  split_rows(n * hp, n * hp * wp * c * 4, threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t img = r / hp, y = r % hp - pt;
+      float* d = dst + r * wp * c;
+      if (y < 0 || y >= h) {
+        std::memset(d, 0, wp * c * 4);
+        continue;
+      }
+      std::memset(d, 0, pl * c * 4);
+      if (planes) {
+        nhwc_row(d + pl * c, src + img * c * h * w + y * w, w, c, h * w);
+      } else {
+        std::memcpy(d + pl * c, src + (img * h + y) * w * c, w * c * 4);
+      }
+      std::memset(d + (pl + w) * c, 0, pr * c * 4);
+    }
+  });
+  return dst;
+}
+
+// x (NHWC sizes) is a view of a contiguous NCHW float32 CPU tensor
+bool nchw_view(const at::Tensor& x) {
+  return x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() == 4 &&
+         x.permute({0, 3, 1, 2}).is_contiguous();
+}
+
+// the own convolution's form where the CPU and the tensors allow it (see `ImplicitConv`), else
+// None; pads: top, left, bottom, right
+c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
+                             const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
+                             c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
+                             std::array<int64_t, 4> pads, int64_t dh, int64_t dw,
+                             const std::string& act, int64_t threads) {
+  const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
+  if (!__builtin_cpu_supports("avx512f") || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
+      !plain_float(out_buffer) || w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
+      w_buffer.size(0) != cout || w_buffer.size(3) != cin ||
+      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
+      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 || cin == 0)
+    return c10::nullopt;
+  const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
+  // (cout, kh, kw, cin) is W's (n, k) at n * k + k: one packing shared with the 1x1 GEMM's
+  at::Tensor packed = shared_packed(w_buffer, "panels",
+                                    [&]() { return pack_panels(w_buffer, cout, k, k, 1); });
+  const auto [pt, pl, pb, pr] = pads;
+  // an NCHW input is reordered as it is copied, padding or not
+  const bool padded = pt || pl || pb || pr || !x_buffer.is_contiguous();
+  const int64_t hp = x_buffer.size(1) + pt + pb, wp = x_buffer.size(2) + pl + pr;
+  ImplicitConv conv{nullptr, packed.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
+                    res_buffer ? res_buffer->data_ptr<float>() : nullptr,
+                    out_buffer.data_ptr<float>(), x_buffer.size(0), hp, wp, cin,
+                    out_buffer.size(1), out_buffer.size(2), cout, sh, sw, cin, {}, act == "relu"};
+  // undilated along the width, a kernel row's inputs lie side by side in NHWC, as its weights
+  // in K: one tap per row (a stem's 3 input channels: 7 taps of 21, not 49 of 3)
+  if (dw == 1) conv.kc = kw * cin;
+  for (int64_t ky = 0; ky < kh; ++ky)
+    for (int64_t kx = 0; kx < (dw == 1 ? 1 : kw); ++kx)
+      conv.taps.push_back((ky * dh * wp + kx * dw) * cin);
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded, act,
+               threads]() mutable {
+    conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
+                    : x_buffer.data_ptr<float>();
+    conv(threads);
+    if (!act.empty() && act != "relu") {
+      at::Tensor o = out_buffer;
+      activate(o, act);
+    }
+  });
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,156 @@
+// Normalisations of rows over the last axis, paragraph's own (AVX-512): softmax, several rows side
+// by side with a vector exponential (`exp_avx512`, `softmax_group`, `softmax_rows`), and a one-pass
+// layer norm of x (+ res) (`layer_norm_avx512`).
+//
+// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// kernels.cc's anonymous namespace, after those of the headers it includes.
+#pragma once
+
+#include "common.h"
+
+namespace {
+
+#ifdef PARAGRAPH_AVX512
+// e^x in 16 lanes: x = k ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact),
+// e^r by its degree-6 Taylor polynomial (relative error under 2e-7), times 2^k by scalef (which
+// rounds e^x below 2^-149 to 0). NaN stays NaN: the clamps return x itself where it is NaN.
+__attribute__((target("avx512f"), always_inline)) inline __m512 exp_avx512(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(88.8f), x));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860682030941723e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+#pragma GCC unroll 8
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, k);
+}
+
+// R rows of out = softmax(s x) over their n values (x and out at the first row): each row's
+// maximum, e^(x - max) written to out and summed, then scaled by 1 / sum while the rows are in
+// cache. R rows side by side, so that one row's chain of latencies (the maximum's and the sum's
+// reductions, the exponential's ten dependent steps) overlaps the others' work: a 128-wide row
+// alone is too short to hide them (one at a time: 1.3x ONNX Runtime's time). A row with a NaN
+// gives NaN throughout, one of -inf only NaN (as torch's: -inf - -inf). The loops over the R
+// rows are unrolled by pragma: at -O2 GCC kept them as loops with the rows' vectors in memory
+// (1.5x the time), and rows of whole vectors (Full: n a multiple of 16) run without masks,
+// which cost Zen 5 another 1.3x (12 x 128 rows of 128, one thread: 63 -> 33 us, ORT 45)
+template <int R, bool Full>
+__attribute__((target("avx512f"))) void softmax_group(const float* __restrict__ x,
+                                                      float* __restrict__ out, int64_t n,
+                                                      float s) {
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 sv = _mm512_set1_ps(s);
+  __m512 m[R], top[R], sum[R], scale[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) m[r] = lowest;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = Full ? 0xFFFF : tail_mask(n - i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if constexpr (Full)
+        m[r] = _mm512_max_ps(m[r], _mm512_mul_ps(_mm512_loadu_ps(x + r * n + i), sv));
+      else
+        m[r] = _mm512_mask_max_ps(m[r], mask, m[r],
+                                  _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + r * n + i), sv));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    top[r] = _mm512_set1_ps(_mm512_reduce_max_ps(m[r]));
+    sum[r] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = Full ? 0xFFFF : tail_mask(n - i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if constexpr (Full) {
+        const __m512 e = exp_avx512(_mm512_fmsub_ps(_mm512_loadu_ps(x + r * n + i), sv, top[r]));
+        _mm512_storeu_ps(out + r * n + i, e);
+        sum[r] = _mm512_add_ps(sum[r], e);
+      } else {
+        const __m512 e = exp_avx512(
+            _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, x + r * n + i), sv, top[r]));
+        _mm512_mask_storeu_ps(out + r * n + i, mask, e);
+        sum[r] = _mm512_mask_add_ps(sum[r], mask, sum[r], e);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) scale[r] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum[r]));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = Full ? 0xFFFF : tail_mask(n - i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      float* o = out + r * n + i;
+      if constexpr (Full)
+        _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), scale[r]));
+      else
+        _mm512_mask_storeu_ps(o, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, o), scale[r]));
+    }
+  }
+}
+
+// rows [r0, r1) of out = softmax(s x) over their n values, four at a time
+__attribute__((target("avx512f"))) void softmax_rows(const float* x, float* out, int64_t r0,
+                                                     int64_t r1, int64_t n, float s) {
+  int64_t row = r0;
+  if (n % 16 == 0) {
+    for (; row + 4 <= r1; row += 4) softmax_group<4, true>(x + row * n, out + row * n, n, s);
+    for (; row < r1; ++row) softmax_group<1, true>(x + row * n, out + row * n, n, s);
+  } else {
+    for (; row + 4 <= r1; row += 4) softmax_group<4, false>(x + row * n, out + row * n, n, s);
+    for (; row < r1; ++row) softmax_group<1, false>(x + row * n, out + row * n, n, s);
+  }
+}
+#endif
+
+// Rows [0, rows) of out = layer_norm(x + res) over their n values (res may be null), in one
+// pass over the inputs: the sum is written to out and normalised there while the row is in
+// cache. AVX-512 (the caller checks the CPU has it); single-threaded (one row is 4 KB: a
+// parallel region would cost more than it saves).
+#ifdef PARAGRAPH_AVX512
+__attribute__((target("avx512f"))) void layer_norm_avx512(
+    const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ gamma,
+    const float* __restrict__ beta, float* __restrict__ out, int64_t rows, int64_t n,
+    float eps) {
+  const int64_t vec = n - n % 16;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict__ xr = x + r * n;
+    const float* __restrict__ rr = res ? res + r * n : nullptr;
+    float* __restrict__ o = out + r * n;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < vec; i += 16) {
+      __m512 v = _mm512_loadu_ps(xr + i);
+      if (rr) v = _mm512_add_ps(v, _mm512_loadu_ps(rr + i));
+      _mm512_storeu_ps(o + i, v);
+      acc = _mm512_add_ps(acc, v);
+    }
+    float sum = _mm512_reduce_add_ps(acc);
+    for (int64_t i = vec; i < n; ++i) {
+      o[i] = xr[i] + (rr ? rr[i] : 0.0f);
+      sum += o[i];
+    }
+    const float mean = sum / static_cast<float>(n);
+    const __m512 m = _mm512_set1_ps(mean);
+    __m512 sq = _mm512_setzero_ps();
+    for (int64_t i = 0; i < vec; i += 16) {
+      __m512 d = _mm512_sub_ps(_mm512_loadu_ps(o + i), m);
+      sq = _mm512_fmadd_ps(d, d, sq);
+    }
+    float var = _mm512_reduce_add_ps(sq);
+    for (int64_t i = vec; i < n; ++i) var += (o[i] - mean) * (o[i] - mean);
+    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+    const __m512 rs = _mm512_set1_ps(rstd);
+    for (int64_t i = 0; i < vec; i += 16) {
+      __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(o + i), m), rs);
+      _mm512_storeu_ps(o + i, _mm512_fmadd_ps(v, _mm512_loadu_ps(gamma + i),
+                                              _mm512_loadu_ps(beta + i)));
+    }
+    for (int64_t i = vec; i < n; ++i) o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
+  }
+}
+#endif
+
+}  // namespace
