@@ -1,14 +1,46 @@
-"""Markdown tables of the committed benchmark results (what the README's "Measured" quotes).
+"""Markdown tables of the committed benchmark results, for the README and `docs/performance.md`.
 
-Usage: python benchmarks/report.py [benchmarks/results]
+Every figure the README and the docs quote comes from a JSON file under `benchmarks/results/`
+through this script; `tests/test_docs.py` fails when a marked block of either page differs
+from what it renders.
+
+Usage::
+
+    python benchmarks/report.py [RESULTS]            # print every docs table (RESULTS: a folder)
+    python benchmarks/report.py --write [RESULTS]    # regenerate the marked blocks in place
+    python benchmarks/report.py --check [RESULTS]    # exit 1 naming each stale block
+    python benchmarks/report.py --block NAME         # print one block
+
+A marked block is the text between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->`` in
+`README.md` or `docs/performance.md` (`PAGES`); NAME is a key of `BLOCKS`. The README holds
+``zoo`` (paragraph against ONNX Runtime, PyTorch and the TVM VM on the zoo) and ``corpus``
+(the public-model comparison). ``corpus`` renders `corpus_table` from
+``corpus-cpu.json`` once the corpus benchmark commits it, and one line saying so until then.
+
+The corpus file's shape is defined by the corpus benchmark; this renderer reads only::
+
+    {"machine": {"cpu": str, "cores": int, "date": str, ...},
+     "models": [{"model": str, "kind": str, "paragraph_ms": float, "onnxruntime_ms": float,
+                 ...}, ...]}
+
+Only the standard library: no TVM import, so the test that keeps the pages true is fast.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import re
 import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
+WIDTH = 100  # prose lines are wrapped to this; a table row is one line, however long
 
 def _load(folder: Path, name: str) -> dict | None:
     path = folder / name
@@ -247,38 +279,135 @@ def regroup_table(r: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")
-    out: list[str] = []
-    for name, table in (("executor-cpu.json", executor_table),
-                        ("schedules-cpu.json", schedules_table),
-                        ("kernels-cpu.json", kernels_table),
-                        ("peers-cpu.json", peers_table),
-                        # the same benchmark on another 2-core host (an Intel Xeon VM)
-                        ("peers-cpu-xeon.json", peers_table),
-                        ("serving-cpu.json", serving_table),
-                        ("search-cpu.json", search_table),
-                        ("regroup-cpu.json", regroup_table),
-                        ("search-cpu-xeon.json", search_table),
-                        # the lent GPU machine's runs (`tools/gpu/checks.sh`)
-                        ("gpu-h100-executor.json", gpu_executor_table),
-                        ("gpu-h100-search.json", search_table)):
-        result = _load(folder, name)
-        if result is not None:
-            if name == "peers-cpu-xeon.json":
-                searched = any("search" in c for m in result["models"] for c in m["configs"])
-                out.append(f"On a {result['machine']['cores']}-core {result['machine']['cpu']} VM ("
-                           f"`{name}`{'' if searched else ', no search rows'}):")
-                out.append("")
-            if name == "search-cpu-xeon.json":
-                out.append(f"On the {result['machine']['cores']}-core {result['machine']['cpu']} "
-                           f"VM (`{name}`):")
-                out.append("")
-            if name.startswith("gpu-"):
-                out.append(f"On the lent GPU machine (one H100, {result['machine']['cpu']} "
-                           f"x{result['machine']['cores']}; `{name}`):")
-                out.append("")
-            out += table(result) + [""]
+def _ms(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+def zoo_table(r: dict, xeon: dict | None = None) -> list[str]:
+    """The README's table: the zoo against the runtimes a user already has, narrow enough for
+    100-character lines (the full table with p10-p90 and the bound is `peers_table`)."""
+    m0 = r["machine"]
+    xeon_note = ""
+    if xeon is not None:
+        searched = any("search" in c for m in xeon["models"] for c in m["configs"])
+        xeon_note = (f" The last column is the same benchmark on a {xeon['machine']['cores']}-core "
+                     f"{xeon['machine']['cpu']} VM ({_dates(xeon)}, `peers-cpu-xeon.json`"
+                     f"{'' if searched else ', no search rows'}).")
+    worst = max(c.get("max_diff_vs_onnxruntime", 0.0) for m in r["models"] for c in m["configs"])
+    lines = [f"Median ms, batch 1, float32, on a {m0['cores']}-core {m0['cpu']} VM, every runtime "
+             f"side by side in one process ({r['blocks']} alternating blocks of {r['block']} "
+             f"runs, {_dates(r)}; `benchmarks/results/peers-cpu.json`). paragraph's column is "
+             "the fastest of its schedules (vendor kernels, as for the TVM VM); its outputs "
+             f"differ from ONNX Runtime's by at most {worst:.1e}." + xeon_note, "",
+             "| model | ONNX Runtime | PyTorch | TVM VM | paragraph (schedule) | vs ORT"
+             + (" | vs ORT, Xeon |" if xeon else " |"),
+             "|---|---|---|---|---|---" + ("|---|" if xeon else "|")]
+    other = {m["model"]: m for m in (xeon or {}).get("models", [])}
+    for m in r["models"]:
+        rows = {x["config"]: x["median_ms"] for x in m["configs"]}
+        flag = " (contended)" if m.get("contended") else ""
+        cells = [_ms(rows[n]) for n in ("onnxruntime", "pytorch", "tvm_vm")]
+        best = f"{_ms(rows[m['paragraph_best']])} ({m['paragraph_best'].split(':', 1)[1]})"
+        line = (f"| {m['model']}{flag} | " + " | ".join(cells) + f" | {best} | "
+                f"{m['paragraph_vs_onnxruntime']:.2f}x |")
+        if xeon is not None:
+            x = other.get(m["model"])
+            line += f" {x['paragraph_vs_onnxruntime']:.2f}x |" if x else " - |"
+        lines.append(line)
+    return lines
+
+
+def corpus_table(r: dict) -> list[str]:
+    """Public architectures against ONNX Runtime (``corpus-cpu.json``; the corpus benchmark
+    defines the file, see the module docstring for the fields read here)."""
+    m0 = r["machine"]
+    ratios = [m["onnxruntime_ms"] / m["paragraph_ms"] for m in r["models"]]
+    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+    lines = [f"Public architectures against ONNX Runtime, median ms on a {m0['cores']}-core "
+             f"{m0['cpu']} ({m0['date'][:10]}; "
+             "`benchmarks/results/corpus-cpu.json`): paragraph ahead of ONNX Runtime on "
+             f"{sum(x > 1 for x in ratios)} of {len(ratios)}, geometric mean {geo:.2f}x.", "",
+             "| model | kind | ONNX Runtime | paragraph | vs ORT |", "|---|---|---|---|---|"]
+    for m, x in zip(r["models"], ratios, strict=True):
+        lines.append(f"| {m['model']} | {m.get('kind', '-')} | {m['onnxruntime_ms']:.2f} | "
+                     f"{m['paragraph_ms']:.2f} | {x:.2f}x |")
+    return lines
+
+
+def kernel_classes_table(r: dict) -> list[str]:
+    """paragraph's kernel time by class against ONNX Runtime's profiler
+    (`benchmarks/kernel_classes.py`)."""
+    graph = ("" if "as_imported" not in r else ", the model's own graph" if r["as_imported"]
+             else ", the program its default plan runs")
+    rewritten = "".join(
+        f" {m['model']}'s program has {len(m['rewrites'])} rewrites ("
+        + ", ".join(sorted({x.split(':')[0] for x in m["rewrites"]})) + ")."
+        for m in r["models"] if m.get("rewrites"))
+    lines = [f"Kernel time by class ({r['kernels']} kernels, {r['schedule']}, paragraph's "
+             f"per-kernel timeline against ONNX Runtime's profiler{graph}; {_dates(r)}; "
+             "`benchmarks/kernel_classes.py`), ms; \"behind\" lists the classes where "
+             f"paragraph took longer.{rewritten}", "",
+             "| model | threads | paragraph | ONNX Runtime | ratio | behind (paragraph / ORT ms) |",
+             "|---|---|---|---|---|---|"]
+    for m in r["models"]:
+        for threads, t in sorted(m["threads"].items()):
+            ours, theirs = t["paragraph_ms"], t["onnxruntime_ms"]
+            behind = [f"{k} {ours[k]:.3f} / {theirs.get(k, 0.0):.3f}" for k in ours
+                      if ours[k] > theirs.get(k, 0.0)]
+            flag = " (contended)" if m.get("contended") else ""
+            lines.append(f"| {m['model']}{flag} | {threads} | {t['paragraph_total_ms']:.1f} | "
+                         f"{t['onnxruntime_total_ms']:.1f} | "
+                         f"{t['onnxruntime_total_ms'] / t['paragraph_total_ms']:.2f}x | "
+                         f"{', '.join(behind) or '-'} |")
+    return lines
+
+
+def tuning_table(r: dict) -> list[str]:
+    """What a tuning database applies, checked on the model (`benchmarks/tuning.py`)."""
+    check = r["model_check"]
+    lines = [f"Tuning ({r['model']}, {r['trials']} MetaSchedule trials a kernel, {r['kernels']} "
+             f"kernels, {r['schedule']}, blocks {r['blocks']}, side by side in one process; "
+             f"{_date(r)}; `benchmarks/tuning.py`): of {r['tuned_forms']} tuned forms "
+             f"{r['tuned_forms_faster_alone']} ran faster alone and {r['tuned_forms_applied']} "
+             "were applied by the model check (nested sets of "
+             + ", ".join(str(s) for s in check["sizes"]) + " kernels timed end to end), ms:", "",
+             "| configuration | median ms | schedule |", "|---|---|---|"]
+    for name, x in r["results"].items():
+        lines.append(f"| {name} | {x['median_ms']:.3f} | {x['schedule']} |")
+    return lines
+
+
+def team_binding_table(r: dict) -> list[str]:
+    """A run after a pause with the OpenMP team bound one thread per core and unbound
+    (`benchmarks/team_binding.py`)."""
+    lines = [f"Binding the OpenMP team one thread per core, after {r['pause_ms']:g} ms idle and "
+             f"back to back ({r['timing']}, {r['rounds']} rounds of alternating processes; "
+             f"{_date(r)}; `benchmarks/team_binding.py`), ms:", "",
+             "| model | bound | back to back | after a pause | after a pause, p90 |",
+             "|---|---|---|---|---|"]
+    for x in r["rows"]:
+        flag = " (contended)" if x.get("contended") else ""
+        lines.append(f"| {x['model']}{flag} | {'yes' if x['bound'] else 'no'} | "
+                     f"{x['back_to_back_ms']:.1f} | {x['after_pause_ms']:.1f} | "
+                     f"{x['after_pause_p90_ms']:.1f} |")
+    return lines
+
+
+def refactor_table(r: dict) -> list[str]:
+    """The 2026-11-23 restructuring against the code before it (``refactor-ab-cpu.json``)."""
+    names = ["tvm_vm", "executor:sequential", "executor:nimble", "executor:critical-path"]
+    lines = [f"Restructuring check ({_date(r)}, {r['machine']['cores']}-core "
+             f"{r['machine']['cpu']}): {r['what']} Medians, ms:", "",
+             "| model | code | round | " + " | ".join(n.split(":")[-1] for n in names) + " |",
+             "|---" * (len(names) + 3) + "|"]
+    for x in r["bench_runs"]:
+        lines.append(f"| {x['model']} | {x['code']} | {x['round']} | "
+                     + " | ".join(f"{x['medians_ms'][n]:.1f}" for n in names) + " |")
+    return lines
+
+
+def micro_lines(folder: Path) -> list[str] | None:
+    out = []
     for name, key in (("roundtrip-cpu.json", "roundtrip_s"),
                       ("rules-match-cpu.json", "match_s")):
         result = _load(folder, name)
@@ -286,8 +415,168 @@ def main() -> None:
             row = next(x for x in result["results"] if x["model"] == "inception_v3")
             out.append(f"- {name.split('-cpu')[0]}: full inception_v3 {row[key]:.3f} s "
                        f"({_date(result)})")
-    print("\n".join(out))
+    return out or None
+
+
+# ------------------------------------------------------------------------------------- blocks
+def _file(name: str, table: Callable[[dict], list[str]], intro: str = ""
+          ) -> Callable[[Path], list[str] | None]:
+    """A block rendering ``table`` of ``name`` (None when the file is absent); ``intro``, a
+    format string over the file's machine (``{cpu}``, ``{cores}``), goes before it."""
+    def render(folder: Path) -> list[str] | None:
+        result = _load(folder, name)
+        if result is None:
+            return None
+        head = [intro.format(**result["machine"], file=name), ""] if intro else []
+        return head + table(result)
+    return render
+
+
+def _files(names: tuple[str, ...], table: Callable[[dict], list[str]]
+           ) -> Callable[[Path], list[str] | None]:
+    """One block of ``table`` for each of ``names`` that exists, each named before it."""
+    def render(folder: Path) -> list[str] | None:
+        out: list[str] = []
+        for name in names:
+            result = _load(folder, name)
+            if result is not None:
+                out += [f"`{name}` ({result['machine']['cores']}-core "
+                        f"{result['machine']['cpu']}):", "", *table(result), ""]
+        return out[:-1] or None
+    return render
+
+
+def _zoo(folder: Path) -> list[str] | None:
+    result = _load(folder, "peers-cpu.json")
+    return None if result is None else zoo_table(result, _load(folder, "peers-cpu-xeon.json"))
+
+
+def _corpus(folder: Path) -> list[str]:
+    result = _load(folder, "corpus-cpu.json")
+    if result is None:
+        return ["The public-model table (30+ public architectures against ONNX Runtime) comes "
+                "with the corpus benchmark, which has not committed "
+                "`benchmarks/results/corpus-cpu.json` yet; until then the README's Limits say "
+                "where paragraph stands on public models."]
+    return corpus_table(result)
+
+
+def _xeon_peers(result: dict) -> list[str]:
+    searched = any("search" in c for m in result["models"] for c in m["configs"])
+    return ([f"On a {result['machine']['cores']}-core {result['machine']['cpu']} VM "
+             f"(`peers-cpu-xeon.json`{'' if searched else ', no search rows'}):", ""]
+            + peers_table(result))
+
+
+_GPU = "On the lent GPU machine (one H100, {cpu} x{cores}; `{file}`):"
+
+# name -> renderer; the order is `python benchmarks/report.py`'s and docs/performance.md's
+BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
+    "zoo": _zoo,
+    "corpus": _corpus,
+    "peers": _file("peers-cpu.json", peers_table),
+    "peers-xeon": _file("peers-cpu-xeon.json", _xeon_peers),
+    "kernel-classes": _file("kernel-classes-cpu.json", kernel_classes_table),
+    "kernel-classes-xeon": _file("kernel-classes-cpu-xeon.json", kernel_classes_table,
+                                 "On a {cores}-core {cpu} VM (`{file}`):"),
+    "serving": _file("serving-cpu.json", serving_table),
+    "team-binding": _file("team-binding-cpu.json", team_binding_table),
+    "executor": _file("executor-cpu.json", executor_table),
+    "schedules": _file("schedules-cpu.json", schedules_table),
+    "kernels": _file("kernels-cpu.json", kernels_table),
+    "search": _file("search-cpu.json", search_table),
+    "regroup": _file("regroup-cpu.json", regroup_table),
+    "search-xeon": _file("search-cpu-xeon.json", search_table,
+                         "On the {cores}-core {cpu} VM (`{file}`):"),
+    "tuning": _file("tuning-cpu.json", tuning_table),
+    "gpu-executor": _file("gpu-h100-executor.json", gpu_executor_table, _GPU),
+    "gpu-search": _file("gpu-h100-search.json", search_table, _GPU),
+    "peers-earlier": _files(("peers-nlp-cpu.json", "peers-search-cpu.json",
+                             "peers-sru-cpu.json", "gpu-host-peers-cpu16.json"), peers_table),
+    "refactor": _file("refactor-ab-cpu.json", refactor_table),
+    "micro": micro_lines,
+}
+
+
+def _wrap(lines: list[str]) -> list[str]:
+    """Prose lines wrapped to `WIDTH` (a list item's continuation indented); table rows and
+    blank lines as they are."""
+    out: list[str] = []
+    for line in lines:
+        if not line or line.startswith("|") or len(line) <= WIDTH:
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        out += textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_long_words=False,
+                             break_on_hyphens=False)
+    return out
+
+
+def render(name: str, folder: Path = RESULTS) -> list[str]:
+    """Block ``name``'s lines (a line saying its file is absent where it is)."""
+    if name not in BLOCKS:
+        raise KeyError(f"unknown report block {name!r}; known: {', '.join(BLOCKS)}")
+    lines = BLOCKS[name](folder)
+    return _wrap(lines if lines is not None else [f"(no results for `{name}` in {folder})"])
+
+
+_MARKED = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)"
+                     r"(<!-- /report:(?P=name) -->)", re.S)
+
+
+def fill(text: str, folder: Path = RESULTS) -> str:
+    """``text`` with every marked block replaced by what `render` gives now."""
+    return _MARKED.sub(lambda m: m.group(1) + "\n" + "\n".join(render(m["name"], folder))
+                       + "\n\n" + m.group(4), text)
+
+
+def blocks(text: str) -> dict[str, str]:
+    """The marked blocks of ``text``: name -> body."""
+    return {m["name"]: m["body"] for m in _MARKED.finditer(text)}
+
+
+def stale(path: Path, folder: Path = RESULTS) -> list[str]:
+    """The names of ``path``'s marked blocks that differ from what `render` gives now."""
+    text = path.read_text()
+    now = blocks(fill(text, folder))
+    return [name for name, body in blocks(text).items() if now[name] != body]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="?", type=Path, default=RESULTS,
+                        help="the folder of result JSON files (default: the committed ones)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true",
+                      help="regenerate the marked blocks of README.md and docs/performance.md")
+    mode.add_argument("--check", action="store_true",
+                      help="exit 1 if a marked block differs from what it renders")
+    mode.add_argument("--block", choices=list(BLOCKS), help="print one block")
+    args = parser.parse_args(argv)
+    if args.block:
+        print("\n".join(render(args.block, args.results)))
+        return 0
+    if args.write or args.check:
+        bad = []
+        for page in PAGES:
+            if not page.exists():
+                parser.error(f"{page} is missing")
+            names = stale(page, args.results)
+            if args.write and names:
+                page.write_text(fill(page.read_text(), args.results))
+            bad += [f"{page.relative_to(ROOT)}: {name}" for name in names]
+        verb = "rewrote" if args.write else "stale"
+        for item in bad:
+            print(f"{verb} {item}")
+        return 1 if bad and args.check else 0
+    out: list[str] = []
+    for name in BLOCKS:
+        if name == "zoo" or BLOCKS[name](args.results) is None:
+            continue  # the README's narrow table repeats the peers table
+        out += render(name, args.results) + [""]
+    print("\n".join(out).rstrip())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

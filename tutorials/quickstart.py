@@ -1,85 +1,106 @@
-"""Quickstart: from a Relax model to a multi-stream run, step by step.
+"""Quickstart: build a model with ``paragraph.build``, check it, time it, try the schedules,
+export it as one file and load it back.
 
 Run it with ``python tutorials/quickstart.py`` (add ``--full`` for the full-size model; the
-default reduced model takes seconds). Each step is one public API call:
+default reduced model keeps Inception-v3's topology at small sizes and builds in a minute or
+two). Everything here is public API:
 
-1. get a model (the zoo, or `paragraph.tvm_interop.load` for ONNX / torch / IRModule);
-2. look at it as a `paragraph.Graph` and round-trip it back to Relax;
-3. lower and compile it once into a kernel graph (TVM's own legalization and fusion);
-4. pick a schedule (which stream runs which kernel) and run it on the parallel executor;
-5. compare with the TVM VM on the same kernels;
-6. search an IOS schedule: stages measured on this device and cached in the cost database
-   (``~/.cache/paragraph``, or ``$PARAGRAPH_CACHE_DIR``), so a second run searches in a blink.
+1. a model: ``paragraph.models.get`` returns a Relax IRModule (``paragraph.build`` also takes
+   an ONNX path or a torch module);
+2. ``paragraph.build(mod)``: lower, fuse and compile the kernels for this CPU, then plan a
+   schedule (which stream runs which kernel, in what order, waiting for what);
+3. ``exe.run`` on numpy inputs, checked against ``exe.vm()``, the TVM VM over the same kernels;
+4. ``exe.time()``: the median of repeated runs;
+5. the same model under several ``schedule=`` values (measured schedules time kernels or
+   stages on this machine first, cached in ``~/.cache/paragraph`` or ``$PARAGRAPH_CACHE_DIR``);
+6. ``exe.export_library`` writes one file; ``paragraph.load`` reads it back.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import tvm
 
+import paragraph
 from paragraph import models
-from paragraph.passes.ios import IOSOptions
-from paragraph.passes.schedule import ALGORITHMS
-from paragraph.planner import plan_schedule, tolerance
-from paragraph.timing import time_calls
-from paragraph.tvm_interop import from_relax, random_inputs, to_relax
-from paragraph.tvm_interop.build.program import build_program
-from paragraph.tvm_interop.runtime.executor import make_executor
-from paragraph.tvm_interop.runtime.vm import run_vm
+
+SCHEDULES = ("sequential", "wavefront", "opara", "nimble", "critical-path", "ios")
+TOLERANCE = 1e-4  # vendor kernels and rewrites round float32 differently from TVM's kernels
 
 
-def main(full: bool = False) -> None:
+def vm_outputs(vm: Any, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Run a TVM VM (``exe.vm()``: the TVM VM over the same kernels) on numpy inputs."""
+    return flatten(vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in inputs]))
+
+
+def flatten(out: Any) -> list[np.ndarray]:
+    """A VM result (a tensor or nested tuples of them) as a list of numpy arrays."""
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [a for item in out for a in flatten(item)]
+
+
+def same(actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        np.testing.assert_allclose(a, e, rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def main(full: bool = False, schedules: tuple[str, ...] = SCHEDULES) -> None:
     # 1. A model: Inception-v3 as a Relax IRModule with seeded weights.
     mod = models.get("inception_v3", reduced=not full)
 
-    # 2. The graph IR: immutable nodes with kinds, attributes and types; a canonical hash.
-    graph = from_relax(mod)
-    print(graph.summary())
-    print("structural hash:", graph.structural_hash()[:16])
-    length, path = graph.longest_path({n.id: 1.0 for n in graph.operators})
-    print(f"longest chain: {int(length)} of {len(graph.operators)} operators")
-    roundtrip = to_relax(graph)  # the same computation, back in Relax
+    # 2-4. Build with the defaults but one schedule, run, check against the TVM VM, time.
+    #      The kernels are compiled once per process; later builds reuse them.
+    with paragraph.build(mod, schedule="sequential") as exe:
+        print(f"built: {exe!r}")
+        x = exe.sample_inputs(seed=0)  # seeded inputs of the right shapes
+        vm = exe.vm()
+        expected = vm_outputs(vm, x)
+        same(exe.run(*x), expected)
+        # A vendor kernel tries its forms on its first few dozen calls and keeps the fastest
+        # for its shape: warm up before timing anything.
+        for _ in range(40):
+            exe.run(*x)
+        times = []
+        for _ in range(6):
+            start = time.perf_counter()
+            vm_outputs(vm, x)
+            times.append(time.perf_counter() - start)
+        print(f"TVM VM: {np.median(times[1:]) * 1e3:.2f} ms a run (median of 5, the same "
+              "kernels one after another)")
 
-    # 3. Lower once: every fused kernel compiled into one module, and a graph of kernels.
-    program = build_program(roundtrip, "cpu")
-    print(f"{len(program.kernels)} kernels after TVM's fusion")
+    # 5. The schedules. critical-path times each kernel on one thread once and balances the
+    #    streams by those times (it may split a lone convolution across them, a verified rule:
+    #    exe.rewrites names it); ios searches IOS's stages, each timed on this machine.
+    for name in schedules:
+        with paragraph.build(mod, schedule=name) as exe:
+            same(exe.run(*x), expected)
+            timing = exe.time(*x, repeat=10)
+            rules = sorted({r.split(":")[0] for r in exe.rewrites})  # "rule: where" each
+            rewrites = f"; rewrites: {', '.join(rules)}" if rules else ""
+            print(f"schedule={name!r}: {exe.schedule.describe()}{rewrites}\n"
+                  f"    median {timing.median_ms:.2f} ms, same outputs as the TVM VM")
+    print(f"schedules run: {', '.join(schedules)}")
 
-    # 4. Schedules: where each kernel runs and what it waits for. critical-path times each
-    #    kernel on one thread in model order first (cached in the cost database) and
-    #    balances the streams by those times; the others place kernels by the graph's shape.
-    #    A plan is a value: the program to run, its schedule, and a report of the planning.
-    inputs = random_inputs(mod)
-    expected = run_vm(program.vm(), inputs)
-    for name in ALGORITHMS:
-        # critical-path may hand back a program with lone convolutions split across streams
-        # (the verified library rule split-conv-2: program.rewrites names it)
-        plan = plan_schedule(name, program)
-        schedule = plan.schedule
-        with make_executor(plan.program, schedule) as executor:
-            out = executor.run(*inputs)
-            tol = tolerance(plan.program)  # looser where rewrites change the rounding
-            np.testing.assert_allclose(out[0], expected[0], rtol=tol, atol=tol,
-                                       err_msg="the executor must match the VM")
-            timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), 5)
-        print(f"{schedule.describe()}\n    median {timing.median_ms:.2f} ms, "
-              f"memory {executor.plan.summary()}")
-
-    # 5. The TVM VM over the same kernels, for reference.
-    vm = program.vm()
-    timing = time_calls(lambda: run_vm(vm, inputs), 5)
-    print(f"TVM VM: median {timing.median_ms:.2f} ms")
-
-    # 6. IOS: dynamic programming over stages, each stage timed on the device. A quick
-    #    measurement protocol here; the default (2 warm-ups, 6 repeats of 6 runs) is IOS's.
-    options = IOSOptions(mode="both", warmup=1, repeat=2, number=1)
-    plan = plan_schedule("ios", program, options=options, log=print)
-    program, schedule = plan.program, plan.schedule
-    with make_executor(program, schedule) as executor:  # merges may have rebuilt the program
-        out = executor.run(*inputs)
-        np.testing.assert_allclose(out[0], expected[0], rtol=1e-4, atol=1e-5)
-        timing = time_calls(lambda: executor.run(*inputs, copy_outputs=False), 5)
-    print(f"{schedule.describe()}\n    median {timing.median_ms:.2f} ms")
+    # 6. One file to ship: kernels, weights, schedule, memory plan and a manifest. Load it in
+    #    any process with the same paragraph and TVM, on the same kind of CPU: nothing is
+    #    searched, planned or unpickled (it holds a shared library: load only files you trust).
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "inception.paragraph"
+        with paragraph.build(mod) as exe:  # the default schedule, critical-path
+            exe.export_library(path)
+        print(f"exported {path.name}: {path.stat().st_size / 2**20:.1f} MiB")
+        with paragraph.load(path) as loaded:
+            same(loaded.run(*x), expected)
+            print(f"loaded: {loaded.schedule.describe()}, same outputs, median "
+                  f"{loaded.time(*x, repeat=10).median_ms:.2f} ms")
 
 
 if __name__ == "__main__":
