@@ -27,6 +27,7 @@ import tvm
 import tvm_ffi
 
 from paragraph.files import cache_dir
+from paragraph.timing import MARGIN
 from paragraph.tvm_interop.runtime.library.names import POOLS, VendorOp, is_vendor_name
 from paragraph.tvm_interop.runtime.native import build_library
 
@@ -36,6 +37,11 @@ SUFFIXES = (".cc", ".h")  # the files of the folder that make the kernels
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 _binding = threading.local()  # .module: the module `bind` uses on this thread (`using`)
+
+
+# the one margin for "faster beyond noise" (`paragraph.timing.MARGIN`): a kernel's later form
+# must beat the earlier best by it (forms.h); part of the library's name and revision
+_MARGIN_FLAG = f"-DPARAGRAPH_MARGIN={MARGIN!r}"
 
 
 def sources(folder: Path = CPP) -> dict[str, bytes]:
@@ -59,7 +65,8 @@ def revision() -> str:
     ones enabled or not). Vendor kernel costs are cached under it: a change to how a vendor
     kernel runs (packed weights shared between calls made the SRU's products 1.7x faster)
     voids their old times."""
-    text = _serialized(sources()) + Path(__file__).with_name("torch_kernels.py").read_bytes()
+    text = (_serialized(sources()) + Path(__file__).with_name("torch_kernels.py").read_bytes()
+            + _MARGIN_FLAG.encode())
     return ("p" if _switched_off() else "n") + hashlib.blake2b(text, digest_size=6).hexdigest()
 
 
@@ -74,7 +81,8 @@ def _library_path(torch: Any, files: Mapping[str, bytes] | None = None,
     """Where the library built from ``files`` (this folder's: `sources`) is cached: named by
     a hash of every file, TVM FFI's and PyTorch's versions (a header's change builds anew)."""
     key = hashlib.sha256(_serialized(sources() if files is None else files)
-                         + tvm_ffi.__version__.encode() + torch.__version__.encode())
+                         + tvm_ffi.__version__.encode() + torch.__version__.encode()
+                         + _MARGIN_FLAG.encode())
     return cache_dir() / "native" / f"{kind}-{key.hexdigest()[:16]}.so"
 
 
@@ -86,7 +94,7 @@ def _build(torch: Any, out: Path, folder: Path = CPP) -> None:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     # the folder on the quoted include path only (-iquote, not -I): a header of its own named
     # as a system one (threads.h is C11's) must not stand in for it in an #include <...>
-    flags = (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", f"-iquote{folder}")
+    flags = (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", f"-iquote{folder}", _MARGIN_FLAG)
     build = functools.partial(build_library, folder / SOURCE.name, out,
                               includes=tuple(cpp_extension.include_paths()),
                               libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"))
