@@ -152,13 +152,14 @@ def _target(args: argparse.Namespace, here: bool = True) -> Any:
     """The target of --target (cpu: this CPU with --threads cores; cuda: the visible GPU; any
     form `tvm.target.Target` takes), or the remote device's. ``here``: the command runs the
     program on this machine, so a GPU must be visible."""
-    if getattr(args, "remote", None) is not None:
-        return args.remote.target
-    if args.target == "cuda" and here and not gpu_available():
+    remote = getattr(args, "remote", None)
+    if remote is not None and args.target == "cpu":  # the default: the device's own target
+        return remote.target
+    if remote is None and args.target == "cuda" and here and not gpu_available():
         raise ParagraphError("--target cuda: no CUDA GPU is visible to TVM on this machine")
     if args.target == "cpu":
         return local_cpu_target(args.threads)
-    return resolve_target(args.target)
+    return resolve_target(args.target)  # on a remote device: compiled for it as named
 
 
 def _options(args: argparse.Namespace, target: Any, schedule: str | None = None
@@ -676,13 +677,13 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="W,R,N", help="stage measurement: W warm-ups, R repeats of N "
                        "runs, median (default 2,6,6 as in IOS)")
 
-    def schedule_options(p: argparse.ArgumentParser,
-                         default: str | None = "critical-path") -> None:
-        p.add_argument("--schedule", choices=(*ALGORITHMS, "ios"), default=default,
+    def schedule_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--schedule", choices=(*ALGORITHMS, "ios"), default=None,
                        help="how to spread kernels over streams (default critical-path: the "
                        "fastest planner, which times every kernel on its first run and keeps "
-                       "the timings in the cost database; sequential runs one stream on every "
-                       "core; ios searches stages by measurement, cached likewise)")
+                       "the timings in the cost database; opara for a target that can be "
+                       "measured neither here nor over RPC; sequential runs one stream on "
+                       "every core; ios searches stages by measurement, cached likewise)")
         p.add_argument("--schedule-file", metavar="JSON",
                        help="use a schedule saved with --save-schedule instead")
         p.add_argument("--save-schedule", metavar="JSON", help="write the schedule as JSON")
@@ -734,7 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "compile it, check outputs and time it on the parallel executor (or "
                        "run a file written by `paragraph compile`)")
     model_options(p)
-    schedule_options(p, default=None)
+    schedule_options(p)
     search_options(p)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
     p.add_argument("--inputs", metavar="NPZ", help="the model's inputs from a .npz file, by "

@@ -1,8 +1,40 @@
-"""Settings for the whole suite."""
+"""Settings and fixtures for the whole suite."""
 
 import os
+import shutil
+from pathlib import Path
+
+import pytest
 
 # Tests assert that measured costs are cached; on a shared CI machine another process can hold
 # a core at any moment, and the cost database would then (rightly) not keep the times. The
 # test of that behaviour unsets this.
 os.environ.setdefault("PARAGRAPH_CACHE_UNDER_LOAD", "1")
+
+
+def with_native_libraries(cache: Path) -> Path:
+    """``cache`` (a new cache directory) holding the native libraries this process has built
+    for these sources (the stream runner, the C++ kernels): a fresh cache means an empty cost
+    database and no proofs, not compiling the C++ kernels again (about a minute on 2 cores)."""
+    from paragraph.tvm_interop.runtime import native
+    from paragraph.tvm_interop.runtime.library import native as kernels
+
+    built = [native.library_path()]
+    if kernels.module() is not None:  # built (or found) in this process's cache
+        import torch  # loaded already: the kernels link against it
+
+        built.append(kernels._library_path(torch))
+    (cache / "native").mkdir(parents=True, exist_ok=True)
+    for lib in built:
+        if lib.is_file():
+            shutil.copy2(lib, cache / "native" / lib.name)
+    return cache
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """A cache directory of the test's own, set as ``$PARAGRAPH_CACHE_DIR``, with the native
+    libraries in it (`with_native_libraries`)."""
+    fresh = with_native_libraries(tmp_path / "cache")
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(fresh))
+    return fresh

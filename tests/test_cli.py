@@ -269,11 +269,12 @@ def test_inputs_and_outputs_files(capsys, tmp_path):
     does not fit the model is a clear error."""
     import numpy as np
 
-    from paragraph.tvm_interop import random_inputs
+    from paragraph.tvm_interop import from_relax, random_inputs
 
     mod = models.get("squeezenet1_1", reduced=True)
     (x,) = random_inputs(mod, seed=3)
-    name = mod["main"].params[0].name_hint
+    graph = from_relax(mod)
+    name = graph[graph.inputs[0]].name
     inputs, outputs = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(inputs, **{name: x})
     code, out, _ = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
@@ -287,7 +288,8 @@ def test_inputs_and_outputs_files(capsys, tmp_path):
                          "--schedule", "sequential", "--inputs", str(inputs), "--outputs",
                          str(outputs))
     with np.load(outputs) as again:
-        np.testing.assert_array_equal(again["output_0"], first)
+        # the same inputs (a kernel's first calls may run another of its forms: rounding)
+        np.testing.assert_allclose(again["output_0"], first, rtol=1e-5, atol=1e-6)
     np.savez(inputs, x[:, :1])
     code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--inputs",
                            str(inputs))

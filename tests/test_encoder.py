@@ -127,9 +127,9 @@ def test_encoder_runs_under_every_schedule(encoder_program, schedule, tmp_path):
             ex.run(np.full_like(ids[0], 1000))
 
 
-def test_cli_times_the_encoder_kernels_under_critical_path(encoder, tmp_path):
+def test_cli_times_the_encoder_kernels_under_critical_path(encoder, fresh_cache):
     """The reported crash, as a user met it: a fresh cache, so every kernel is timed."""
-    env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(fresh_cache)}
     done = subprocess.run([sys.executable, "-m", "paragraph", "run", str(encoder[0]),
                            "--kernels", "vendor", "--schedule", "critical-path",
                            "--repeat", "2"], capture_output=True, text=True, env=env,

@@ -5,12 +5,12 @@ import runpy
 from pathlib import Path
 
 import pytest
+from conftest import with_native_libraries
 
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 
 
-def test_quickstart(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(tmp_path))
+def test_quickstart(capsys, fresh_cache):
     tutorial = runpy.run_path(str(TUTORIALS / "quickstart.py"))
     tutorial["main"]()
     out = capsys.readouterr().out
@@ -29,8 +29,8 @@ def test_quickstart(capsys, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """One fresh cache for these tutorials (the native runner and kernels build once)."""
-    return tmp_path_factory.mktemp("cache")
+    """One fresh cache for these tutorials, with the native libraries built already."""
+    return with_native_libraries(tmp_path_factory.mktemp("cache"))
 
 
 def _run(name: str, capsys, cache, monkeypatch, **kwargs) -> str:

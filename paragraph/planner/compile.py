@@ -37,6 +37,7 @@ from paragraph.tvm_interop.meter.protocol import Meter
 from paragraph.tvm_interop.runtime.library.names import check_kernel_source
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.target import describe_target
 
 # schedules that measure on the device (those that do not are the graph algorithms)
 MEASURED = ("critical-path", "ios")
@@ -134,14 +135,15 @@ def _schedule(options: CompileOptions, session: Session) -> str:
     if name is None:
         if measurable:
             return "critical-path"
-        session.log(f"  {session.target.kind.name} target {session.target} does not run on "
-                    f"this machine: planning the {UNMEASURED_DEFAULT} schedule, which needs no "
-                    "measurement (give an RPC tracker to measure there)")
+        session.log(f"  {describe_target(session.target)} does not run on this machine: "
+                    f"planning the {UNMEASURED_DEFAULT} schedule, which needs no measurement "
+                    "(give an RPC tracker to measure there)")
         return UNMEASURED_DEFAULT
     if not measurable and (name in MEASURED or name.startswith("ios-")):
         raise ParagraphError(
-            f"the {name} schedule measures on the device, and programs for {session.target} "
-            "do not run on this machine: give an RPC tracker and key to measure there "
-            "(--rpc-tracker HOST:PORT --rpc-key KEY), or a schedule that needs no measurement "
+            f"the {name} schedule measures on the device, and programs for "
+            f"{describe_target(session.target)} do not run on this machine: give an RPC tracker "
+            "and key to measure there (--rpc-tracker HOST:PORT --rpc-key KEY), or a schedule "
+            "that needs no measurement "
             "(sequential, wavefront, opara, nimble)")
     return name

@@ -27,8 +27,8 @@ from paragraph.tvm_interop.runtime.target import is_cpu, resolve_target
 class Session:
     """One compile's shared settings (see the module docstring).
 
-    ``target`` is anything `resolve_target` takes (this CPU by default; a ``remote`` device's
-    own target otherwise); ``db`` a cost database (the default one, opened here and closed by
+    ``target`` is anything `resolve_target` takes (by default this CPU, or a ``remote``
+    device's own target); ``db`` a cost database (the default one, opened here and closed by
     `close`, when None); ``tuning_db`` a MetaSchedule work directory whose applied records
     builds use; ``cores`` the cores to plan for (default: all of the device's); ``log`` where
     progress lines go (default: the ``paragraph`` logger, `paragraph.progress.info`);
@@ -39,9 +39,11 @@ class Session:
     def __init__(self, target: Any = None, *, db: CostDB | None = None,
                  tuning_db: str | os.PathLike[str] | None = None, cores: int | None = None,
                  log: Log | None = None, remote: Meter | None = None) -> None:
-        remote_target = getattr(remote, "target", None)
-        self.target: tvm.target.Target = resolve_target(
-            remote_target if remote_target is not None else target)
+        # a remote device's own target unless the caller names one (a compile for it with
+        # options of its own)
+        default = getattr(remote, "target", None)
+        self.target: tvm.target.Target = resolve_target(target if target is not None
+                                                        else default)
         self._own_db = CostDB() if db is None else None
         self.db: CostDB = db if db is not None else self._own_db  # type: ignore[assignment]
         self.tuning_db = None if tuning_db is None else str(tuning_db)

@@ -90,3 +90,12 @@ def runs_here(target: tvm.target.Target) -> bool:
         return False
     mcpu = target.attrs.get("mcpu")
     return not mcpu or str(mcpu) == tvm.target.codegen.llvm_get_system_cpu()
+
+
+def describe_target(target: tvm.target.Target) -> str:
+    """A target in a few words: its tag, or its kind with its ``mcpu``/``arch``/``mtriple``."""
+    tag = str(target.attrs.get("tag", "") or getattr(target, "tag", "") or "")
+    if tag:
+        return tag
+    detail = [str(target.attrs[k]) for k in ("mcpu", "arch", "mtriple") if target.attrs.get(k)]
+    return " ".join([target.kind.name, *detail])
