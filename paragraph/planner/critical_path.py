@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from paragraph.graph import Graph
 from paragraph.passes.pools import pools_after_convs
-from paragraph.passes.schedule import critical_path, sequential
+from paragraph.passes.schedule import critical_path
 from paragraph.passes.split import split_lone_convs
 from paragraph.planner.plan import (
     CriticalPathReport,
@@ -278,5 +278,4 @@ def split_program(program: KernelProgram, parts: int, session: Session) -> Kerne
 
 
 __all__ = ["plan_critical_path", "plan_like", "measured_critical_path", "split_program",
-           "fewer_threads_where_faster", "one_stream_if_faster", "with_pools_moved",
-           "sequential"]
+           "fewer_threads_where_faster", "one_stream_if_faster", "with_pools_moved"]

@@ -24,7 +24,7 @@ from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
 from paragraph.passes.search import Applied, Candidate, SearchOptions
 from paragraph.passes.search import search as substitution_search
 from paragraph.planner.critical_path import plan_like
-from paragraph.planner.plan import Plan, PlanReport, SearchReport
+from paragraph.planner.plan import Plan, SearchReport
 from paragraph.planner.schedules import plan_schedule
 from paragraph.planner.session import Session
 from paragraph.rules.library import default_library
@@ -431,4 +431,4 @@ def measure_signatures(graph: Graph, session: Session, *, kernels: str = "tvm") 
 
 
 __all__ = ["search_plan", "measure_signatures", "required_gain", "worth_building",
-           "candidates_in_memory", "checked", "MAX_OVERSHOOT", "PlanReport"]
+           "candidates_in_memory", "checked", "MAX_OVERSHOOT"]
