@@ -78,7 +78,7 @@ def main() -> None:
     out = results_path(args, "noise-cpu")
     wait_for_quiet_cores(print)
     bench_models(args.models.split(","), lambda n: bench_model(n, args, print), out,
-                 {"benchmark": "noise", "margin": MARGIN}, merge=args.merge, log=print)
+                 {"benchmark": "noise"}, merge=args.merge, log=print)
     result = json.loads(Path(out).read_text())
     every = [d for m in result["models"] for d in m["differences"]]
     summary = {"comparisons": len(every), "median": float(np.median(every)),

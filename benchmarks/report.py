@@ -406,6 +406,23 @@ def refactor_table(r: dict) -> list[str]:
     return lines
 
 
+def noise_table(r: dict) -> list[str]:
+    """Two builds of one program timed side by side (``noise-cpu.json``): the measurement
+    behind `paragraph.timing.MARGIN`."""
+    s = r["summary"]
+    lines = [f"Two builds of one program timed side by side, as the planner times its choices "
+             f"({_date(r)}, {r['machine']['cores']}-core {r['machine']['cpu']}, "
+             f"`benchmarks/noise.py`): {s['comparisons']} comparisons, differences "
+             f"{s['median']:.1%} in the median, {s['p90']:.1%} at the 90th percentile, "
+             f"{s['max']:.1%} at most. `paragraph.timing.MARGIN`, the one margin for faster "
+             "beyond noise, is set above the 90th percentile.", "",
+             "| model | plan | differences, % |", "|---|---|---|"]
+    for m in r["models"]:
+        lines.append(f"| {m['model']} | {m['schedule']} | "
+                     + ", ".join(f"{100 * d:.2f}" for d in m["differences"]) + " |")
+    return lines
+
+
 def micro_lines(folder: Path) -> list[str] | None:
     out = []
     for name, key in (("roundtrip-cpu.json", "roundtrip_s"),
@@ -494,6 +511,7 @@ BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
     "peers-earlier": _files(("peers-nlp-cpu.json", "peers-search-cpu.json",
                              "peers-sru-cpu.json", "gpu-host-peers-cpu16.json"), peers_table),
     "refactor": _file("refactor-ab-cpu.json", refactor_table),
+    "noise": _file("noise-cpu.json", noise_table),
     "micro": micro_lines,
 }
 
