@@ -200,8 +200,8 @@ def plan_like(reference: Plan, graph: Graph, session: Session, *, kernels: str,
                                caps=bool(reference.schedule.kernel_threads), quiet=True)
     assert plan.report.critical_path is not None
     report = replace(plan.report.critical_path,
-                     pools=RewriteChoice(tuple(pools), 0.0, 0.0) if move else None,
-                     split=RewriteChoice(tuple(done), 0.0, 0.0) if split else None,
+                     pools=RewriteChoice(tuple(pools)) if move else None,
+                     split=RewriteChoice(tuple(done)) if split else None,
                      planned_like=True)
     return Plan(program, schedule, PlanReport(critical_path=report))
 

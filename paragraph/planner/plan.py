@@ -27,11 +27,12 @@ class StreamsChoice:
 @dataclass(frozen=True)
 class RewriteChoice:
     """A program rewritten by library rules against the program as it was, timed end to end:
-    ``rules`` are the rewrites kept (none when the program stayed as it was)."""
+    ``rules`` are the rewrites kept (none when the program stayed as it was); the times are
+    None where the choice was taken from another plan, not timed (`plan_like`)."""
 
     rules: tuple[str, ...]
-    before_ms: float
-    after_ms: float
+    before_ms: float | None = None
+    after_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,12 @@ class CriticalPathReport:
             out.update(streams_ms=self.streams.streams_ms,
                        one_stream_ms=self.streams.one_stream_ms,
                        one_stream_kernels_on_fewer_threads=self.streams.capped)
-        if self.pools is not None:
-            out.update(pools=list(self.pools.rules), unmoved_ms=self.pools.before_ms,
-                       moved_ms=self.pools.after_ms)
-        if self.split is not None:
-            out.update(split=list(self.split.rules), unsplit_ms=self.split.before_ms,
-                       split_ms=self.split.after_ms)
+        for name, choice, before, after in (("pools", self.pools, "unmoved_ms", "moved_ms"),
+                                            ("split", self.split, "unsplit_ms", "split_ms")):
+            if choice is not None:
+                out[name] = list(choice.rules)
+                if choice.before_ms is not None:
+                    out.update({before: choice.before_ms, after: choice.after_ms})
         if self.planned_like:
             out["planned_like"] = "reference"
         return out
