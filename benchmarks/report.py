@@ -406,6 +406,20 @@ def refactor_table(r: dict) -> list[str]:
     return lines
 
 
+def house_ab_table(r: dict) -> list[str]:
+    """The 2026-11-28 restructuring against the code before it (``refactor-house-ab-cpu.json``):
+    each run's ONNX Runtime and paragraph medians, side by side in one process."""
+    lines = [f"Restructuring check ({_date(r)}, {r['machine']['cores']}-core "
+             f"{r['machine']['cpu']}): {r['what']} Medians, ms:", "",
+             "| model | code | run | ONNX Runtime | paragraph (best) | vs ORT |",
+             "|---|---|---|---|---|---|"]
+    for x in r["runs"]:
+        lines.append(f"| {x['model']} | {x['code']} | {x['run']} | {x['onnxruntime_ms']:.2f} | "
+                     f"{x['best_ms']:.2f} ({x['best'].split(':', 1)[1]}) | "
+                     f"{x['speedup_vs_onnxruntime']:.2f}x |")
+    return lines
+
+
 def noise_table(r: dict) -> list[str]:
     """Two builds of one program timed side by side (``noise-cpu.json``): the measurement
     behind `paragraph.timing.MARGIN`."""
@@ -512,6 +526,7 @@ BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
                              "peers-sru-cpu.json", "gpu-host-peers-cpu16.json"), peers_table),
     "refactor": _file("refactor-ab-cpu.json", refactor_table),
     "noise": _file("noise-cpu.json", noise_table),
+    "refactor-house": _file("refactor-house-ab-cpu.json", house_ab_table),
     "micro": micro_lines,
 }
 

@@ -166,8 +166,10 @@ def build(mod: Any, target: tvm.target.Target | str | None = None, *,
     ``InterOperatorSchedule`` pass keeps its schedule. Progress goes to ``log`` (default: the
     ``paragraph`` logger, `paragraph.progress`); ``remote`` measures on a device behind TVM's
     RPC tracker (`paragraph.tvm_interop.meter.remote.Remote`)."""
-    options = CompileOptions(target, kernels, schedule, SearchOptions.of(search), tuning_db,
-                             cores, split, ios or IOSOptions(), rules, input_shapes)
+    options = CompileOptions(target=target, kernels=kernels, schedule=schedule,
+                             search=SearchOptions.of(search), tuning_db=tuning_db, cores=cores,
+                             split=split, ios=ios or IOSOptions(), rules=rules,
+                             input_shapes=input_shapes)
     return ParallelExecutable.of(compile(mod, options, log=log, remote=remote))
 
 

@@ -107,8 +107,9 @@ class GraphSubstitution:
     def transform_module(self, mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
         if self.search is None:
             return mod
-        options = CompileOptions(_target(self.target), self.kernels, self.schedule,
-                                 self.search, self.tuning_db, self.cores, rules=self.rules)
+        options = CompileOptions(target=_target(self.target), kernels=self.kernels,
+                                 schedule=self.schedule, search=self.search,
+                                 tuning_db=self.tuning_db, cores=self.cores, rules=self.rules)
         plan = compile(mod, options, log=self.log)
         assert plan.graph is not None and plan.report.search is not None  # a search's plan
         report = plan.report.search
@@ -164,8 +165,9 @@ class InterOperatorSchedule:
         self.tuning_db, self.cores, self.split, self.log = _path(tuning_db), cores, split, log
 
     def transform_module(self, mod: tvm.IRModule, _ctx: Any) -> tvm.IRModule:
-        options = CompileOptions(_target(self.target), self.kernels, self.schedule,
-                                 tuning_db=self.tuning_db, cores=self.cores, split=self.split)
+        options = CompileOptions(target=_target(self.target), kernels=self.kernels,
+                                 schedule=self.schedule, tuning_db=self.tuning_db,
+                                 cores=self.cores, split=self.split)
         plan = compile(mod, options, log=self.log)
         return with_program_info(plan.program, plan.schedule)
 

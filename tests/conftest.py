@@ -14,9 +14,9 @@ import pytest
 os.environ.setdefault("PARAGRAPH_CACHE_UNDER_LOAD", "1")
 
 # The suite's own cache: what it times while it holds the cores (and keeps even under load,
-# above) must not become the user's cost database, where it priced a benchmark's kernels up to
-# 2x too dear. The native libraries, keyed by their sources, are shared with the user's cache,
-# so they are built once.
+# above) must not become the user's cost database, which `paragraph run` and `build` plan
+# from. The native libraries, keyed by their sources, are shared with the user's cache, so they
+# are built once.
 if "PARAGRAPH_CACHE_DIR" not in os.environ:
     _user = Path.home() / ".cache" / "paragraph"
     _suite = Path(tempfile.mkdtemp(prefix="paragraph-tests-"))
