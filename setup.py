@@ -25,6 +25,7 @@ setup(
         "cloudpickle==3.1.2",
         "xgboost-cpu==3.2.0",
         "matplotlib==3.11.2",  # paragraph inspect draws timelines
+        "tqdm==4.70.1",  # progress bars of long steps, on a terminal
     ],
     extras_require={
         # tornado: TVM's RPC tracker (the tests start one; clients and servers need none)
