@@ -23,6 +23,7 @@ from paragraph.deploy import ParallelExecutable
 from paragraph.deploy import load as load_artifact
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_bytes, atomic_write_json
+from paragraph.graph import Graph
 from paragraph.machine import describe_machine
 from paragraph.outputs import max_difference
 from paragraph.passes.cost import COSTS
@@ -301,11 +302,12 @@ def write_outputs(path: str, outputs: Sequence[np.ndarray]) -> None:
     _say(f"  wrote {len(outputs)} output(s) to {path}")
 
 
-def _model_inputs(args: argparse.Namespace, mod: tvm.IRModule) -> list[np.ndarray]:
-    """--inputs, or seeded random inputs valid for the model (--seed)."""
+def _model_inputs(args: argparse.Namespace, mod: tvm.IRModule, graph: Graph
+                  ) -> list[np.ndarray]:
+    """--inputs (checked against the inputs of ``graph``, the model's), or seeded random
+    inputs valid for the model (--seed)."""
     if not getattr(args, "inputs", None):
         return random_inputs(mod, seed=args.seed)
-    graph = from_relax(mod)
     return read_inputs(args.inputs, [graph[i].name for i in graph.inputs],
                        [graph[i].type for i in graph.inputs])
 
@@ -327,7 +329,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _say(f"  {len(graph.operators)} operators, {opaque} opaque; "
          f"hash {graph.structural_hash()[:16]}")
     target = _target(args)
-    inputs = _model_inputs(args, mod)
+    inputs = _model_inputs(args, mod, graph)
     expected: list[np.ndarray] = []
 
     def reference(program: KernelProgram) -> None:

@@ -85,17 +85,15 @@ def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log 
 
     A module that `paragraph.transform.InterOperatorSchedule` scheduled keeps its schedule
     unless ``options`` name one; one `paragraph.transform.KernelLowering` lowered is planned
-    without lowering it again.
-    Measurements go through ``session`` (made here from ``options``, ``log`` and ``remote``,
-    a `paragraph.tvm_interop.meter.remote.Remote` to measure on, when None). ``on_built``
-    hears of the program as built, before it is planned (not for a searched model, whose
-    candidates are built by the search)."""
+    without lowering it again. Measurements go through ``session`` (made here from
+    ``options``, ``log`` and ``remote``, a `paragraph.tvm_interop.meter.remote.Remote` to
+    measure on, when None). ``on_built`` hears of the program as built, before it is planned
+    (not for a searched model, whose candidates are built by the search)."""
     if session is None:
         with Session(options.target, tuning_db=options.tuning_db, cores=options.cores,
                      log=log, remote=remote) as own:
             return compile(model, options, session=own, on_built=on_built)
     mod = model if isinstance(model, tvm.IRModule) else load(model, options.input_shapes)
-    schedule = _schedule(options, session)
     if lowered_info(mod) is not None:  # lowered (and maybe scheduled) by our passes
         program = program_from_lowered(mod, session.target)
         attached = attached_schedule(mod, program)
@@ -103,7 +101,9 @@ def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log 
             return Plan(program, attached, PlanReport(attached=attached.name))
         if on_built is not None:
             on_built(program)
-        return plan_schedule(schedule, program, session, ios=options.ios, split=options.split)
+        return plan_schedule(_schedule(options, session), program, session, ios=options.ios,
+                             split=options.split)
+    schedule = _schedule(options, session)
     kernels = options.kernels or default_source(session)
     if options.search is not None:
         session.log(f"{options.search.method} substitution search ({options.search.cost} "
