@@ -42,7 +42,6 @@ from paragraph.planner import (
 )
 from paragraph.rules.cli import register as register_rules
 from paragraph.schedule import Schedule
-from paragraph.tensor import TensorType
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
@@ -196,13 +195,17 @@ def _plan(args: argparse.Namespace, mod: Any, step: str,
                    on_built=built)
     if plan.report.search is not None:
         _say_search(plan.report.search)
-    if from_file:
-        try:
-            text = Path(from_file).read_text()
-        except OSError as e:
-            raise ParagraphError(f"cannot read {from_file}: {e.strerror}") from None
-        return Plan(plan.program, Schedule.from_json(text, plan.program.graph))
-    return plan
+    return _scheduled_as(from_file, plan.program) if from_file else plan
+
+
+def _scheduled_as(path: str, program: KernelProgram) -> Plan:
+    """``program`` under the schedule saved in ``path`` (--schedule-file), checked against its
+    kernel graph."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ParagraphError(f"cannot read {path}: {e.strerror}") from None
+    return Plan(program, Schedule.from_json(text, program.graph))
 
 
 def _search_options(args: argparse.Namespace) -> SearchOptions | None:
@@ -265,11 +268,13 @@ def _is_artifact(path: str) -> bool:
         return False
 
 
-def read_inputs(path: str, names: Sequence[str], types: Sequence[TensorType]
-                ) -> list[np.ndarray]:
-    """``--inputs FILE``: the model's inputs from a .npz file, by input name (``np.savez(f,
-    x=...)``) or in order (``np.savez(f, a, b)``: ``arr_0``, ``arr_1``, ...), each checked
-    against the input's shape and dtype; `ParagraphError` naming what does not fit."""
+def read_inputs(path: str, graph: Graph) -> list[np.ndarray]:
+    """``--inputs FILE``: the inputs of ``graph`` (the model's, or a program's) from a .npz
+    file, by input name (``np.savez(f, x=...)``) or in order (``np.savez(f, a, b)``:
+    ``arr_0``, ``arr_1``, ...), each checked against the input's shape and dtype;
+    `ParagraphError` naming what does not fit."""
+    names = [graph[i].name for i in graph.inputs]
+    types = [graph[i].type for i in graph.inputs]
     try:
         with np.load(path, allow_pickle=False) as data:
             found = {k: data[k] for k in data.files}
@@ -308,8 +313,7 @@ def _model_inputs(args: argparse.Namespace, mod: tvm.IRModule, graph: Graph
     inputs valid for the model (--seed)."""
     if not getattr(args, "inputs", None):
         return random_inputs(mod, seed=args.seed)
-    return read_inputs(args.inputs, [graph[i].name for i in graph.inputs],
-                       [graph[i].type for i in graph.inputs])
+    return read_inputs(args.inputs, graph)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -450,18 +454,12 @@ def _run_compiled(args: argparse.Namespace) -> int:
     if manifest.get("rules"):
         _say(f"  {len(manifest['rules'])} library rewrites: "
              + ", ".join(r["id"] for r in manifest["rules"][:8]))
-    g = program.graph
-    inputs = (read_inputs(args.inputs, [g[i].name for i in g.inputs],
-                          [g[i].type for i in g.inputs])
-              if getattr(args, "inputs", None) else exe.sample_inputs(args.seed))
+    inputs = (read_inputs(args.inputs, program.graph) if getattr(args, "inputs", None)
+              else exe.sample_inputs(args.seed))
     with _Step("running the program on the TVM VM"):
         expected = run_vm(program.vm(), inputs, device=program.device)
     if args.schedule_file:
-        try:
-            text = Path(args.schedule_file).read_text()
-        except OSError as e:
-            raise ParagraphError(f"cannot read {args.schedule_file}: {e.strerror}") from None
-        plan = Plan(program, Schedule.from_json(text, program.graph))
+        plan = _scheduled_as(args.schedule_file, program)
     elif args.schedule is not None:
         with Session(program.target, tuning_db=args.tuning_db, cores=args.threads,
                      log=_say) as session:
