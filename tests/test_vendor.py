@@ -231,6 +231,86 @@ OTHERS = {
                     "layer_norm.e1e-06.res"]),
 }
 
+def f32(v):
+    return relax.const(np.float32(v))
+
+
+def relu6(bb, y):
+    return bb.emit(relax.op.clip(y, 0, 6))
+
+
+def hardsigmoid(bb, y):
+    """TVM's form of ONNX HardSigmoid with PyTorch's alpha (1/6) and beta."""
+    return bb.emit(relax.op.clip(bb.emit(relax.op.add(bb.emit(relax.op.multiply(
+        f32(1 / 6), y)), f32(0.5))), 0, 1))
+
+
+def hardswish(bb, y):
+    """TVM's form of ONNX HardSwish: ``y * (clip(y + 3, 0, 6) / 6)``."""
+    gate = bb.emit(relax.op.divide(bb.emit(relax.op.clip(bb.emit(relax.op.add(y, f32(3))), 0, 6)),
+                                   f32(6)))
+    return bb.emit(relax.op.multiply(y, gate))
+
+
+def silu(bb, y):
+    return bb.emit(relax.op.multiply(bb.emit(relax.op.sigmoid(y)), y))
+
+
+def conv_act(act, groups=1, kernel=3, stride=1):
+    """A convolution then an activation as exporters write it (MobileNets, EfficientNet)."""
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.conv2d(x, const(8, 8 // groups, kernel, kernel), strides=stride,
+                                       padding=kernel // 2, groups=groups))
+        y = bb.emit(relax.op.add(y, const(1, 8, 1, 1)))
+        return act(bb, y)
+    return module((1, 8, 11, 11), body)
+
+
+def squeeze_excite(bb, x):
+    """MobileNetV3's block: hardswish convolution, then the global mean, two 1 x 1
+    convolutions (relu, hardsigmoid) and the gate multiplied back."""
+    y = hardswish(bb, bb.emit(relax.op.nn.conv2d(x, const(8, 8, 1, 1))))
+    pooled = bb.emit(relax.op.mean(y, axis=[2, 3], keepdims=True))
+    s = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(pooled, const(4, 8, 1, 1)))))
+    s = hardsigmoid(bb, bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(s, const(8, 4, 1, 1))),
+                                             const(1, 8, 1, 1))))
+    return bb.emit(relax.op.multiply(y, s))
+
+
+def tanh_gelu(bb, x):
+    """GPT-2's ``gelu_new`` after a linear layer, as it exports to ONNX."""
+    y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, const(16, 8))), const(8)))
+    cubic = bb.emit(relax.op.multiply(f32(0.044715), bb.emit(relax.op.power(y, f32(3.0)))))
+    inner = bb.emit(relax.op.multiply(f32((2 / np.pi) ** 0.5), bb.emit(relax.op.add(y, cubic))))
+    one_plus = bb.emit(relax.op.add(f32(1.0), bb.emit(relax.op.tanh(inner))))
+    return bb.emit(relax.op.multiply(bb.emit(relax.op.multiply(f32(0.5), y)), one_plus))
+
+
+def divided_by_zero(bb, x):
+    """A per-channel division with a zero divisor after a convolution: not folded into its
+    weight (x / 0 is +-inf or NaN per element), so the result keeps IEEE semantics."""
+    y = bb.emit(relax.op.nn.conv2d(x, const(4, 8, 1, 1)))
+    divisor = np.array([1.0, 0.0, 2.0, -0.5], "float32").reshape(1, 4, 1, 1)
+    return bb.emit(relax.op.divide(y, relax.const(divisor)))
+
+
+EPILOGUE_CASES = {
+    "conv_relu6": (conv_act(relu6), "conv2d.NHWC.s1x1.p1x1.d1x1.g1.bias.relu6"),
+    "depthwise_relu6": (conv_act(relu6, groups=8, stride=2),
+                        "conv2d.NHWC.s2x2.p1x1.d1x1.g8.bias.relu6"),
+    "depthwise5x5_silu": (conv_act(silu, groups=8, kernel=5),
+                          "conv2d.NHWC.s1x1.p2x2.d1x1.g8.bias.silu"),
+    "conv1x1_hardswish": (conv_act(hardswish, kernel=1), "conv2d.NHWC.s1x1.p0x0.d1x1.g1.bias.hardswish"),
+    "conv_sigmoid": (conv_act(lambda bb, y: bb.emit(relax.op.sigmoid(y))),
+                     "conv2d.NHWC.s1x1.p1x1.d1x1.g1.bias.sigmoid"),
+    "squeeze_excite": (module((1, 8, 7, 7), squeeze_excite),
+                       ["conv2d.NHWC.s1x1.p0x0.d1x1.g1.hardswish", "avg_pool2d.NHWC.k7x7.s1x1.p0x0",
+                        "conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu",
+                        "conv2d.NHWC.s1x1.p0x0.d1x1.g1.bias.hardsigmoid"]),
+    "linear_tanh_gelu": (module((5, 16), tanh_gelu), "matmul.bias.gelu_tanh"),
+    "divided_by_zero": (module((1, 8, 5, 5), divided_by_zero), "conv2d.NHWC.s1x1.p0x0.d1x1.g1"),
+}
+
 CONCATS = {
     "concat_nested_relu": (module((1, 4, 5, 5), concat_nested_relu), "concat.a1.relu"),
     # NHWC for the convolutions: the concat joins channels on axis 3
@@ -257,9 +337,9 @@ def vm_outputs(program, inputs):
     return run_vm(program.vm(), inputs, device=program.device)
 
 
-@pytest.mark.parametrize("case", [*CONVS, *MATMULS, *CONCATS, *OTHERS])
+@pytest.mark.parametrize("case", [*CONVS, *MATMULS, *CONCATS, *OTHERS, *EPILOGUE_CASES])
 def test_every_pattern_matches_tvm_kernels(case):
-    mod, expected = {**CONVS, **MATMULS, **CONCATS, **OTHERS}[case]
+    mod, expected = {**CONVS, **MATMULS, **CONCATS, **OTHERS, **EPILOGUE_CASES}[case]
     expected = [expected] if isinstance(expected, str) else expected
     dispatched = dispatch_to_vendor(mod, local_cpu_target())
     names = vendor_names(dispatched)

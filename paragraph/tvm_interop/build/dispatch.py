@@ -17,7 +17,13 @@ from tvm.ir.expr import Constant
 from tvm.relax.dpl import rewrite_call, wildcard
 
 from paragraph.tvm_interop.frontend.importers import prepare
-from paragraph.tvm_interop.runtime.library.names import ACTIVATIONS, POOLS, VendorOp, is_vendor_name
+from paragraph.tvm_interop.runtime.library.names import (
+    ACTIVATIONS,
+    EPILOGUES,
+    POOLS,
+    VendorOp,
+    is_vendor_name,
+)
 from paragraph.tvm_interop.runtime.library.torch_kernels import ensure_registered, require_torch, torch_available
 
 _AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
@@ -51,6 +57,27 @@ def _scalar(expr: relax.Expr) -> float | None:
 
 def _dtype(expr: relax.Expr) -> str:
     return str(expr.ty.dtype)
+
+
+def _near(value: float | None, target: float) -> bool:
+    """Whether a scalar constant is ``target`` up to float32 rounding (exporters write 1/6 or
+    sqrt(2/pi) as float32)."""
+    return value is not None and abs(value - target) <= 1e-6 * max(1.0, abs(target))
+
+
+def _clip_bounds(call: relax.Call) -> tuple[float, float] | None:
+    """The (min, max) of a ``relax.clip`` call whose bounds are numbers."""
+    try:
+        return float(call.args[1].value), float(call.args[2].value)
+    except (AttributeError, TypeError, ValueError, IndexError):
+        return None
+
+
+# the epilogues each vendor kind fuses: the products and convolutions every activation of the
+# kernel library; the concatenation and the average pool relu only (their copy loops)
+_EPILOGUES_OF: dict[str, tuple[str, ...]] = {
+    "conv2d": EPILOGUES, "matmul": EPILOGUES, "bmm": EPILOGUES,
+    "concat": ("relu",), "avg_pool2d": ("relu",)}
 
 
 class _Rewriter:
@@ -140,7 +167,12 @@ class _Rewriter:
         c = None if shape is None else _per_channel(_numpy(const), shape, axis)
         if c is None:
             return call
+        if call.op.name == "relax.divide" and not np.all(c != 0):
+            # x / 0 is +-inf or NaN per element (IEEE): no weight scale gives that
+            return call
         factor, offset = _affine_step(call.op.name, c)
+        if not (np.all(np.isfinite(factor)) and np.all(np.isfinite(offset))):
+            return call
         if op.kind == "conv2d":  # the weight's output channels scaled
             w = _numpy(args[1]).astype(np.float64)
             first = w * factor.reshape((-1,) + (1,) * (w.ndim - 1))
@@ -163,13 +195,182 @@ class _Rewriter:
         return call
 
     def absorb_activation(self, call: relax.Call) -> relax.Expr:
-        act = ACTIVATIONS[call.op.name]
-        op, args = self.vendor(call.args[0])
-        if (op is None or op.act or op.kind in ("bmm", "softmax", "max_pool2d")
-                or op.kind in ("conv2d", "concat", "avg_pool2d")
-                and act != "relu"):  # oneDNN, and the pools' epilogue: relu only
+        """``act(vendor call)`` -> the call with ``act`` as its epilogue, where its kind takes
+        it: products and convolutions every one of `EPILOGUES`, concat and the average pool
+        relu only."""
+        return self._with_act(call.args[0], ACTIVATIONS[call.op.name], call)
+
+    def _with_act(self, x: relax.Expr, act: str, call: relax.Call,
+                  uses: int = 1) -> relax.Expr:
+        """``call`` (an activation ``act`` of ``x``) as the vendor call ``x`` is bound to with
+        ``act`` fused, where ``x`` is read ``uses`` times (all of them inside ``call``'s
+        pattern), has ``call``'s type, and its kind takes ``act``; else ``call``."""
+        value = self.bound.get(x) if isinstance(x, relax.Var) else None
+        if value is None or self.uses.get(x, 0) != uses:
+            return call
+        op, args = _unpack(value)
+        if (op is None or op.act or _shape(x) != _shape(call) or _dtype(x) != _dtype(call)
+                or act not in _EPILOGUES_OF.get(op.kind, ())):
             return call
         return _vendor_call(replace(op, act=act), args, call.ty)
+
+    def absorb_clip(self, call: relax.Call) -> relax.Expr:
+        """``clip(v, 0, 6)`` -> ``relu6``; ``clip(v * (1/6) + 1/2, 0, 1)`` (TVM's form of ONNX
+        HardSigmoid with PyTorch's alpha) -> ``hardsigmoid``; ``v`` a vendor call read once.
+        MobileNetV2's ReLU6 after every depthwise and expanding convolution was an untuned TVM
+        kernel of its own, with layout transposes around it (12 of its 20 ms)."""
+        bounds = _clip_bounds(call)
+        if bounds == (0.0, 6.0):
+            return self._with_act(call.args[0], "relu6", call)
+        if bounds == (0.0, 1.0):
+            x = self._hardsigmoid_input(call.args[0])
+            if x is not None:
+                return self._with_act(x, "hardsigmoid", call)
+            return self._clip_unit(call)
+        return call
+
+    def _clip_unit(self, call: relax.Call) -> relax.Expr:
+        """``clip(v, 0, 1)`` with ``v`` a convolution or product of a constant weight, read
+        once: a hard sigmoid whose ``x * alpha + beta`` was folded into ``v``'s weight and
+        bias already (`absorb_affine` runs first). ``clip(v, 0, 1) = hardsigmoid(6 v - 3)``,
+        so the weight is scaled by 6 and the bias becomes ``6 b - 3``."""
+        x = call.args[0]
+        value = self.bound.get(x) if isinstance(x, relax.Var) else None
+        op, args = _unpack(value) if value is not None else (None, [])
+        if (op is None or op.kind not in ("conv2d", "matmul") or op.act or op.residual
+                or self.uses.get(x, 0) != 1 or not _is_const(args[1])
+                or _shape(x) != _shape(call) or _dtype(x) != _dtype(call)):
+            return call
+        dtype = _dtype(call)
+        w = _numpy(args[1]).astype(np.float64) * 6.0
+        channels = _shape(call)[-1] if op.kind == "matmul" or op.layout != "NCHW" \
+            else _shape(call)[1]
+        b = _numpy(args[2]).astype(np.float64).reshape(-1) if op.bias else np.zeros(channels)
+        new_args = [args[0], relax.const(w.astype(dtype)), relax.const((6.0 * b - 3.0).astype(dtype))]
+        return _vendor_call(replace(op, bias=True, act="hardsigmoid"), new_args, call.ty)
+
+    def absorb_sigmoid(self, call: relax.Call) -> relax.Expr:
+        """``sigmoid(v)`` -> ``v`` with a sigmoid epilogue (a squeeze-excite gate)."""
+        return self._with_act(call.args[0], "sigmoid", call)
+
+    def absorb_gate(self, call: relax.Call) -> relax.Expr:
+        """``v * sigmoid(v)`` -> ``silu`` (how exporters write SiLU / Swish); ``v *
+        hardsigmoid(v)`` in any of TVM's forms -> ``hardswish``; ``v`` a vendor call read
+        twice, both times here."""
+        for x, gate in (call.args, call.args[::-1]):
+            sig = self._single(gate, "relax.sigmoid")
+            if sig is not None and sig.args[0].same_as(x):
+                return self._with_act(x, "silu", call, uses=2)
+            hard = self._relu6_over_6(gate)
+            if hard is None:
+                clip = self._single(gate, "relax.clip")
+                if clip is not None and _clip_bounds(clip) == (0.0, 1.0):
+                    hard = self._hardsigmoid_input(clip.args[0])
+            if hard is not None and hard.same_as(x):
+                return self._with_act(x, "hardswish", call, uses=2)
+        return call
+
+    def _hardsigmoid_input(self, expr: relax.Expr) -> relax.Expr | None:
+        """``x`` where ``expr`` (read once) is ``x * (1/6) + 1/2`` (either order of each)."""
+        add = self._single(expr, "relax.add")
+        if add is None:
+            return None
+        for scaled, half in (add.args, add.args[::-1]):
+            if not _near(_scalar(half), 0.5):
+                continue
+            product = self._single(scaled, "relax.multiply")
+            if product is None:
+                continue
+            for x, k in (product.args, product.args[::-1]):
+                if _near(_scalar(k), 1 / 6) and not _is_const(x):
+                    return x
+        return None
+
+    def _relu6_over_6(self, expr: relax.Expr) -> relax.Expr | None:
+        """``x`` where ``expr`` (read once) is ``clip(x + 3, 0, 6) / 6`` (or ``* (1/6)``):
+        TVM's form of ONNX HardSwish's gate."""
+        for name, k in (("relax.divide", 6.0), ("relax.multiply", 1 / 6)):
+            outer = self._single(expr, name)
+            if outer is None:
+                continue
+            orders = [outer.args] + ([outer.args[::-1]] if name == "relax.multiply" else [])
+            for inner, c in orders:
+                if not _near(_scalar(c), k):
+                    continue
+                clip = self._single(inner, "relax.clip")
+                if clip is None or _clip_bounds(clip) != (0.0, 6.0):
+                    continue
+                add = self._single(clip.args[0], "relax.add")
+                if add is None:
+                    continue
+                for x, three in (add.args, add.args[::-1]):
+                    if _near(_scalar(three), 3.0) and not _is_const(x):
+                        return x
+        return None
+
+    def absorb_tanh_gelu(self, call: relax.Call) -> relax.Expr:
+        """``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` (any order of the
+        products) after a vendor product -> its tanh GELU: how GPT-2's ``gelu_new`` exports
+        (an untuned TVM kernel of five operators per layer otherwise). ``x`` is read three
+        times, all inside the chain."""
+        factors = self._product(call, top=True)
+        if len(factors) != 3:
+            return call
+        half = [f for f in factors if _near(_scalar(f), 0.5)]
+        rest = [f for f in factors if not any(f.same_as(h) for h in half)]
+        if len(half) != 1 or len(rest) != 2:
+            return call
+        for x, one_plus in (rest, rest[::-1]):
+            inner = self._tanh_gelu_of(one_plus)
+            if inner is not None and inner.same_as(x):
+                return self._with_act(x, "gelu_tanh", call, uses=3)
+        return call
+
+    def _tanh_gelu_of(self, expr: relax.Expr) -> relax.Expr | None:
+        """``x`` where ``expr`` is ``1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))``."""
+        add = self._single(expr, "relax.add")
+        if add is None:
+            return None
+        for tanh_var, one in (add.args, add.args[::-1]):
+            tanh = self._single(tanh_var, "relax.tanh")
+            if tanh is None or _scalar(one) != 1.0:
+                continue
+            scaled = self._single(tanh.args[0], "relax.multiply")
+            if scaled is None:
+                continue
+            for inner, k in (scaled.args, scaled.args[::-1]):
+                if not _near(_scalar(k), (2 / np.pi) ** 0.5):
+                    continue
+                total = self._single(inner, "relax.add")
+                if total is None:
+                    continue
+                for x, cubic in (total.args, total.args[::-1]):
+                    term = self._single(cubic, "relax.multiply")
+                    if term is None:
+                        continue
+                    for p, c in (term.args, term.args[::-1]):
+                        power = self._single(p, "relax.power")
+                        if (power is not None and _near(_scalar(c), 0.044715)
+                                and _near(_scalar(power.args[1]), 3.0)
+                                and power.args[0].same_as(x)):
+                            return x
+        return None
+
+    def mean(self, call: relax.Call) -> relax.Expr:
+        """``mean(x, axis=[1, 2], keepdims=True)`` of a static float32 4-D tensor -> the
+        vendor average pool over its whole height and width (NHWC): a squeeze-excite block's
+        and a classifier's global pool, which were TVM kernels of their own (MobileNetV3: 9,
+        0.33 ms)."""
+        a = call.attrs
+        shape, x = _shape(call), call.args[0]
+        in_shape = _shape(x)
+        if (shape is None or in_shape is None or len(in_shape) != 4 or a.axis is None
+                or sorted(int(v) % 4 for v in a.axis) != [1, 2] or not bool(a.keepdims)
+                or _dtype(call) != "float32" or _dtype(x) != "float32"
+                or "float32" not in self.dtypes or "float16" in self.dtypes):
+            return call
+        op = VendorOp("avg_pool2d", "NHWC", (1, 1), (0, 0), window=(in_shape[1], in_shape[2]))
+        return _vendor_call(op, [x], call.ty)
 
     def absorb_erf_gelu(self, call: relax.Call) -> relax.Expr:
         """``x * (1 + erf(x / sqrt 2)) * 0.5`` (any order of the products) after a vendor matmul
@@ -430,7 +631,7 @@ def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Functio
     """Dispatch, then absorb what follows each call in chain order: the per-channel affine ops
     (one per round, until none is left), a matmul bias, a residual add, an activation."""
     conv = ("relax.nn.conv2d",)
-    act = ("relax.nn.relu", "relax.nn.gelu", "relax.nn.gelu_tanh")
+    act = tuple(ACTIVATIONS)
 
     def apply(ops: tuple[str, ...], method: str, arity: int) -> bool:
         nonlocal func
@@ -446,13 +647,18 @@ def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Functio
         apply(("relax.nn.softmax",), "softmax", 1)
         apply(("relax.nn.max_pool2d", "relax.nn.avg_pool2d"), "pool", 1)
         apply(("relax.nn.layer_norm",), "layer_norm", 3)
+        apply(("relax.mean",), "mean", 1)
     for _ in range(16):  # batch norm leaves 4 affine ops after a conv
         if not apply(_AFFINE, "absorb_affine", 2):
             break
     for ops, method, arity in ((("relax.add",), "absorb_bias", 2),
                                (("relax.add",), "absorb_residual", 2),
                                (act, "absorb_activation", 1),
-                               (("relax.multiply",), "absorb_erf_gelu", 2)):
+                               (("relax.clip",), "absorb_clip", 3),
+                               (("relax.sigmoid",), "absorb_sigmoid", 1),
+                               (("relax.multiply",), "absorb_gate", 2),
+                               (("relax.multiply",), "absorb_erf_gelu", 2),
+                               (("relax.multiply",), "absorb_tanh_gelu", 2)):
         apply(ops, method, arity)
     if "float16" not in dtypes:  # the CPU: name each constant weight, for packing
         func, _ = _rewrite_calls(func, ("relax.call_dps_packed",), 2, _tag_weight)
@@ -581,9 +787,46 @@ def _tag_weight(call: relax.Call) -> relax.Expr:
 
 
 def _to_channels_last(mod: tvm.IRModule) -> tvm.IRModule:
-    """NHWC activations and OHWI weights for every convolution (weights transposed once)."""
+    """NHWC activations and OHWI weights for every convolution (weights transposed once).
+
+    TVM's ``ConvertLayout`` has no layout rule for ``clip``: it put every ReLU6 back in NCHW
+    between two transposes (MobileNetV2: 34 such kernels, 12 of its 20 ms). Clips are
+    written as ``minimum(maximum(x, lo), hi)``, which it converts, and read back after."""
+    mod = mod.clone()
+    mod["main"], _ = _rewrite_calls(mod["main"], ("relax.clip",), 3, _clip_as_bounds)
     mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+    mod["main"], _ = _rewrite_calls(mod["main"], ("relax.minimum",), 2,
+                                    _Bounds(mod["main"]).as_clip)
     return prepare(mod)  # folds the weight transposes ConvertLayout inserted
+
+
+def _clip_as_bounds(call: relax.Call) -> relax.Expr:
+    bounds, x = _clip_bounds(call), call.args[0]
+    if bounds is None or _dtype(x) not in ("float32", "float16"):
+        return call
+    lo, hi = (relax.const(np.array(v, _dtype(x))) for v in bounds)
+    return relax.op.minimum(relax.op.maximum(x, lo), hi)
+
+
+class _Bounds:
+    """``minimum(maximum(x, lo), hi)`` with scalar constant bounds (the maximum read only
+    there) -> ``clip(x, lo, hi)``: what `_clip_as_bounds` wrote, back after the layout
+    change."""
+
+    def __init__(self, func: relax.Function) -> None:
+        self.rewriter = _Rewriter(func, ())
+
+    def as_clip(self, call: relax.Call) -> relax.Expr:
+        inner, hi = call.args
+        low = self.rewriter._single(inner, "relax.maximum")
+        if low is None:
+            return call
+        x, lo = low.args
+        lo_v, hi_v = _scalar(lo), _scalar(hi)
+        if (lo_v is None or hi_v is None or not _is_const(lo) or not _is_const(hi)
+                or _shape(x) != _shape(call) or lo_v > hi_v):
+            return call
+        return relax.op.clip(x, lo_v, hi_v)
 
 
 def dispatch_to_vendor(mod: tvm.IRModule, target: tvm.target.Target,
@@ -691,9 +934,21 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
         y = relax.op.matmul(args[0], args[1])
         if op.bias:
             y = relax.op.add(y, args[2])
-    if op.act:
-        y = getattr(relax.op.nn, op.act)(y)
-    return y
+    return _activated(y, op.act, _dtype(call)) if op.act else y
+
+
+def _activated(y: relax.Expr, act: str, dtype: str) -> relax.Expr:
+    """``act`` (one of `EPILOGUES`) applied to ``y`` (of ``dtype``) as Relax operators."""
+    if act in ("relu6", "hardsigmoid", "hardswish"):
+        base = y if act == "relu6" else relax.op.add(y, relax.const(np.array(3.0, dtype)))
+        clipped = relax.op.clip(base, 0, 6)
+        if act == "relu6":
+            return clipped
+        gate = relax.op.divide(clipped, relax.const(np.array(6.0, dtype)))
+        return gate if act == "hardsigmoid" else relax.op.multiply(y, gate)
+    if act == "sigmoid":
+        return relax.op.sigmoid(y)
+    return getattr(relax.op.nn, act)(y)  # relu, silu, gelu, gelu_tanh
 
 
 def undispatch(mod: tvm.IRModule, keep: Callable[[relax.Call], bool]) -> tvm.IRModule:

@@ -24,7 +24,12 @@ KINDS = ("conv2d", "matmul", "bmm", "concat", "softmax", "layer_norm", "max_pool
          "avg_pool2d")
 POOLS = ("max_pool2d", "avg_pool2d")
 CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW2NHWC")
-ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh"}
+# the activations a vendor call can apply as its epilogue (`VendorOp.act`): relu6 is
+# min(max(x, 0), 6), hardsigmoid relu6(x + 3) / 6 and hardswish x times that (PyTorch's)
+EPILOGUES = ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "gelu_tanh")
+# Relax operators that are one of them as they stand
+ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh",
+               "relax.nn.silu": "silu"}
 
 
 @dataclass(frozen=True)
@@ -138,7 +143,7 @@ class VendorOp:
                 op = replace(op, bias=True)
             elif flag == "res":
                 op = replace(op, residual=True)
-            elif flag in ACTIVATIONS.values():
+            elif flag in EPILOGUES:
                 op = replace(op, act=flag)
             elif op.kind in ("conv2d", "matmul") and re.fullmatch(r"w[0-9a-f]+", flag):
                 op = replace(op, weight=flag[1:])
