@@ -286,6 +286,17 @@ def tanh_gelu(bb, x):
     return bb.emit(relax.op.multiply(bb.emit(relax.op.multiply(f32(0.5), y)), one_plus))
 
 
+def reshaped_tanh_gelu(bb, x):
+    """GPT-2's Conv1D: the product over the rows of a 2-D view, reshaped back to (batch,
+    tokens, features), then ``gelu_new``: the epilogue is fused through the reshape."""
+    y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(x, const(16, 8))), const(8)))
+    y = bb.emit(relax.op.reshape(y, (1, 5, 8)))
+    cubic = bb.emit(relax.op.multiply(bb.emit(relax.op.power(y, f32(3.0))), f32(0.044715)))
+    inner = bb.emit(relax.op.multiply(bb.emit(relax.op.add(y, cubic)), f32((2 / np.pi) ** 0.5)))
+    one_plus = bb.emit(relax.op.add(bb.emit(relax.op.tanh(inner)), f32(1.0)))
+    return bb.emit(relax.op.multiply(y, bb.emit(relax.op.multiply(one_plus, f32(0.5)))))
+
+
 def divided_by_zero(bb, x):
     """A per-channel division with a zero divisor after a convolution: not folded into its
     weight (x / 0 is +-inf or NaN per element), so the result keeps IEEE semantics."""
@@ -300,7 +311,8 @@ EPILOGUE_CASES = {
                         "conv2d.NHWC.s2x2.p1x1.d1x1.g8.bias.relu6"),
     "depthwise5x5_silu": (conv_act(silu, groups=8, kernel=5),
                           "conv2d.NHWC.s1x1.p2x2.d1x1.g8.bias.silu"),
-    "conv1x1_hardswish": (conv_act(hardswish, kernel=1), "conv2d.NHWC.s1x1.p0x0.d1x1.g1.bias.hardswish"),
+    "conv1x1_hardswish": (conv_act(hardswish, kernel=1),
+                          "conv2d.NHWC.s1x1.p0x0.d1x1.g1.bias.hardswish"),
     "conv_sigmoid": (conv_act(lambda bb, y: bb.emit(relax.op.sigmoid(y))),
                      "conv2d.NHWC.s1x1.p1x1.d1x1.g1.bias.sigmoid"),
     "squeeze_excite": (module((1, 8, 7, 7), squeeze_excite),
@@ -308,6 +320,7 @@ EPILOGUE_CASES = {
                         "conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu",
                         "conv2d.NHWC.s1x1.p0x0.d1x1.g1.bias.hardsigmoid"]),
     "linear_tanh_gelu": (module((5, 16), tanh_gelu), "matmul.bias.gelu_tanh"),
+    "reshaped_tanh_gelu": (module((5, 16), reshaped_tanh_gelu), "matmul.bias.gelu_tanh"),
     "divided_by_zero": (module((1, 8, 5, 5), divided_by_zero), "conv2d.NHWC.s1x1.p0x0.d1x1.g1"),
 }
 

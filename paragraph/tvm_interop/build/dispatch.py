@@ -24,7 +24,11 @@ from paragraph.tvm_interop.runtime.library.names import (
     VendorOp,
     is_vendor_name,
 )
-from paragraph.tvm_interop.runtime.library.torch_kernels import ensure_registered, require_torch, torch_available
+from paragraph.tvm_interop.runtime.library.torch_kernels import (
+    ensure_registered,
+    require_torch,
+    torch_available,
+)
 
 _AFFINE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
 
@@ -194,27 +198,39 @@ class _Rewriter:
                 return _vendor_call(replace(op, residual=True), args + [other], call.ty)
         return call
 
-    def absorb_activation(self, call: relax.Call) -> relax.Expr:
+    def absorb_activation(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``act(vendor call)`` -> the call with ``act`` as its epilogue, where its kind takes
         it: products and convolutions every one of `EPILOGUES`, concat and the average pool
         relu only."""
         return self._with_act(call.args[0], ACTIVATIONS[call.op.name], call)
 
     def _with_act(self, x: relax.Expr, act: str, call: relax.Call,
-                  uses: int = 1) -> relax.Expr:
+                  uses: int = 1) -> relax.Expr | _Reshaped:
         """``call`` (an activation ``act`` of ``x``) as the vendor call ``x`` is bound to with
         ``act`` fused, where ``x`` is read ``uses`` times (all of them inside ``call``'s
         pattern), has ``call``'s type, and its kind takes ``act``; else ``call``."""
         value = self.bound.get(x) if isinstance(x, relax.Var) else None
         if value is None or self.uses.get(x, 0) != uses:
             return call
-        op, args = _unpack(value)
-        if (op is None or op.act or _shape(x) != _shape(call) or _dtype(x) != _dtype(call)
-                or act not in _EPILOGUES_OF.get(op.kind, ())):
+        if _shape(x) != _shape(call) or _dtype(x) != _dtype(call):
             return call
-        return _vendor_call(replace(op, act=act), args, call.ty)
+        reshape = None
+        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name == "relax.reshape" and isinstance(value.args[0], relax.Var)
+                and self.uses.get(value.args[0], 0) == 1):
+            # a product's rows reshaped back to (batch, tokens, features), as GPT-2's Conv1D
+            # exports: an element-wise epilogue commutes with the reshape
+            reshape, x = value, value.args[0]
+            value = self.bound.get(x)
+            if value is None:
+                return call
+        op, args = _unpack(value)
+        if op is None or op.act or act not in _EPILOGUES_OF.get(op.kind, ()):
+            return call
+        fused = _vendor_call(replace(op, act=act), args, x.ty)
+        return fused if reshape is None else _Reshaped(fused, x.ty, reshape.args[1])
 
-    def absorb_clip(self, call: relax.Call) -> relax.Expr:
+    def absorb_clip(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``clip(v, 0, 6)`` -> ``relu6``; ``clip(v * (1/6) + 1/2, 0, 1)`` (TVM's form of ONNX
         HardSigmoid with PyTorch's alpha) -> ``hardsigmoid``; ``v`` a vendor call read once.
         MobileNetV2's ReLU6 after every depthwise and expanding convolution was an untuned TVM
@@ -229,7 +245,7 @@ class _Rewriter:
             return self._clip_unit(call)
         return call
 
-    def _clip_unit(self, call: relax.Call) -> relax.Expr:
+    def _clip_unit(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``clip(v, 0, 1)`` with ``v`` a convolution or product of a constant weight, read
         once: a hard sigmoid whose ``x * alpha + beta`` was folded into ``v``'s weight and
         bias already (`absorb_affine` runs first). ``clip(v, 0, 1) = hardsigmoid(6 v - 3)``,
@@ -241,19 +257,19 @@ class _Rewriter:
                 or self.uses.get(x, 0) != 1 or not _is_const(args[1])
                 or _shape(x) != _shape(call) or _dtype(x) != _dtype(call)):
             return call
-        dtype = _dtype(call)
+        dtype, shape = _dtype(call), _shape(call) or (1,)
         w = _numpy(args[1]).astype(np.float64) * 6.0
-        channels = _shape(call)[-1] if op.kind == "matmul" or op.layout != "NCHW" \
-            else _shape(call)[1]
+        channels = shape[1] if op.kind == "conv2d" and op.layout == "NCHW" else shape[-1]
         b = _numpy(args[2]).astype(np.float64).reshape(-1) if op.bias else np.zeros(channels)
-        new_args = [args[0], relax.const(w.astype(dtype)), relax.const((6.0 * b - 3.0).astype(dtype))]
+        new_args = [args[0], relax.const(w.astype(dtype)),
+                    relax.const((6.0 * b - 3.0).astype(dtype))]
         return _vendor_call(replace(op, bias=True, act="hardsigmoid"), new_args, call.ty)
 
-    def absorb_sigmoid(self, call: relax.Call) -> relax.Expr:
+    def absorb_sigmoid(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``sigmoid(v)`` -> ``v`` with a sigmoid epilogue (a squeeze-excite gate)."""
         return self._with_act(call.args[0], "sigmoid", call)
 
-    def absorb_gate(self, call: relax.Call) -> relax.Expr:
+    def absorb_gate(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``v * sigmoid(v)`` -> ``silu`` (how exporters write SiLU / Swish); ``v *
         hardsigmoid(v)`` in any of TVM's forms -> ``hardswish``; ``v`` a vendor call read
         twice, both times here."""
@@ -308,7 +324,7 @@ class _Rewriter:
                         return x
         return None
 
-    def absorb_tanh_gelu(self, call: relax.Call) -> relax.Expr:
+    def absorb_tanh_gelu(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` (any order of the
         products) after a vendor product -> its tanh GELU: how GPT-2's ``gelu_new`` exports
         (an untuned TVM kernel of five operators per layer otherwise). ``x`` is read three
@@ -372,11 +388,12 @@ class _Rewriter:
         op = VendorOp("avg_pool2d", "NHWC", (1, 1), (0, 0), window=(in_shape[1], in_shape[2]))
         return _vendor_call(op, [x], call.ty)
 
-    def absorb_erf_gelu(self, call: relax.Call) -> relax.Expr:
-        """``x * (1 + erf(x / sqrt 2)) * 0.5`` (any order of the products) after a vendor matmul
-        -> that matmul with its exact GELU: PyTorch exports GELU as this chain to ONNX before
-        opset 20, and TVM runs it as an untuned kernel of its own (5 of 18.5 ms of a BERT
-        encoder here). The matmul's result is read twice, both times inside the chain."""
+    def absorb_erf_gelu(self, call: relax.Call) -> relax.Expr | _Reshaped:
+        """``x * (1 + erf(x / sqrt 2)) * 0.5`` (any order of the products) after a vendor
+        product or convolution -> that call with its exact GELU: PyTorch exports GELU as this
+        chain to ONNX before opset 20, and TVM runs it as an untuned kernel of its own (5 of
+        18.5 ms of a BERT encoder here). The product's result is read twice, both times
+        inside the chain."""
         factors = self._product(call, top=True)
         if len(factors) != 3:
             return call
@@ -386,12 +403,8 @@ class _Rewriter:
             return call
         for x, one_plus in (rest, rest[::-1]):
             erf = self._erf_of(one_plus)
-            if erf is not None and erf.same_as(x) and self.uses.get(x, 0) == 2:
-                value = self.bound.get(x) if isinstance(x, relax.Var) else None
-                op, args = _unpack(value) if value is not None else (None, [])
-                if op is not None and op.kind == "matmul" and not op.act \
-                        and _shape(x) == _shape(call) and _dtype(x) == _dtype(call):
-                    return _vendor_call(replace(op, act="gelu"), args, call.ty)
+            if erf is not None and erf.same_as(x):
+                return self._with_act(x, "gelu", call, uses=2)
         return call
 
     def _single(self, expr: relax.Expr, name: str) -> relax.Call | None:
@@ -665,8 +678,19 @@ def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Functio
     return func
 
 
+class _Reshaped:
+    """What a rewrite returns for ``reshape(vendor call)``: the call (bound to a variable of
+    type ``ty`` first) and the shape its result takes."""
+
+    def __init__(self, call: relax.Call, ty: relax.TensorType, shape: relax.Expr) -> None:
+        self.call, self.ty, self.shape = call, ty, shape
+
+    def same_as(self, other: object) -> bool:
+        return False
+
+
 def _rewrite_calls(func: relax.Function, ops: tuple[str, ...], arity: int,
-                   rewrite: Callable[[relax.Call], relax.Expr],
+                   rewrite: Callable[[relax.Call], relax.Expr | _Reshaped],
                    ) -> tuple[relax.Function, bool]:
     """``func`` with each binding to a call of one of ``ops`` (with ``arity`` arguments) bound
     to what ``rewrite`` makes of it instead, and the bindings left unread removed; and whether
@@ -684,6 +708,11 @@ def _rewrite_calls(func: relax.Function, ops: tuple[str, ...], arity: int,
                     and len(value.args) == arity):
                 new = rewrite(value)
                 if not new.same_as(value):
+                    if isinstance(new, _Reshaped):  # the vendor call bound first
+                        inner = (relax.DataflowVar if isinstance(b.var, relax.DataflowVar)
+                                 else relax.Var)(f"{b.var.name}_pre", new.ty)
+                        bindings.append(relax.VarBinding(inner, new.call, b.span))
+                        new = relax.op.reshape(inner, new.shape)
                     b, changed = relax.VarBinding(b.var, new, b.span), True
             bindings.append(b)
         blocks.append(type(block)(bindings, block.span))
