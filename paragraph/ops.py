@@ -198,6 +198,15 @@ for _kind, _fn in _UNARY.items():
     _register(_kind)((_unary_infer, _fn))
 
 
+def _clip(x: np.ndarray, min: float, max: float) -> np.ndarray:  # noqa: A002 (Relax's names)
+    # max(min(x, hi), lo), as TVM's clip computes it (a NaN stays NaN)
+    return np.clip(x, min, max).astype(x.dtype)
+
+
+# ReLU6 and the hard sigmoid's bounds (ONNX Clip with constant bounds)
+_register("clip", {"min": float("-inf"), "max": float("inf")})((_unary_infer, _clip))
+
+
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
     e: np.ndarray = np.exp(x - x.max(axis=axis, keepdims=True))
     out: np.ndarray = (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)

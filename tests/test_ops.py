@@ -52,6 +52,8 @@ CASES = [
     ("tanh", [(2, 7)], None, []),
     ("gelu", [(2, 7)], None, []),
     ("silu", [(2, 7)], None, []),
+    ("clip", [(2, 7)], {"min": 0.0, "max": 6.0}, []),
+    ("clip", [(3, 5)], {"min": -0.5, "max": 1.0}, []),
     ("softmax", [(2, 3, 5)], {"axis": 1}, []),
     ("layer_norm", [(2, 3, 8)], {"axes": (-1,), "epsilon": 1e-5}, [rand(8), rand(8)]),
     ("layer_norm", [(2, 3, 8)], {"axes": (1, 2)}, [rand(3, 8), rand(3, 8)]),

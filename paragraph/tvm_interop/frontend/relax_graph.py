@@ -33,7 +33,7 @@ MODELED: dict[str, tuple[str, tuple[str, ...]]] = {
     "relax.add": ("add", ()), "relax.subtract": ("subtract", ()),
     "relax.multiply": ("multiply", ()), "relax.divide": ("divide", ()),
     "relax.nn.relu": ("relu", ()), "relax.sigmoid": ("sigmoid", ()), "relax.tanh": ("tanh", ()),
-    "relax.nn.gelu": ("gelu", ()), "relax.nn.silu": ("silu", ()),
+    "relax.nn.gelu": ("gelu", ()), "relax.nn.silu": ("silu", ()), "relax.clip": ("clip", ()),
     "relax.nn.softmax": ("softmax", ("axis",)),
     "relax.nn.layer_norm": ("layer_norm", ("axes", "epsilon", "center", "scale")),
     "relax.nn.batch_norm": ("batch_norm", ("axis", "epsilon", "center", "scale", "momentum",
@@ -64,6 +64,7 @@ _BUILD: dict[str, Callable[..., relax.Expr]] = {
     "divide": relax.op.divide,
     "relu": _NN.relu, "sigmoid": relax.op.sigmoid, "tanh": relax.op.tanh, "gelu": _NN.gelu,
     "silu": _NN.silu,
+    "clip": lambda x, min, max: relax.op.clip(x, min, max),  # noqa: A006 (Relax's names)
     "softmax": lambda x, axis: _NN.softmax(x, axis),
     "layer_norm": lambda x, g, b, **a: _NN.layer_norm(x, g, b, **a),
     "batch_norm": lambda x, g, b, m, v, **a: _NN.batch_norm(x, g, b, m, v, **a),
@@ -299,6 +300,12 @@ class _Importer:
             x = self.tensor_arg(args[0])
             _, _, kh, kw = self.b.type_of(x).shape
             return kind, [x], {"kernel_size": (kh + 2 * width[4], kw + 2 * width[6])}
+        if kind == "clip":  # bounds are PrimValue arguments: numbers only
+            bounds = [_py(a) for a in args[1:]]
+            if len(bounds) != 2 or not all(isinstance(v, (int, float)) for v in bounds):
+                raise _NotModeled
+            return kind, [self.tensor_arg(args[0])], {"min": float(bounds[0]),
+                                                      "max": float(bounds[1])}
         if kind == "reshape":
             shape = _py(args[1]) if isinstance(args[1], relax.ShapeExpr) else None
             if shape is None or not all(isinstance(d, int) for d in shape):
