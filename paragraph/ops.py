@@ -200,7 +200,8 @@ for _kind, _fn in _UNARY.items():
 
 def _clip(x: np.ndarray, min: float, max: float) -> np.ndarray:  # noqa: A002 (Relax's names)
     # max(min(x, hi), lo), as TVM's clip computes it (a NaN stays NaN)
-    return np.clip(x, min, max).astype(x.dtype)
+    out: np.ndarray = np.clip(x, min, max).astype(x.dtype)
+    return out
 
 
 # ReLU6 and the hard sigmoid's bounds (ONNX Clip with constant bounds)
