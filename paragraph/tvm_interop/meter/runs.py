@@ -40,6 +40,10 @@ QUIET_WAIT_S = 30.0
 # and the slower schedule was kept
 MIN_BLOCK_S = 0.01
 MAX_BLOCK = 200
+# the timed runs of one comparison last about this long at most (at least 3 rounds of one run
+# each): GPT-2's 130 ms runs took 6 rounds of 5 per candidate, 10 s a comparison, and a build
+# makes several
+COMPARISON_BUDGET_S = 4.0
 # warm-up runs before a candidate is timed (`paragraph.tvm_interop.measure.device.SETTLE_RUNS`):
 # fewer timed a rewritten candidate's new shapes partly on their slower forms, against an input
 # whose shapes had settled
@@ -102,13 +106,18 @@ def time_runs(candidates: Candidates, db: CostDB | None, tuning: str, repeat: in
                 c.run()
                 fastest = min(fastest, time.perf_counter() - start)
         block = max(block, min(MAX_BLOCK, math.ceil(MIN_BLOCK_S / max(fastest, 1e-6))))
+        rounds = max(3, repeat)
+        per_round = len(configs) * max(fastest, 1e-6)
+        if rounds * block * per_round > COMPARISON_BUDGET_S:  # a slow model: fewer runs
+            block = max(1, min(block, math.floor(COMPARISON_BUDGET_S / (3 * per_round))))
+            rounds = max(3, min(rounds, math.floor(COMPARISON_BUDGET_S / (block * per_round))))
         for attempt in range(2):
             if attempt:  # another process held a core: once more when the cores are quiet
                 wait_for_quiet_cores(lambda _msg: None, QUIET_WAIT_S)
                 for x in samples:
                     x.clear()
             with LoadWatch() as watch:
-                for r in range(max(3, repeat)):  # drifts hit both orders
+                for r in range(rounds):  # drifts hit both orders
                     time_in_blocks(configs if r % 2 == 0 else configs[::-1], 1,
                                    max(1, block), settle=1)
             if not watch.contended:
