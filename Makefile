@@ -1,17 +1,25 @@
 # Two commands: `make demo` and `make test`. Both create .venv and install the pinned
-# dependencies first (once; again whenever setup.py changes).
+# dependencies first (once; again whenever setup.py changes). `make corpus` adds the corpus's
+# packages (torchvision, timm, transformers, OpenVINO) and runs the public-model benchmark
+# (about two hours on 2 cores; CORPUS_ARGS passes options, e.g. CORPUS_ARGS=--no-search).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean corpus
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=23" "setuptools>=64"
 	$(BIN)/python -m pip install --quiet -e ".[dev,onnx,torch]"
 	touch $(STAMP)
+
+CORPUS_STAMP := $(VENV)/.installed-corpus
+
+$(CORPUS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev,onnx,torch,corpus]"
+	touch $(CORPUS_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/paragraph models
@@ -24,6 +32,9 @@ test: lint
 lint: $(STAMP)
 	$(BIN)/ruff check paragraph tests benchmarks tutorials
 	$(BIN)/mypy
+
+corpus: $(CORPUS_STAMP)
+	PYTHONPATH=.:benchmarks $(BIN)/python benchmarks/corpus.py $(CORPUS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -36,6 +36,9 @@ setup(
         "torch": ["torch==2.13.0"],
         # the CUDA executor's streams, events and graph capture
         "cuda": ["cuda-bindings==13.5.0"],
+        # the public-model corpus and its peers (benchmarks/corpus.py, `make corpus`)
+        "corpus": ["torchvision==0.28.0", "timm==1.0.31", "transformers==5.24.0",
+                   "openvino==2026.4.1"],
     },
     entry_points={"console_scripts": ["paragraph=paragraph.cli:main"]},
 )

@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import sys
 import textwrap
 from collections.abc import Callable
@@ -317,20 +318,116 @@ def zoo_table(r: dict, xeon: dict | None = None) -> list[str]:
     return lines
 
 
-def corpus_table(r: dict) -> list[str]:
-    """Public architectures against ONNX Runtime (``corpus-cpu.json``; the corpus benchmark
-    defines the file, see the module docstring for the fields read here)."""
+def _geo(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _cell(v: float | None) -> str:
+    return "-" if v is None else _ms(v)
+
+
+def _timed(rows: list[dict], key: str) -> list[float]:
+    return [m[key] for m in rows if m.get(key) is not None]
+
+
+def _corpus_head(r: dict) -> str:
     m0 = r["machine"]
-    ratios = [m["onnxruntime_ms"] / m["paragraph_ms"] for m in r["models"]]
-    geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
-    lines = [f"Public architectures against ONNX Runtime, median ms on a {m0['cores']}-core "
-             f"{m0['cpu']} ({m0['date'][:10]}; "
-             "`benchmarks/results/corpus-cpu.json`): paragraph ahead of ONNX Runtime on "
-             f"{sum(x > 1 for x in ratios)} of {len(ratios)}, geometric mean {geo:.2f}x.", "",
-             "| model | kind | ONNX Runtime | paragraph | vs ORT |", "|---|---|---|---|---|"]
-    for m, x in zip(r["models"], ratios, strict=True):
-        lines.append(f"| {m['model']} | {m.get('kind', '-')} | {m['onnxruntime_ms']:.2f} | "
-                     f"{m['paragraph_ms']:.2f} | {x:.2f}x |")
+    search = r.get("search")
+    searched = (f"; paragraph with the {search['method']} search, {search['budget_s']:.0f} s a "
+                "model, beside its default build" if search else "")
+    return (f"{len(r['models'])} models, batch 1, float32, each in a process of its own, every "
+            f"runtime side by side ({r['blocks']} alternating blocks of {r['block']} runs, "
+            f"median ms) on a {m0['cores']}-core {m0['cpu']} ({_dates(r)}; "
+            f"`benchmarks/corpus.py`{searched}). Ratios are speed ratios (peer ms / paragraph "
+            "ms, above 1: paragraph faster); the best peer is the fastest of ONNX Runtime's two "
+            "executors and OpenVINO (f32); equal: paragraph's outputs within "
+            f"{r['tolerance']:.0e} of ONNX Runtime's, relative to their largest.")
+
+
+def corpus_table(r: dict) -> list[str]:
+    """The README's summary of the public corpus (``corpus-cpu.json``, written by
+    `benchmarks/corpus.py`; its docstring defines the fields): per kind, how many models
+    paragraph imported, matched and beat, and the geometric means of its speed ratios."""
+    rows = r["models"]
+    kinds = list(dict.fromkeys(m["kind"] for m in rows))
+    vs_ort = _timed(rows, "paragraph_vs_onnxruntime")
+    vs_best = _timed(rows, "paragraph_vs_best_peer")
+    contended = sum(bool(m.get("contended")) for m in rows)
+    lines = [f"Public architectures (torchvision, timm, Hugging Face transformers, torch.nn) and "
+             f"the zoo's exports against the CPU runtimes: {_corpus_head(r)} paragraph imported "
+             f"{sum(bool(m.get('import_ok')) for m in rows)} of {len(rows)}, matched ONNX "
+             f"Runtime on {sum(bool(m.get('equal')) for m in rows)} and was ahead of it on "
+             f"{sum(x > 1 for x in vs_ort)} of {len(vs_ort)} timed (geometric mean "
+             f"{_geo(vs_ort):.2f}x; against the best peer {_geo(vs_best):.2f}x)"
+             + (f"; {contended} timed while other work held a core" if contended else "")
+             + ". Every model's row is in docs/performance.md, the plot in "
+             "`benchmarks/results/corpus-cpu.png`.", "",
+             "| kind | models | imported | equal | ahead of ORT | vs ORT | vs best peer | "
+             "build s, median |", "|---|---|---|---|---|---|---|---|"]
+    for kind in [*kinds, "all"]:
+        of = [m for m in rows if kind in ("all", m["kind"])]
+        ort, best = _timed(of, "paragraph_vs_onnxruntime"), _timed(of, "paragraph_vs_best_peer")
+        build = _timed(of, "build_s")
+        lines.append(f"| {kind} | {len(of)} | {sum(bool(m.get('import_ok')) for m in of)} | "
+                     f"{sum(bool(m.get('equal')) for m in of)} | {sum(x > 1 for x in ort)} | "
+                     f"{_x(_geo(ort) if ort else None)} | {_x(_geo(best) if best else None)} | "
+                     f"{f'{statistics.median(build):.0f}' if build else '-'} |")
+    return lines
+
+
+def corpus_models_table(r: dict) -> list[str]:
+    """Every model of the public corpus (``corpus-cpu.json``), a table per kind: imported,
+    equal, ONNX Runtime, OpenVINO and paragraph medians, the speed ratios, build seconds,
+    kernels by source; then what failed, and why."""
+    rows = r["models"]
+    search = r.get("search") is not None
+    lines = [f"Public architectures and the zoo's exports: {_corpus_head(r)} Kernels: vendor / "
+             "TVM (untuned: paragraph's defaults use no tuning database). The PyTorch eager "
+             "and ONNX Runtime parallel columns, p10-p90 and peak memory are in the JSON."]
+    failures: list[str] = []
+    for kind in dict.fromkeys(m["kind"] for m in rows):
+        of = [m for m in rows if m["kind"] == kind]
+        ort, best = _timed(of, "paragraph_vs_onnxruntime"), _timed(of, "paragraph_vs_best_peer")
+        means = (f"; geometric mean {_geo(ort):.2f}x against ONNX Runtime, {_geo(best):.2f}x "
+                 "against the best peer" if ort and best else "")
+        lines += ["", f"**{kind}** ({len(of)} model{'s' * (len(of) > 1)}{means}):", "",
+                  "| model | import | equal | ONNX Runtime | OpenVINO | paragraph | vs ORT | "
+                  "vs best peer | build s | kernels |" + (" with search (vs ORT) |" if search
+                                                          else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if search else "")]
+        for m in of:
+            flag = " (contended)" if m.get("contended") else ""
+            imported = ("failed" if m.get("crashed") else "yes" if m.get("import_ok")
+                        else "no")
+            err = m.get("max_rel_error", {})
+            ours = [v for k, v in err.items() if k.startswith("paragraph")]
+            equal = ("-" if not ours else "yes" if m.get("equal")
+                     else f"no ({max(ours):.1e})")
+            k = m.get("kernels")
+            kernels = "-" if k is None else f"{k['vendor']} / {k['tvm_tuned'] + k['tvm_untuned']}"
+            best_peer = (f"{_x(m.get('paragraph_vs_best_peer'))} ({m['best_peer']})"
+                         if m.get("paragraph_vs_best_peer") is not None else "-")
+            build = "-" if m.get("build_s") is None else f"{m['build_s']:.0f}"
+            line = (f"| {m['model']}{flag} | {imported} | {equal} | "
+                    f"{_cell(m.get('onnxruntime_ms'))} | {_cell(m.get('openvino_ms'))} | "
+                    f"{_cell(m.get('paragraph_ms'))} | {_x(m.get('paragraph_vs_onnxruntime'))} | "
+                    f"{best_peer} | {build} | {kernels} |")
+            if search:
+                s = m.get("search")
+                line += (" - |" if m.get("paragraph_search_ms") is None else
+                         f" {_ms(m['paragraph_search_ms'])} "
+                         f"({_x(m.get('search_vs_onnxruntime'))}, "
+                         f"{len(s['rules']) if s else 0} rewrites) |")
+            lines.append(line)
+            if m.get("error"):
+                failures.append(f"- {m['model']}: {' '.join(m['error'].split())[:160]}")
+    if failures:
+        lines += ["", "What failed (the first error of each model; the peers were still timed "
+                  "where they ran):", "", *failures]
     return lines
 
 
@@ -482,14 +579,18 @@ def _zoo(folder: Path) -> list[str] | None:
     return None if result is None else zoo_table(result, _load(folder, "peers-cpu-xeon.json"))
 
 
-def _corpus(folder: Path) -> list[str]:
-    result = _load(folder, "corpus-cpu.json")
-    if result is None:
-        return ["The public-model table (30+ public architectures against ONNX Runtime) comes "
-                "with the corpus benchmark, which has not committed "
-                "`benchmarks/results/corpus-cpu.json` yet; until then the README's Limits say "
-                "where paragraph stands on public models."]
-    return corpus_table(result)
+_NO_CORPUS = ("The public-model table (30+ public architectures against ONNX Runtime) comes "
+              "with the corpus benchmark, which has not committed "
+              "`benchmarks/results/corpus-cpu.json` yet; until then the README's Limits say "
+              "where paragraph stands on public models.")
+
+
+def _corpus(table: Callable[[dict], list[str]], waiting: str) -> Callable[[Path], list[str]]:
+    """A block of ``table`` over ``corpus-cpu.json``, or ``waiting`` until it is there."""
+    def render(folder: Path) -> list[str]:
+        result = _load(folder, "corpus-cpu.json")
+        return [waiting] if result is None else table(result)
+    return render
 
 
 def _xeon_peers(result: dict) -> list[str]:
@@ -504,7 +605,9 @@ _GPU = "On the lent GPU machine (one H100, {cpu} x{cores}; `{file}`):"
 # name -> renderer; the order is `python benchmarks/report.py`'s and docs/performance.md's
 BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
     "zoo": _zoo,
-    "corpus": _corpus,
+    "corpus": _corpus(corpus_table, _NO_CORPUS),
+    "corpus-models": _corpus(corpus_models_table, "Every public model's row comes with "
+                             "`benchmarks/results/corpus-cpu.json` (`benchmarks/corpus.py`)."),
     "peers": _file("peers-cpu.json", peers_table),
     "peers-xeon": _file("peers-cpu-xeon.json", _xeon_peers),
     "kernel-classes": _file("kernel-classes-cpu.json", kernel_classes_table),

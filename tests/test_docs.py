@@ -60,14 +60,19 @@ def test_a_stale_block_is_found_and_rewritten(tmp_path):
 def test_the_corpus_table_appears_when_its_json_does(tmp_path):
     waiting = "\n".join(report.render("corpus", tmp_path))
     assert "corpus-cpu.json" in waiting and "|" not in waiting
+    # the fields `benchmarks/corpus.py` writes (tests/test_corpus.py renders fuller rows)
+    row = {"import_ok": True, "equal": True, "build_s": 20.0, "best_peer": "onnxruntime"}
     (tmp_path / "corpus-cpu.json").write_text(json.dumps({
+        "blocks": 8, "block": 5, "tolerance": 1e-4,
         "machine": {"cpu": "AMD EPYC", "cores": 2, "date": "2026-12-01T00:00:00+00:00"},
-        "models": [{"model": "mobilenet_v2", "kind": "cnn", "paragraph_ms": 4.0,
-                    "onnxruntime_ms": 2.0},
-                   {"model": "gpt2", "kind": "transformer", "paragraph_ms": 10.0,
-                    "onnxruntime_ms": 12.5}]}))
+        "models": [{**row, "model": "mobilenet_v2", "kind": "mobile", "paragraph_ms": 4.0,
+                    "onnxruntime_ms": 2.0, "paragraph_vs_onnxruntime": 0.5,
+                    "paragraph_vs_best_peer": 0.5},
+                   {**row, "model": "gpt2", "kind": "transformer", "paragraph_ms": 10.0,
+                    "onnxruntime_ms": 12.5, "paragraph_vs_onnxruntime": 1.25,
+                    "paragraph_vs_best_peer": 1.25}]}))
     table = "\n".join(report.render("corpus", tmp_path))
     prose = " ".join(line for line in table.splitlines() if not line.startswith("|"))
-    assert "| mobilenet_v2 | cnn | 2.00 | 4.00 | 0.50x |" in table
-    assert "| gpt2 | transformer | 12.50 | 10.00 | 1.25x |" in table
-    assert "ahead of ONNX Runtime on 1 of 2" in prose
+    assert "| mobile | 1 | 1 | 1 | 0 | 0.50x | 0.50x | 20 |" in table
+    assert "| transformer | 1 | 1 | 1 | 1 | 1.25x | 1.25x | 20 |" in table
+    assert "ahead of it on 1 of 2 timed" in prose
