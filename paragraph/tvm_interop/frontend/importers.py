@@ -24,6 +24,7 @@ from tvm import relax
 from tvm.ir.expr import Constant as _ConstBase
 
 from paragraph.errors import ModelLoadError, UnsupportedModelError
+from paragraph.tvm_interop.frontend.onnx_shapes import fold_shape_computations
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
 
 __all__ = ["load", "prepare", "ACCEPTED_SOURCES"]
@@ -118,10 +119,14 @@ def _load_file(path: Path, input_shapes: InputShapes) -> tvm.IRModule:
 
 # ---------------------------------------------------------------------------- ONNX
 def _from_onnx_file(path: Path, input_shapes: InputShapes) -> tvm.IRModule:
+    """TVM's ONNX frontend, after the model's shape computations are folded into constants
+    (`onnx_shapes`: TVM leaves sizes computed from ``Shape`` dynamic, which fails ShuffleNetV2
+    and Swin)."""
     onnx = _require("onnx", "onnx")
     model = _read_onnx(onnx, path)
     shape_dict = _onnx_shape_dict(model, input_shapes, path)
     frontend = _require("tvm.relax.frontend.onnx", "onnx")
+    fold_shape_computations(model, shape_dict)
     try:
         return frontend.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
     except tvm.error.OpNotImplemented as exc:
