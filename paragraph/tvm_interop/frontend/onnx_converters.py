@@ -18,10 +18,11 @@ How they are applied: ``from_onnx`` looks every converter up through the module 
 ``tvm.relax.frontend.onnx.onnx_frontend._get_convert_map`` (once to list unsupported operators,
 once per node). `installed` replaces that function, for the duration of a ``with`` block, by
 one returning TVM's map updated with `CONVERTERS`, and puts TVM's back on leaving. A
-re-entrant lock makes concurrent and nested imports safe: one thread patches at a time, and the
-outermost block of the thread holding it restores TVM's function. (Code outside paragraph that
-calls TVM's frontend on another thread meanwhile waits for nothing and sees paragraph's
-converters; they compute what TVM's do.)
+re-entrant lock, held for the whole block, makes concurrent and nested imports safe:
+paragraph's ONNX imports convert one at a time, and the outermost block of the thread holding
+the lock restores TVM's function. (Code outside paragraph that calls TVM's frontend on another
+thread meanwhile does not wait, and converts with paragraph's converters: the same results for
+Clip, and LSTM and GRU where TVM would refuse them.)
 
 A converter is an object with ``get_converter(opset)`` returning
 ``convert(bb, inputs, attrs, params)``, as TVM's ``OnnxOpConverter`` classes are; these do not
