@@ -24,6 +24,8 @@ from tvm import relax
 from tvm.ir.expr import Constant as _ConstBase
 
 from paragraph.errors import ModelLoadError, UnsupportedModelError
+from paragraph.tvm_interop.frontend import onnx_converters
+from paragraph.tvm_interop.frontend.onnx_shapes import fold_shape_computations
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
 
 __all__ = ["load", "prepare", "ACCEPTED_SOURCES"]
@@ -118,12 +120,21 @@ def _load_file(path: Path, input_shapes: InputShapes) -> tvm.IRModule:
 
 # ---------------------------------------------------------------------------- ONNX
 def _from_onnx_file(path: Path, input_shapes: InputShapes) -> tvm.IRModule:
+    """TVM's ONNX frontend, after two workarounds of its gaps: the model's shape computations
+    are folded into constants first (`onnx_shapes`: TVM leaves sizes computed from ``Shape``
+    dynamic, which fails ShuffleNetV2 and Swin), and paragraph's converters stand in for some of
+    TVM's (`onnx_converters`: ``Clip`` as one ``relax.clip``, ``LSTM`` and ``GRU``, which TVM
+    lacks)."""
     onnx = _require("onnx", "onnx")
     model = _read_onnx(onnx, path)
     shape_dict = _onnx_shape_dict(model, input_shapes, path)
     frontend = _require("tvm.relax.frontend.onnx", "onnx")
+    fold_shape_computations(model, shape_dict)
     try:
-        return frontend.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+        with onnx_converters.installed(frontend.onnx_frontend):
+            return frontend.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    except UnsupportedModelError as exc:  # from paragraph's converters
+        raise UnsupportedModelError(f"{path}: {exc}") from None
     except tvm.error.OpNotImplemented as exc:
         raise UnsupportedModelError(f"{path}: TVM's ONNX frontend cannot convert it: "
                                     f"{_first_line(exc)}") from None
