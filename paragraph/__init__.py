@@ -3,7 +3,7 @@
 import importlib
 import os
 
-from paragraph.machine import cpu_count
+from paragraph.machine import cpu_count, hold_libraries_to_isa
 
 # TVM sizes its CPU thread pool to half the logical CPUs on x86 (to skip SMT siblings); on cloud
 # machines whose vCPUs are all there is, that idles half the machine and caps every schedule's
@@ -27,6 +27,8 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 from paragraph.errors import GraphError, ModelLoadError, ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType
 from paragraph.version import __version__
+
+hold_libraries_to_isa()  # PARAGRAPH_CPU_ISA=avx2: oneDNN and MKL as on an AVX2-only CPU
 
 # The TVM-facing API loads TVM on first use, so `import paragraph` (the graph IR, rules and
 # algorithms) stays fast and works without TVM.

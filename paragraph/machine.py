@@ -17,6 +17,33 @@ from paragraph.version import __version__
 _PROCESS_CPUS: list[frozenset[int]] = []
 
 
+# `PARAGRAPH_CPU_ISA=avx2` runs this machine as an AVX2-only CPU would run paragraph: no
+# AVX-512 kernel of paragraph's own, oneDNN and MKL held to AVX2, TVM's kernels compiled for
+# a Haswell (AVX2 + FMA); the cloud and client CPUs without AVX-512, tested and measured here
+ISA_VARIABLE = "PARAGRAPH_CPU_ISA"
+ISAS = ("native", "avx2")
+AVX2_MCPU = "haswell"
+
+
+def forced_isa() -> str:
+    """The instruction set paragraph is held to: "native" (all this CPU has, the default) or
+    "avx2" (`ISA_VARIABLE`). Anything else raises `ParagraphError` naming the choices."""
+    value = os.environ.get(ISA_VARIABLE, "").strip().lower() or "native"
+    if value not in ISAS:
+        from paragraph.errors import ParagraphError
+
+        raise ParagraphError(f"{ISA_VARIABLE}={value!r}: choose one of {', '.join(ISAS)}")
+    return value
+
+
+def hold_libraries_to_isa() -> None:
+    """Under ``PARAGRAPH_CPU_ISA=avx2``, hold oneDNN and MKL to AVX2 too (read when they
+    first run, so set before any kernel runs; a value the user set stands)."""
+    if forced_isa() == "avx2":
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+        os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2")
+
+
 def process_cpus() -> frozenset[int]:
     """The CPUs this process may run on: the main thread's affinity mask (which respects
     ``taskset`` and container CPU sets) when first asked, at paragraph's import. Read once:

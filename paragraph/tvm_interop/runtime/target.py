@@ -9,7 +9,7 @@ from typing import Any
 import tvm
 
 from paragraph.errors import ParagraphError
-from paragraph.machine import cpu_count
+from paragraph.machine import AVX2_MCPU, cpu_count, forced_isa
 
 # a GPU target that compiles here without a GPU (nvcc is present); H100/H200 are sm_90
 CUDA_COMPILE_ONLY = {"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 49152,
@@ -24,6 +24,8 @@ def local_cpu_target(num_cores: int | None = None) -> tvm.target.Target:
     """
     spec: dict[str, Any] = {"kind": "llvm", "num-cores": num_cores or cpu_count()}
     cpu = tvm.target.codegen.llvm_get_system_cpu()
+    if forced_isa() == "avx2":  # PARAGRAPH_CPU_ISA=avx2: as an AVX2-only CPU compiles
+        cpu = AVX2_MCPU
     if cpu and tvm.target.codegen.llvm_is_valid_cpu(cpu, ""):
         spec["mcpu"] = cpu
     return tvm.target.Target(spec)
