@@ -28,7 +28,7 @@ from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS
 from paragraph.tvm_interop.runtime.executor import gpu_available, make_executor
-from paragraph.tvm_interop.runtime.library.names import VendorOp, cost_name
+from paragraph.tvm_interop.runtime.library.names import EPILOGUES, VendorOp, cost_name
 from paragraph.tvm_interop.runtime.library.torch_kernels import bind, ensure_registered
 from paragraph.tvm_interop.runtime.target import local_cpu_target
 from paragraph.tvm_interop.runtime.threads import config_threads
@@ -332,8 +332,13 @@ def test_vendor_op_names_round_trip():
         if name.startswith("conv2d"):
             tagged = VendorOp.from_name(f"{full}.w0123abcd")
             assert tagged.weight == "0123abcd" and tagged.cost_name == full
+    for act in EPILOGUES:  # every activation a convolution or product fuses
+        for op in (VendorOp("conv2d", "NHWC", bias=True, residual=True, act=act),
+                   VendorOp("matmul", act=act, weight="abc"), VendorOp("bmm", act=act)):
+            assert VendorOp.from_name(op.name) == op
     for bad in ["paragraph.vendor.pool", "paragraph.vendor.conv2d.NHWC.s1.p0x0.d1x1.g1",
-                "paragraph.vendor.matmul.sigmoid", "tvm.contrib.cudnn.conv2d",
+                "paragraph.vendor.matmul.swish", "tvm.contrib.cudnn.conv2d",
+                "paragraph.vendor.concat.a1.silu",
                 "paragraph.vendor.concat", "paragraph.vendor.concat.a1.w0123abcd",
                 "paragraph.vendor.softmax", "paragraph.vendor.softmax.a1.w0123abcd",
                 "paragraph.vendor.layer_norm", "paragraph.vendor.layer_norm.a1",
@@ -1421,6 +1426,15 @@ def test_the_own_concat_holds_its_buffers_once_chosen():
     assert all(bool((t == 7.0).all()) for t in reused)
 
 
+def _act(act):
+    """Torch's activation ``act`` (one of `EPILOGUES`, or "" for none), out of place."""
+    functional = torch.nn.functional
+    return {"": lambda t: t, "relu": torch.relu, "relu6": functional.relu6,
+            "hardswish": functional.hardswish, "hardsigmoid": functional.hardsigmoid,
+            "sigmoid": torch.sigmoid, "silu": functional.silu, "gelu": functional.gelu,
+            "gelu_tanh": lambda t: functional.gelu(t, approximate="tanh")}[act]
+
+
 def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual, act, threads,
                        gen, equal_nan=False, layout="NHWC", calls=16):
     """``paragraph_vendor_conv2d`` bound to NHWC ``x`` (given as an NCHW tensor where
@@ -1646,6 +1660,50 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
     b = torch.randn(cout, generator=gen)
     pad = (0, 2, 0, 4) if k == (1, 7) else ((k[0] - 1) // 2, (k[1] - 1) // 2)
     _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing)
+
+
+@pytest.mark.parametrize("act", EPILOGUES)
+def test_the_python_kernels_apply_every_activation(act):
+    """The Python vendor kernels (where the C++ ones are unavailable) apply every activation:
+    a 1x1 convolution with bias and residual (oneDNN's form, which fuses relu alone, and
+    MKL's, both timed), a 3x3 one, a linear layer (both forms) and a batched product."""
+    from paragraph.tvm_interop.runtime.library.torch_kernels import TRIALS
+
+    gen = torch.Generator().manual_seed(len(act))
+    activation = _act(act)
+
+    def tensor(*shape):
+        return tvm.runtime.tensor((torch.randn(*shape, generator=gen) * 2).numpy())
+
+    def nchw(t):
+        return torch.from_numpy(t.numpy()).permute(0, 3, 1, 2)
+
+    x, w1, w3, b, res = (tensor(1, 5, 5, 8), tensor(12, 1, 1, 8), tensor(12, 3, 3, 8),
+                         tensor(12), tensor(1, 5, 5, 12))
+    out = tvm.runtime.empty((1, 5, 5, 12), "float32")
+    conv1 = torch.nn.functional.conv2d(nchw(x), nchw(w1), torch.from_numpy(b.numpy()))
+    conv3 = torch.nn.functional.conv2d(nchw(x), nchw(w3), padding=1)
+    a, m, mb = tensor(3, 16), tensor(16, 8), tensor(8)
+    out2 = tvm.runtime.empty((3, 8), "float32")
+    p, q = tensor(2, 4, 6), tensor(2, 6, 5)
+    out3 = tvm.runtime.empty((2, 4, 5), "float32")
+    cases = [
+        (VendorOp("conv2d", "NHWC", bias=True, residual=True, act=act, weight="c0ffee"),
+         (x, w1, b, res, out), 2 * (TRIALS + 1), (conv1 + nchw(res)).permute(0, 2, 3, 1)),
+        (VendorOp("conv2d", "NHWC", padding=(1, 1), act=act, weight="c0ffee3"), (x, w3, out), 1,
+         conv3.permute(0, 2, 3, 1)),
+        (VendorOp("matmul", bias=True, act=act, weight="facade"), (a, m, mb, out2),
+         2 * (TRIALS + 1), torch.from_numpy(a.numpy() @ m.numpy() + mb.numpy())),
+        (VendorOp("bmm", act=act), (p, q, out3), 1,
+         torch.from_numpy(p.numpy() @ q.numpy()))]
+    for op, args, calls, pre in cases:
+        ensure_registered(op.name)
+        call = bind(op.name, args)
+        for _ in range(calls):
+            args[-1].copyfrom(np.full(args[-1].shape, 7.0, dtype="float32"))
+            call()
+            torch.testing.assert_close(torch.from_numpy(args[-1].numpy()), activation(pre),
+                                       rtol=1e-4, atol=1e-4, msg=lambda m, op=op: f"{op.name}: {m}")
 
 
 @pytest.mark.parametrize("threads", [1, 2])
