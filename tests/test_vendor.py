@@ -3,6 +3,7 @@ pattern against TVM's own kernels, zero-copy calls, per-stream threads, every re
 through the executor, the `auto` choice and its cost records, compiled programs, and the path
 without PyTorch."""
 
+import math
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from paragraph.tvm_interop.frontend.importers import prepare
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS
 from paragraph.tvm_interop.runtime.executor import gpu_available, make_executor
-from paragraph.tvm_interop.runtime.library.names import VendorOp, cost_name
+from paragraph.tvm_interop.runtime.library.names import EPILOGUES, VendorOp, cost_name
 from paragraph.tvm_interop.runtime.library.torch_kernels import bind, ensure_registered
 from paragraph.tvm_interop.runtime.target import local_cpu_target
 from paragraph.tvm_interop.runtime.threads import config_threads
@@ -425,8 +426,13 @@ def test_vendor_op_names_round_trip():
         if name.startswith("conv2d"):
             tagged = VendorOp.from_name(f"{full}.w0123abcd")
             assert tagged.weight == "0123abcd" and tagged.cost_name == full
+    for act in EPILOGUES:  # every activation a convolution or product fuses
+        for op in (VendorOp("conv2d", "NHWC", bias=True, residual=True, act=act),
+                   VendorOp("matmul", act=act, weight="abc"), VendorOp("bmm", act=act)):
+            assert VendorOp.from_name(op.name) == op
     for bad in ["paragraph.vendor.pool", "paragraph.vendor.conv2d.NHWC.s1.p0x0.d1x1.g1",
-                "paragraph.vendor.matmul.sigmoid", "tvm.contrib.cudnn.conv2d",
+                "paragraph.vendor.matmul.swish", "tvm.contrib.cudnn.conv2d",
+                "paragraph.vendor.concat.a1.silu",
                 "paragraph.vendor.concat", "paragraph.vendor.concat.a1.w0123abcd",
                 "paragraph.vendor.softmax", "paragraph.vendor.softmax.a1.w0123abcd",
                 "paragraph.vendor.layer_norm", "paragraph.vendor.layer_norm.a1",
@@ -1514,13 +1520,40 @@ def test_the_own_concat_holds_its_buffers_once_chosen():
     assert all(bool((t == 7.0).all()) for t in reused)
 
 
+def _act(act):
+    """Torch's activation ``act`` (one of `EPILOGUES`, or "" for none), out of place."""
+    functional = torch.nn.functional
+    return {"": lambda t: t, "relu": torch.relu, "relu6": functional.relu6,
+            "hardswish": functional.hardswish, "hardsigmoid": functional.hardsigmoid,
+            "sigmoid": torch.sigmoid, "silu": functional.silu, "gelu": functional.gelu,
+            "gelu_tanh": lambda t: functional.gelu(t, approximate="tanh")}[act]
+
+
+def _shapes(*shapes):
+    """Shapes as the C++ kernels' choice keys spell them (`shape_key`)."""
+    return "".join("(" + "".join(f"{d}," for d in shape) + ")" for shape in shapes)
+
+
+def _forced(module, key, form, bind, *args):
+    """The kernel ``bind(*args)`` makes, form ``form`` chosen for ``key`` before its first
+    call, after that call: it timed none of its forms (so ``key`` is the one it built)."""
+    module["paragraph_vendor_choose_form"](key, form)
+    timing = module["paragraph_vendor_timing_kernels"]()
+    fn = bind(*args)
+    fn()
+    assert module["paragraph_vendor_timing_kernels"]() == timing, f"{key} timed its forms"
+    return fn
+
+
 def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual, act, threads,
-                       gen, equal_nan=False, layout="NHWC", calls=16):
+                       gen, equal_nan=False, layout="NHWC", calls=16, family="", form=None):
     """``paragraph_vendor_conv2d`` bound to NHWC ``x`` (given as an NCHW tensor where
-    ``layout`` is NCHW2NHWC), OHWI ``w``, bias ``b``, padding ``pad``
+    ``layout`` is NCHW2NHWC), OHWI ``w``, bias ``b`` (or None), padding ``pad``
     ((top, left) or (top, left, bottom, right)) and a residual ("", "own" buffer or "in
     place" in the output's), called 16 times (up to three forms timed five times each, then
-    the fastest): every call equals torch's convolution (+ residual, relu)."""
+    the fastest): every call equals torch's convolution (+ residual, activation ``act``).
+    With ``form``, that form of the kernel's ``family`` (conv2d: a 1x1's GEMM forms;
+    conv_kxk; depthwise) is chosen before the first call; returns the choice's key."""
     import tvm_ffi
 
     top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
@@ -1528,22 +1561,42 @@ def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual,
     want = torch.nn.functional.conv2d(xn, w.permute(0, 3, 1, 2), b, stride, 0, dilation, groups)
     want = want.permute(0, 2, 3, 1).contiguous()
     res = torch.randn(*want.shape, generator=gen)
-    want = want + res if residual else want
-    want = torch.relu(want) if act == "relu" else want
+    want = _act(act)(want + res if residual else want)
     out = res.clone() if residual == "in place" else torch.empty(want.shape)
     res_arg = out if residual == "in place" else res if residual else None
     params = [stride, stride, *pad, dilation, dilation, groups]
     given = x.permute(0, 3, 1, 2).contiguous() if layout == "NCHW2NHWC" else x
-    fn = module["paragraph_vendor_conv2d"](
-        *(tvm_ffi.from_dlpack(t) for t in (out, given, w, b)),
-        None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, layout, act, threads)
-    for _ in range(calls):
+
+    def bind():
+        return module["paragraph_vendor_conv2d"](
+            *(tvm_ffi.from_dlpack(t) for t in (out, given, w)),
+            None if b is None else tvm_ffi.from_dlpack(b),
+            None if res_arg is None else tvm_ffi.from_dlpack(res_arg), params, layout, act,
+            threads)
+
+    def reset():
         if residual == "in place":
             out.copy_(res)
         else:
             out.fill_(7.0)
+
+    key = (family + ("c" if layout == "NCHW2NHWC" else "") + f"{threads}{act}/"
+           + "".join(f"{p}," for p in params) + _shapes(x.shape, w.shape, want.shape)
+           + ("r" if residual else "") + ("i" if residual == "in place" else "")
+           + ("b" if b is not None else ""))
+    if form is None:
+        fn = bind()
+    else:
+        reset()
+        fn = _forced(module, key, form, bind)
+        torch.testing.assert_close(out, want, equal_nan=equal_nan, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"{key} form {form}: {m}")
+    for _ in range(calls):
+        reset()
         fn()
-        torch.testing.assert_close(out, want, equal_nan=equal_nan, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out, want, equal_nan=equal_nan, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"{key}: {m}")
+    return key
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -1639,17 +1692,8 @@ def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, 
     (the key as the C++ kernel builds it from its parameters and shapes), then
     `_check_native_conv`: every call equals torch's, the form listed as chosen and the weight
     packed as ``packing``."""
-    n, hw = x.shape[:2]
-    cout, kh, kw = w.shape[:3]
-    top, left, bottom, right = pad if len(pad) == 4 else (*pad, *pad)
-    oh, ow = hw + top + bottom - kh + 1, hw + left + right - kw + 1
-    params = [1, 1, *pad, 1, 1, 1]
-    shapes = "".join("(" + "".join(f"{d}," for d in s) + ")"
-                     for s in (x.shape, w.shape, (n, oh, ow, cout)))
-    key = (f"conv_kxk{threads}{act}/" + "".join(f"{p}," for p in params) + shapes
-           + ("r" if residual else "") + ("i" if residual == "in place" else "") + "b")
-    module["paragraph_vendor_choose_form"](key, form)
-    _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen, calls=calls)
+    key = _check_native_conv(module, x, w, b, 1, pad, 1, 1, residual, act, threads, gen,
+                             calls=calls, family="conv_kxk", form=form)
     assert f"{key}={form}" in map(str, module["paragraph_vendor_chosen_forms"]())
     assert any(str(p).startswith(f"{w.data_ptr()}{packing}")
                for p in module["paragraph_vendor_packed_keys"]())
@@ -1739,6 +1783,262 @@ def test_the_one_dimensional_winograd_forms_agree_with_torch(k, form, packing, t
     b = torch.randn(cout, generator=gen)
     pad = (0, 2, 0, 4) if k == (1, 7) else ((k[0] - 1) // 2, (k[1] - 1) // 2)
     _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing)
+
+
+# a convolution's forms by family, as the C++ kernel lists them: the NHWC input's shape, the
+# OHWI weight's, stride, padding, groups, the key's family and the forms' indices
+CONV_FORMS = {
+    # a 1x1's GEMM forms: oneDNN's, MKL's and the own packed GEMM (a panel and a 4-column one)
+    "gemm": [((1, 5, 5, 40), (36, 1, 1, 40), 1, (0, 0), 1, "conv2d", (0, 1, 2))],
+    # oneDNN's and the own implicit GEMM (stride 2: no Winograd form)
+    "kxk": [((1, 7, 7, 8), (20, 3, 3, 8), 2, (1, 1), 1, "conv_kxk", (0, 1))],
+    # F(2x2, 3x3) and F(4x4, 3x3); F(2, 7) along a 1x7's rows (the one-dimensional epilogue)
+    "winograd": [((1, 6, 6, 8), (20, 3, 3, 8), 1, (1, 1), 1, "conv_kxk", (2, 3)),
+                 ((1, 5, 9, 8), (20, 1, 7, 8), 1, (0, 3), 1, "conv_kxk", (2,))],
+    # the own depthwise form (one vector of channels and a 4-channel tail), 3x3 and 5x5,
+    # strides 1 and 2; and oneDNN's
+    "depthwise": [((1, 9, 9, 20), (20, k, k, 1), stride, (k // 2, k // 2), 20, "depthwise",
+                   (0, 1) if (k, stride) == (3, 1) else (1,))
+                  for k in (3, 5) for stride in (1, 2)],
+}
+
+
+@pytest.mark.parametrize("family", list(CONV_FORMS))
+@pytest.mark.parametrize("act", EPILOGUES)
+def test_every_convolution_form_fuses_every_activation(act, family):
+    """Every activation a convolution fuses (`EPILOGUES`) after each of its C++ forms, each
+    chosen before the first call: the own forms' epilogues in registers (the packed GEMM's,
+    the implicit GEMM's, Winograd's two- and one-dimensional output transforms, the depthwise
+    form's), oneDNN's and MKL's followed by PyTorch's activation (oneDNN fuses relu alone);
+    with a bias and the residual written over, a residual in its own buffer, and neither:
+    every call equals torch's convolution and activation."""
+    from paragraph.tvm_interop.runtime.library import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(len(act) + len(family))
+    for x_shape, w_shape, stride, pad, groups, key_family, forms in CONV_FORMS[family]:
+        # outputs spread over about -6..6, every piece of relu6's and hardswish's
+        x = torch.randn(*x_shape, generator=gen) * 2
+        w = torch.randn(*w_shape, generator=gen) / math.prod(w_shape[1:]) ** 0.5
+        b = torch.randn(w_shape[0], generator=gen)
+        for form in forms:
+            for bias, residual in ((b, "in place"), (None, "own"), (None, "")):
+                _check_native_conv(module, x, w, bias, stride, pad, 1, groups, residual, act, 1,
+                                   gen, calls=1, family=key_family, form=form)
+
+
+@pytest.mark.parametrize("act", EPILOGUES)
+def test_every_product_form_fuses_every_activation(act):
+    """Every activation after each C++ form of a product, each chosen before the first call:
+    a linear layer's (oneDNN's, MKL's, the own GEMM's and, for one row on two threads, the
+    own one-row product, whose threads' sums are added before the activation), with and
+    without a bias; a batched product's (MKL's, the own tiles'); a product of two activations
+    (MKL's alone): every call equals torch's product and activation."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.runtime.library import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(len(act))
+    activation = _act(act)
+
+    def check(out, want, key, form, kernel, *args):
+        out.fill_(7.0)
+        fn = _forced(module, key, form, module[kernel], *args)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"{key} form {form}: {m}")
+        out.fill_(7.0)
+        fn()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+    for rows, threads, forms in ((5, 1, (0, 1, 2)), (1, 2, (0, 2, 3))):
+        a = torch.randn(1, rows, 160, generator=gen) * 2
+        w = torch.randn(160, 40, generator=gen) / 160 ** 0.5
+        b = torch.randn(40, generator=gen)
+        for bias in (b, None):
+            out = torch.empty(1, rows, 40)
+            want = activation(a @ w + (0 if bias is None else bias))
+            args = [tvm_ffi.from_dlpack(t) for t in (out, a, w)]
+            bias_arg = None if bias is None else tvm_ffi.from_dlpack(bias)
+            key = (f"linear{threads}{act}" + _shapes((rows, 160), (160, 40))
+                   + ("" if bias is None else "b"))
+            for form in forms:
+                check(out, want, key, form, "paragraph_vendor_linear", *args, bias_arg, act,
+                      threads)
+    a, b = torch.randn(1, 3, 13, 7, generator=gen), torch.randn(1, 3, 7, 45, generator=gen)
+    out = torch.empty(1, 3, 13, 45)
+    args = [tvm_ffi.from_dlpack(t) for t in (out, a, b)]
+    for form in (0, 1):
+        check(out, activation(a @ b), f"bmm1{act}" + _shapes((3, 13, 7), (3, 7, 45)), form,
+              "paragraph_vendor_product", *args, None, act, 1)
+    a, b, bias = (torch.randn(*s, generator=gen) for s in ((2, 3, 16), (16, 24), (24,)))
+    out = torch.empty(2, 3, 24)
+    fn = module["paragraph_vendor_product"](
+        *(tvm_ffi.from_dlpack(t) for t in (out, a, b, bias)), act, 1)
+    fn()
+    torch.testing.assert_close(out, activation(a @ b + bias), rtol=1e-4, atol=1e-4)
+
+
+def _exact(act, x):
+    """``act`` of float32 ``x`` in float64, rounded to float32: the GELUs without 1 + erf's and
+    1 + tanh's cancellation for negative x (PyTorch's have it even in float64)."""
+    x = x.double()
+    if act == "gelu":
+        y = x * torch.special.erfc(-x / math.sqrt(2)) / 2
+    elif act == "gelu_tanh":
+        y = x / (1 + torch.exp(-2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    else:
+        y = _act(act)(x)
+    return y.float()
+
+
+@pytest.mark.parametrize("act", EPILOGUES)
+def test_the_own_epilogues_are_exact_and_keep_nan(act):
+    """Each own form's epilogue on values it adds exactly to a zero product (the residual's, a
+    linear layer's bias; a batched product's by an identity): within 1e-6 of the function's
+    exact value (the vector exponential's and GELU's erfc's rounding), and of PyTorch's
+    float32 one on ordinary values (within 1e-6 absolute for the GELUs, whose PyTorch forms
+    cancel), at ties
+    (-3, 0, 3, 6), past the exponential's range (+-88.7, +-100, +-3e38), at infinities (inf
+    where the function tends to it, NaN for silu's and the GELUs' -inf * 0, as PyTorch), and a
+    NaN stays NaN."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.runtime.library import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(len(act))
+    special = [float("nan"), float("inf"), -float("inf"), -0.0, 88.7, -88.7, -87.3, 100.0,
+               -100.0, 1e30, -1e30, 1e-30, -1e-30, 3e38, -3e38, 1e-40]
+    values = torch.cat([torch.linspace(-16, 16, 257), torch.randn(63, generator=gen) * 4,
+                        torch.tensor(special)])
+
+    def check(got, pre, what):
+        torch.testing.assert_close(got, _exact(act, pre), rtol=1e-6, atol=1e-37, equal_nan=True,
+                                   msg=lambda m: f"{what}: {m}")
+        # PyTorch's float32 forms on an ordinary range (past it, its hardswish's x * 6 can
+        # overflow, and its GELU of inf is NaN)
+        finite = pre.abs() < 1e4
+        torch.testing.assert_close(got[finite], _act(act)(pre[finite]), rtol=1e-6,
+                                   atol=1e-6 if act.startswith("gelu") else 1e-37,
+                                   msg=lambda m: f"{what} against PyTorch: {m}")
+
+    # convolutions of a zero input: the residual (every value, in turn) is the epilogue's input
+    for x_shape, w_shape, pad, groups, family, forms in [
+            ((1, 6, 8, 40), (20, 1, 1, 40), (0, 0), 1, "conv2d", (2,)),     # the own GEMM
+            ((1, 6, 8, 8), (20, 3, 3, 8), (1, 1), 1, "conv_kxk", (1, 2, 3)),  # implicit, Winograd
+            ((1, 6, 8, 8), (20, 1, 7, 8), (0, 3), 1, "conv_kxk", (2,)),     # Winograd F(2, 7)
+            ((1, 6, 8, 20), (20, 3, 3, 1), (1, 1), 20, "depthwise", (1,))]:
+        x = torch.zeros(x_shape)
+        w = torch.randn(*w_shape, generator=gen)
+        res = values.repeat(4)[: 6 * 8 * 20].reshape(1, 6, 8, 20)
+        out = torch.empty_like(res)
+        params = [1, 1, *pad, 1, 1, groups]
+        key = (f"{family}1{act}/" + "".join(f"{p}," for p in params)
+               + _shapes(x.shape, w.shape, out.shape) + "r")
+        for form in forms:
+            out.fill_(7.0)
+            _forced(module, key, form, module["paragraph_vendor_conv2d"],
+                    *(tvm_ffi.from_dlpack(t) for t in (out, x, w)), None,
+                    tvm_ffi.from_dlpack(res), params, "NHWC", act, 1)
+            check(out, res, f"{key} form {form}")
+    # a zero row by a linear layer's weight: its bias is the epilogue's input (the own GEMM's;
+    # the one-row product's, its two threads' sums added first)
+    n = values.numel()
+    a, w, out = torch.zeros(1, 1, 160), torch.randn(160, n, generator=gen), torch.empty(1, 1, n)
+    key = f"linear2{act}" + _shapes((1, 160), (160, n)) + "b"
+    for form in (2, 3):
+        out.fill_(7.0)
+        _forced(module, key, form, module["paragraph_vendor_linear"],
+                *(tvm_ffi.from_dlpack(t) for t in (out, a, w, values)), act, 2)
+        check(out[0, 0], values, f"{key} form {form}")
+    # the own batched product by identities: finite values (an infinity times 0 is NaN)
+    finite = values[values.isfinite()][:320].reshape(1, 2, 16, 10)
+    eye = torch.eye(16).expand(1, 2, 16, 16).contiguous()
+    out = torch.empty(1, 2, 16, 10)
+    key = f"bmm1{act}" + _shapes((2, 16, 16), (2, 16, 10))
+    out.fill_(7.0)
+    _forced(module, key, 1, module["paragraph_vendor_product"],
+            *(tvm_ffi.from_dlpack(t) for t in (out, eye, finite)), None, act, 1)
+    check(out, finite, f"{key} form 1")
+
+
+def test_an_unknown_activation_is_refused():
+    """An activation the kernels do not know is an error where a kernel is bound (or its name
+    read), not a kernel without it: the C++ convolution, linear layer and product say which
+    they know; a concat fuses relu alone."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.runtime.library import native
+
+    module = native.module()
+    if module is not None:
+        x, w, out = torch.randn(1, 3, 3, 8), torch.randn(4, 1, 1, 8), torch.empty(1, 3, 3, 4)
+        args = [tvm_ffi.from_dlpack(t) for t in (out, x, w)]
+        with pytest.raises(ValueError, match="no activation 'swish'.*relu, relu6, hardswish"):
+            module["paragraph_vendor_conv2d"](*args, None, None, [1, 1, 0, 0, 1, 1, 1], "NHWC",
+                                              "swish", 1)
+        a, m, out2 = torch.randn(2, 8), torch.randn(8, 4), torch.empty(2, 4)
+        args = [tvm_ffi.from_dlpack(t) for t in (out2, a, m)]
+        for kernel in ("paragraph_vendor_linear", "paragraph_vendor_product"):
+            with pytest.raises(ValueError, match="no activation 'swish'"):
+                module[kernel](*args, None, "swish", 1)
+        with pytest.raises(ValueError, match="relu alone"):
+            module["paragraph_vendor_concat"](tvm_ffi.from_dlpack(torch.empty(4, 4)),
+                                              [tvm_ffi.from_dlpack(a)] * 2, 0, "silu", 1)
+    for name in ("paragraph.vendor.matmul.swish", "paragraph.vendor.concat.a1.silu"):
+        with pytest.raises(ParagraphError):
+            ensure_registered(name)
+
+
+@pytest.mark.parametrize("act", EPILOGUES)
+def test_the_python_kernels_apply_every_activation(act):
+    """The Python vendor kernels (where the C++ ones are unavailable) apply every activation:
+    a 1x1 convolution with bias and residual (oneDNN's form, which fuses relu alone, and
+    MKL's, both timed), a 3x3 one, a linear layer (both forms) and a batched product."""
+    from paragraph.tvm_interop.runtime.library.torch_kernels import TRIALS
+
+    gen = torch.Generator().manual_seed(len(act))
+    activation = _act(act)
+
+    def tensor(*shape):
+        return tvm.runtime.tensor((torch.randn(*shape, generator=gen) * 2).numpy())
+
+    def nchw(t):
+        return torch.from_numpy(t.numpy()).permute(0, 3, 1, 2)
+
+    x, w1, w3, b, res = (tensor(1, 5, 5, 8), tensor(12, 1, 1, 8), tensor(12, 3, 3, 8),
+                         tensor(12), tensor(1, 5, 5, 12))
+    out = tvm.runtime.empty((1, 5, 5, 12), "float32")
+    conv1 = torch.nn.functional.conv2d(nchw(x), nchw(w1), torch.from_numpy(b.numpy()))
+    conv3 = torch.nn.functional.conv2d(nchw(x), nchw(w3), padding=1)
+    a, m, mb = tensor(3, 16), tensor(16, 8), tensor(8)
+    out2 = tvm.runtime.empty((3, 8), "float32")
+    p, q = tensor(2, 4, 6), tensor(2, 6, 5)
+    out3 = tvm.runtime.empty((2, 4, 5), "float32")
+    cases = [
+        (VendorOp("conv2d", "NHWC", bias=True, residual=True, act=act, weight="c0ffee"),
+         (x, w1, b, res, out), 2 * (TRIALS + 1), (conv1 + nchw(res)).permute(0, 2, 3, 1)),
+        (VendorOp("conv2d", "NHWC", padding=(1, 1), act=act, weight="c0ffee3"), (x, w3, out), 1,
+         conv3.permute(0, 2, 3, 1)),
+        (VendorOp("matmul", bias=True, act=act, weight="facade"), (a, m, mb, out2),
+         2 * (TRIALS + 1), torch.from_numpy(a.numpy() @ m.numpy() + mb.numpy())),
+        (VendorOp("bmm", act=act), (p, q, out3), 1,
+         torch.from_numpy(p.numpy() @ q.numpy()))]
+    for op, args, calls, pre in cases:
+        ensure_registered(op.name)
+        call = bind(op.name, args)
+        for _ in range(calls):
+            args[-1].copyfrom(np.full(args[-1].shape, 7.0, dtype="float32"))
+            call()
+            torch.testing.assert_close(torch.from_numpy(args[-1].numpy()), activation(pre),
+                                       rtol=1e-4, atol=1e-4, msg=lambda m, op=op: f"{op.name}: {m}")
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -265,10 +265,6 @@ class _Rewriter:
                     relax.const((6.0 * b - 3.0).astype(dtype))]
         return _vendor_call(replace(op, bias=True, act="hardsigmoid"), new_args, call.ty)
 
-    def absorb_sigmoid(self, call: relax.Call) -> relax.Expr | _Reshaped:
-        """``sigmoid(v)`` -> ``v`` with a sigmoid epilogue (a squeeze-excite gate)."""
-        return self._with_act(call.args[0], "sigmoid", call)
-
     def absorb_gate(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``v * sigmoid(v)`` -> ``silu`` (how exporters write SiLU / Swish); ``v *
         hardsigmoid(v)`` in any of TVM's forms -> ``hardswish``; ``v`` a vendor call read
@@ -668,7 +664,6 @@ def _rewrite_all(func: relax.Function, dtypes: tuple[str, ...]) -> relax.Functio
                                (("relax.add",), "absorb_residual", 2),
                                (act, "absorb_activation", 1),
                                (("relax.clip",), "absorb_clip", 3),
-                               (("relax.sigmoid",), "absorb_sigmoid", 1),
                                (("relax.multiply",), "absorb_gate", 2),
                                (("relax.multiply",), "absorb_erf_gelu", 2),
                                (("relax.multiply",), "absorb_tanh_gelu", 2)):

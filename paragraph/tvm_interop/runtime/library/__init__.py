@@ -33,6 +33,11 @@ Patterns (after `importers.prepare`, batch norm is a chain of per-channel consta
 * the erf form of GELU that PyTorch exports to ONNX, ``x * (1 + erf(x / sqrt 2)) * 0.5`` in any
   order of the products, after a vendor matmul: that matmul's exact ``gelu``.
 
+The kernels apply more activations than the pass fuses today: every convolution and product
+takes any of `names.EPILOGUES` (``relu``, ``relu6``, ``hardswish``, ``hardsigmoid``,
+``sigmoid``, ``silu``, ``gelu``, ``gelu_tanh``; the C++ kernels' own forms in their epilogue, in
+registers), a concat and an average pool ``relu`` alone.
+
 What a call needs beyond its tensors (strides, padding, fused ops, layout) is in the function
 name, e.g. ``paragraph.vendor.conv2d.NHWC.s2x2.p1x1.d1x1.g1.bias.relu``; `ensure_registered`
 turns any such name back into a kernel, so a compiled program can be loaded in a fresh process.

@@ -24,12 +24,17 @@ KINDS = ("conv2d", "matmul", "bmm", "concat", "softmax", "layer_norm", "max_pool
          "avg_pool2d")
 POOLS = ("max_pool2d", "avg_pool2d")
 CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW2NHWC")
-# the activations a vendor call can apply as its epilogue (`VendorOp.act`): relu6 is
-# min(max(x, 0), 6), hardsigmoid relu6(x + 3) / 6 and hardswish x times that (PyTorch's)
+# the activations a convolution's or product's kernel applies to its output (`VendorOp.act`,
+# the last part of its name; the C++ kernels' `Act`, the Python kernels' `_activation`):
+#   relu max(x, 0); relu6 min(max(x, 0), 6) (torch's F.relu6, ONNX's Clip(0, 6));
+#   hardswish x * relu6(x + 3) / 6; hardsigmoid relu6(x + 3) / 6 (ONNX's HardSigmoid with
+#   alpha 1/6, beta 1/2); sigmoid 1 / (1 + e^-x); silu x * sigmoid(x); gelu x * Phi(x);
+#   gelu_tanh 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); a NaN stays NaN.
+# A concat and an average pool fuse relu alone.
 EPILOGUES = ("relu", "relu6", "hardswish", "hardsigmoid", "sigmoid", "silu", "gelu", "gelu_tanh")
-# Relax operators that are one of them as they stand
+# Relax's activation operators -> the activation a vendor kernel applies in their place
 ACTIVATIONS = {"relax.nn.relu": "relu", "relax.nn.gelu": "gelu", "relax.nn.gelu_tanh": "gelu_tanh",
-               "relax.nn.silu": "silu"}
+               "relax.sigmoid": "sigmoid", "relax.nn.silu": "silu"}
 
 
 @dataclass(frozen=True)
@@ -139,6 +144,8 @@ class VendorOp:
             if op.kind in POOLS and not (op.kind == "avg_pool2d" and flag in ("bias", "relu")):
                 # an average pool takes an affine epilogue and a relu; no pool anything else
                 raise ParagraphError(f"unknown part {flag!r} in vendor kernel name {name!r}")
+            if op.kind == "concat" and flag in EPILOGUES and flag != "relu":
+                raise ParagraphError(f"a vendor concat fuses relu alone, not {flag!r}: {name!r}")
             if flag == "bias":
                 op = replace(op, bias=True)
             elif flag == "res":

@@ -18,7 +18,7 @@ import tvm_ffi
 from paragraph.errors import ParagraphError
 from paragraph.machine import cpu_count
 from paragraph.timing import clearly_faster
-from paragraph.tvm_interop.runtime.library.names import VendorOp
+from paragraph.tvm_interop.runtime.library.names import EPILOGUES, VendorOp
 from paragraph.tvm_interop.runtime.threads import configured_threads
 
 
@@ -130,6 +130,30 @@ def _zero_fill(t) -> Callable[[], object]:
     return partial(ctypes.memset, t.data_ptr(), 0, t.numel() * t.element_size())
 
 
+def _activation(torch, op: VendorOp) -> Callable[[object], object] | None:
+    """``op``'s activation (one of `names.EPILOGUES`) applied to a tensor in place, PyTorch's
+    (as the C++ kernels' `activate`); None where it has none. Raises `ParagraphError` for any
+    other name: a kernel that skipped it would return wrong values."""
+    functional = torch.nn.functional
+    gelu = torch._C._nn.gelu
+    acts: dict[str, Callable[[object], object]] = {
+        "relu": torch.relu_,
+        "relu6": partial(functional.relu6, inplace=True),
+        "hardswish": partial(functional.hardswish, inplace=True),
+        "hardsigmoid": partial(functional.hardsigmoid, inplace=True),
+        "sigmoid": torch.sigmoid_,
+        "silu": partial(functional.silu, inplace=True),
+        "gelu": lambda t: gelu(t, out=t),
+        "gelu_tanh": lambda t: gelu(t, approximate="tanh", out=t),
+    }
+    if op.act is None:
+        return None
+    if op.act not in acts:
+        raise ParagraphError(f"{op.name}: no activation {op.act!r} (the vendor kernels fuse "
+                             f"{', '.join(EPILOGUES)})")
+    return acts[op.act]
+
+
 TRIALS = 4  # timed calls per variant before `_Fastest` chooses (the first is discarded)
 
 
@@ -178,7 +202,8 @@ _CHOSEN: dict[tuple[tuple, int], int] = {}
 
 def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] | None:
     """A 1x1, stride-1, unpadded, ungrouped NHWC convolution as MKL's GEMM writing ``out``
-    in place, its bias, residual and relu after it; None where the shapes are not that."""
+    in place, its bias, residual and activation after it; None where the shapes are not
+    that."""
     if (op.layout != "NHWC" or w.shape[1:3] != (1, 1) or op.stride != (1, 1)
             or any(op.padding) or op.dilation != (1, 1) or op.groups != 1
             or not (x.is_contiguous() and out.is_contiguous())):
@@ -187,14 +212,15 @@ def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] |
     rows, out2 = x.view(-1, cin), out.view(-1, cout)
     weight = w.reshape(cout, cin).t()
     res2 = None if res is None else res.reshape(-1, cout)
+    act = _activation(torch, op)
 
     if res2 is not None and res2.data_ptr() == out2.data_ptr():  # the residual's buffer
         def accumulate() -> None:
             out2.addmm_(rows, weight)
             if bias is not None:
                 out2.add_(bias)
-            if op.act == "relu":
-                out2.relu_()
+            if act is not None:
+                act(out2)
         return accumulate
 
     def call() -> None:
@@ -204,8 +230,8 @@ def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] |
             torch.mm(rows, weight, out=out2)
         if res2 is not None:
             out2.add_(res2)
-        if op.act == "relu":
-            out2.relu_()
+        if act is not None:
+            act(out2)
     return call
 
 
@@ -223,6 +249,9 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
         pre_pad, padding = (left, right, top, bottom), [0, 0]
     in_place_add = torch.ops.mkldnn._convolution_pointwise_.binary
     conv2d = torch.nn.functional.conv2d
+    act = _activation(torch, op)
+    # oneDNN's in-place convolution fuses relu; another activation follows it
+    fused, after = ("relu", None) if op.act == "relu" else (None, act)
     packed: dict[tuple[int, ...], object] = {}  # (threads, *input shape) -> blocked weight
 
     def cpu_weight(w, x):
@@ -263,6 +292,8 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
                         torch.clamp_min(y, 0, out=out)
                     else:
                         out.copy_(y)
+                        if act is not None:
+                            act(out)
                 return
             xp = x if pre_pad is None else torch.nn.functional.pad(x, pre_pad)
             _use_schedule_threads(torch, threads)
@@ -274,7 +305,9 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
             else:
                 zero()
             in_place_add(out, xp, cpu_weight(w, xp), bias, padding, stride, dilation,
-                         op.groups, "add", None, op.act, [], None)
+                         op.groups, "add", None, fused, [], None)
+            if after is not None:
+                after(out)
 
         gemm = None if out.is_cuda else _gemm_1x1(
             torch, op, ts[0], ts[1], bias, None if res is None else ts[2 + op.bias], ts[-1])
@@ -288,15 +321,13 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
 
 def _matmul_kernel(op: VendorOp) -> Callable:
     torch = require_torch()
-    gelu = torch._C._nn.gelu
     in_place_add = torch.ops.mkldnn._convolution_pointwise_.binary
     packed: dict[tuple[int, int], object] = {}  # (threads, rows) -> blocked 1x1 conv weight
+    act = _activation(torch, op)
 
     def activate(out) -> None:
-        if op.act == "relu":
-            out.relu_()
-        elif op.act is not None:
-            gelu(out, approximate="tanh" if op.act == "gelu_tanh" else "none", out=out)
+        if act is not None:
+            act(out)
 
     def gemm(rows, b, bias, out2, zero) -> None:
         if bias is not None:
@@ -361,6 +392,8 @@ def _matmul_kernel(op: VendorOp) -> Callable:
 
 def _concat_kernel(op: VendorOp) -> Callable:
     torch = require_torch()
+    if op.act not in (None, "relu"):  # as the C++ concat: a join fuses relu alone
+        raise ParagraphError(f"{op.name}: a vendor concat fuses relu alone")
 
     def bind(*args, threads: int | None = None) -> Callable[[], None]:
         """The call on these tensors, with their torch views made once."""

@@ -2,9 +2,9 @@
 // PARAGRAPH_AVX512 on x86-64, where the own AVX-512 kernels are compiled), TVM's buffers as ATen
 // tensors (`to_aten`, `nchw`), an output zeroed before a kernel adds into it (`zero_for`), the
 // tensors the own kernels take (`plain_float`), the text of packing and choice keys (`ints`,
-// `shape_key`), a kernel's body as a TVM FFI function (`wrap`), the activation applied after a
-// library's call (`activate`), and the AVX-512 tail masks and NaN-keeping relu of the own kernels'
-// epilogues (`tail_mask`, `relu_keep_nan`).
+// `shape_key`), a kernel's body as a TVM FFI function (`wrap`), the AVX-512 tail masks
+// (`tail_mask`) and the NaN-keeping relu of the concat's and pools' epilogues (`relu_keep_nan`;
+// the convolutions' and products' activations are activations.h's).
 //
 // Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -107,14 +107,6 @@ ffi::Function wrap(std::function<void()> body) {
       TVM_FFI_THROW(RuntimeError) << e.what();
     }
   });
-}
-
-void activate(at::Tensor& o, const std::string& act) {
-  if (act == "relu") {
-    o.relu_();
-  } else if (act == "gelu" || act == "gelu_tanh") {
-    at::gelu_(o, act == "gelu" ? "none" : "tanh");
-  }
 }
 
 #ifdef PARAGRAPH_AVX512

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "common.h"
+#include "activations.h"
 #include "threads.h"
 #include "packing.h"
 #include "forms.h"
@@ -22,12 +23,13 @@ const c10::OperatorHandle& in_place_conv() {
   return op;
 }
 
-// out = act(conv(x, w) + bias + out), in place: out starts as zero or the residual
+// out = act(conv(x, w) + bias + out), in place: out starts as zero or the residual. oneDNN
+// fuses relu; any other activation is PyTorch's, after it, on out_buffer (out's storage)
 Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<at::Tensor> bias,
                  c10::optional<at::Tensor> res, std::vector<int64_t> padding,
                  std::vector<int64_t> stride, std::vector<int64_t> dilation, int64_t groups,
-                 std::vector<int64_t> pre_pad, std::string act, at::Tensor out_buffer) {
-  return [=]() {
+                 std::vector<int64_t> pre_pad, Act act, at::Tensor out_buffer) {
+  return [=]() mutable {
     at::Tensor xp = pre_pad.empty() ? x : at::constant_pad_nd(x, pre_pad);
     if (res) {
       // the memory plan may give the output the residual's buffer (written in place)
@@ -47,10 +49,11 @@ Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<
     stack.emplace_back(groups);
     stack.emplace_back(std::string("add"));
     stack.emplace_back(c10::IValue());
-    stack.emplace_back(act.empty() ? c10::IValue() : c10::IValue(act));
+    stack.emplace_back(act == Act::kRelu ? c10::IValue(std::string("relu")) : c10::IValue());
     stack.emplace_back(c10::List<c10::optional<at::Scalar>>());
     stack.emplace_back(c10::IValue());
     in_place_conv().callBoxed(&stack);
+    if (act != Act::kRelu) activate(out_buffer, act);
   };
 }
 
@@ -62,7 +65,7 @@ template <int MR, int NV>
 __attribute__((target("avx512f,fma"))) void conv_tile(
     const float* const* rows, const int64_t* taps, int64_t ntaps, int64_t kc,
     const float* __restrict__ b, float* c, int64_t ldc, int64_t ncols, const float* bias,
-    const float* res, int64_t ldr, bool relu, Prefetch pf) {
+    const float* res, int64_t ldr, Act act, Prefetch pf) {
   __m512 acc0[MR], acc1[MR];
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   prefetch_epilogue<MR, NV>(c, ldc, res, ldr);
@@ -71,11 +74,11 @@ __attribute__((target("avx512f,fma"))) void conv_tile(
     for (int r = 0; r < MR; ++r) at[r] = rows[r] + taps[t];
     accumulate<MR, NV>(at, kc, b, pf, ntaps * kc, acc0, acc1);
   }
-  store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
+  store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, act);
 }
 
 using ConvTileFn = void (*)(const float* const*, const int64_t*, int64_t, int64_t, const float*,
-                            float*, int64_t, int64_t, const float*, const float*, int64_t, bool,
+                            float*, int64_t, int64_t, const float*, const float*, int64_t, Act,
                             Prefetch);
 template <int NV, int... R>
 constexpr std::array<ConvTileFn, sizeof...(R)> conv_tiles(std::integer_sequence<int, R...>) {
@@ -100,7 +103,7 @@ struct ImplicitConv {
   int64_t n, hp, wp, cin, oh, ow, cout, sh, sw;
   int64_t kc;                 // inputs per tap: a kernel row's (kw * cin, contiguous) or cin
   std::vector<int64_t> taps;  // each tap's offset into x from a pixel's window origin
-  bool relu;
+  Act act;
 
   // tiles [t0, t1) of kMR output pixels (image-major, row-major) by panels [p0, p1)
   void range(int64_t t0, int64_t t1, int64_t p0, int64_t p1) const {
@@ -124,7 +127,7 @@ struct ImplicitConv {
       (ncols > 16 ? kConvTiles2 : kConvTiles1)[count - 1](
           rows, taps.data(), static_cast<int64_t>(taps.size()), kc, packed + p * k * kNR,
           out + q0 * cout + n0, cout, ncols, bias ? bias + n0 : nullptr,
-          res ? res + q0 * cout + n0 : nullptr, cout, relu, pf);
+          res ? res + q0 * cout + n0 : nullptr, cout, act, pf);
     };
     if (k * cout * 4 <= kWeightInL2) {
       for (int64_t q = t0; q < t1; ++q)
@@ -237,8 +240,8 @@ bool nchw_view(const at::Tensor& x) {
 c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
                              const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
                              c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
-                             std::array<int64_t, 4> pads, int64_t dh, int64_t dw,
-                             const std::string& act, int64_t threads) {
+                             std::array<int64_t, 4> pads, int64_t dh, int64_t dw, Act act,
+                             int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   if (!__builtin_cpu_supports("avx512f") || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
       !plain_float(out_buffer) || w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
@@ -257,22 +260,18 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
   ImplicitConv conv{nullptr, packed.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
                     res_buffer ? res_buffer->data_ptr<float>() : nullptr,
                     out_buffer.data_ptr<float>(), x_buffer.size(0), hp, wp, cin,
-                    out_buffer.size(1), out_buffer.size(2), cout, sh, sw, cin, {}, act == "relu"};
+                    out_buffer.size(1), out_buffer.size(2), cout, sh, sw, cin, {}, act};
   // undilated along the width, a kernel row's inputs lie side by side in NHWC, as its weights
   // in K: one tap per row (a stem's 3 input channels: 7 taps of 21, not 49 of 3)
   if (dw == 1) conv.kc = kw * cin;
   for (int64_t ky = 0; ky < kh; ++ky)
     for (int64_t kx = 0; kx < (dw == 1 ? 1 : kw); ++kx)
       conv.taps.push_back((ky * dh * wp + kx * dw) * cin);
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded, act,
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded,
                threads]() mutable {
     conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
                     : x_buffer.data_ptr<float>();
     conv(threads);
-    if (!act.empty() && act != "relu") {
-      at::Tensor o = out_buffer;
-      activate(o, act);
-    }
   });
 }
 #endif

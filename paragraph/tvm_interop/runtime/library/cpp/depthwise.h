@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common.h"
+#include "activations.h"
 #include "threads.h"
 #include "packing.h"
 #include "forms.h"
@@ -25,7 +26,7 @@ struct Depthwise {
   const float *x, *w, *bias, *res;  // w packed [kh][kw][c]; bias and res may be null
   float* out;
   int64_t n, h, wd, c, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw;
-  bool relu;
+  Act act;
 
   __attribute__((target("avx512f"))) void rows(int64_t r0, int64_t r1) const {
     const __m512 zero = _mm512_setzero_ps();
@@ -68,15 +69,18 @@ struct Depthwise {
         }
         for (; j < ow; ++j) finish(pixel(image, k, m, b, ih0, j), orow, rrow, j * c + k, m);
       }
+      if (!in_registers(act)) act_rows(orow, 1, 0, ow * c, act);  // the row, still in L1
     }
   }
 
-  // the epilogue of one channel vector of one pixel at ``at`` in the row: residual, relu, store
-  __attribute__((target("avx512f"))) void finish(__m512 acc, float* orow, const float* rrow,
-                                                 int64_t at, __mmask16 m) const {
+  // the epilogue of one channel vector of one pixel at ``at`` in the row: residual, a
+  // piecewise-linear activation (any other over the whole row after it: see `in_registers`),
+  // store
+  __attribute__((target("avx512f"), always_inline)) void finish(__m512 acc, float* orow,
+                                                                const float* rrow, int64_t at,
+                                                                __mmask16 m) const {
     if (rrow) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, rrow + at));
-    if (relu) acc = relu_keep_nan(acc);
-    _mm512_mask_storeu_ps(orow + at, m, acc);
+    _mm512_mask_storeu_ps(orow + at, m, apply_linear_act(acc, act));
   }
 
   // one output pixel's channel vector, every tap checked against the borders
@@ -107,14 +111,13 @@ struct Depthwise {
 c10::optional<Form> own_depthwise(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
                                   const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
                                   c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
-                                  int64_t pt, int64_t pl, int64_t dh, int64_t dw,
-                                  const std::string& act, int64_t threads) {
+                                  int64_t pt, int64_t pl, int64_t dh, int64_t dw, Act act,
+                                  int64_t threads) {
   const int64_t c = x_buffer.size(3);
   if (!__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
       w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != c ||
       w_buffer.size(3) != 1 || out_buffer.size(3) != c || out_buffer.size(0) != x_buffer.size(0) ||
-      (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)) ||
-      (!act.empty() && act != "relu"))
+      (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)))
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
   at::Tensor packed = shared_packed(w_buffer, "depthwise", [&]() {
@@ -124,7 +127,7 @@ c10::optional<Form> own_depthwise(const at::Tensor& out_buffer, const at::Tensor
                  bias ? bias->data_ptr<float>() : nullptr,
                  res_buffer ? res_buffer->data_ptr<float>() : nullptr, out_buffer.data_ptr<float>(),
                  x_buffer.size(0), x_buffer.size(1), x_buffer.size(2), c, out_buffer.size(1),
-                 out_buffer.size(2), kh, kw, sh, sw, pt, pl, dh, dw, act == "relu"};
+                 out_buffer.size(2), kh, kw, sh, sw, pt, pl, dh, dw, act};
   // the captured tensors hold the buffers and the packed weight alive as long as the form
   return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() {
     conv(threads);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "common.h"
+#include "activations.h"
 #include "threads.h"
 #include "packing.h"
 #include "forms.h"
@@ -19,7 +20,7 @@ namespace {
 // rows @ weight (+ bias) into out2, then the residual and the activation, in place (MKL);
 // where out2 is the residual's own buffer, the product is added to it (GEMM's beta = 1)
 Form gemm(at::Tensor out2, at::Tensor rows, at::Tensor weight, c10::optional<at::Tensor> bias,
-          c10::optional<at::Tensor> res2, std::string act) {
+          c10::optional<at::Tensor> res2, Act act) {
   if (res2 && res2->data_ptr() == out2.data_ptr()) {
     return [=]() {
       at::Tensor o = out2;
@@ -95,28 +96,26 @@ struct Prefetch {
 };
 
 // the epilogue of a tile: bias, residual (read before the store: res may be c itself, a
-// residual written in place), relu (max(0, v) keeps a NaN, as torch's relu), masked stores
+// residual written in place), a piecewise-linear activation, masked stores; then any other
+// activation over the rows stored (see `in_registers`). Always inlined: the accumulators stay
+// in registers
 template <int MR, int NV>
-__attribute__((target("avx512f"))) inline void store_tile(
+__attribute__((target("avx512f"), always_inline)) inline void store_tile(
     const __m512* acc0, const __m512* acc1, float* c, int64_t ldc, int64_t ncols,
-    const float* bias, const float* res, int64_t ldr, bool relu) {
+    const float* bias, const float* res, int64_t ldr, Act act) {
   const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(std::max<int64_t>(ncols - 16, 0));
   const __m512 bias0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
   const __m512 bias1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-  const __m512 zero = _mm512_setzero_ps();
   for (int r = 0; r < MR; ++r) {
     __m512 v0 = _mm512_add_ps(acc0[r], bias0), v1 = _mm512_add_ps(acc1[r], bias1);
     if (res) {
       v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res + r * ldr));
       v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + r * ldr + 16));
     }
-    if (relu) {
-      v0 = _mm512_max_ps(zero, v0);
-      v1 = _mm512_max_ps(zero, v1);
-    }
-    _mm512_mask_storeu_ps(c + r * ldc, m0, v0);
-    if (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, v1);
+    _mm512_mask_storeu_ps(c + r * ldc, m0, apply_linear_act(v0, act));
+    if (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, apply_linear_act(v1, act));
   }
+  if (!in_registers(act)) act_rows(c, MR, ldc, std::min<int64_t>(ncols, NV * 16), act);
 }
 
 // the lines a tile's epilogue will write (and the residual's it will read), requested before
@@ -179,7 +178,7 @@ __attribute__((target("avx512f,fma"), always_inline)) inline void accumulate(
 template <int MR, int NV>
 __attribute__((target("avx512f,fma"))) void gemm_tile(
     const float* __restrict__ a, int64_t lda, const float* __restrict__ b, int64_t k, float* c,
-    int64_t ldc, int64_t ncols, const float* bias, const float* res, int64_t ldr, bool relu,
+    int64_t ldc, int64_t ncols, const float* bias, const float* res, int64_t ldr, Act act,
     Prefetch pf, bool more, bool last) {
   __m512 acc0[MR], acc1[MR];
   const __mmask16 m0 = tail_mask(ncols), m1 = tail_mask(std::max<int64_t>(ncols - 16, 0));
@@ -191,7 +190,7 @@ __attribute__((target("avx512f,fma"))) void gemm_tile(
   for (int r = 0; r < MR; ++r) at[r] = a + r * lda;
   if (last) prefetch_epilogue<MR, NV>(c, ldc, res, ldr);
   accumulate<MR, NV>(at, k, b, pf, k, acc0, acc1);
-  if (last) return store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, relu);
+  if (last) return store_tile<MR, NV>(acc0, acc1, c, ldc, ncols, bias, res, ldr, act);
   for (int r = 0; r < MR; ++r) {
     _mm512_mask_storeu_ps(c + r * ldc, m0, acc0[r]);
     if (NV == 2) _mm512_mask_storeu_ps(c + r * ldc + 16, m1, acc1[r]);
@@ -199,7 +198,7 @@ __attribute__((target("avx512f,fma"))) void gemm_tile(
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
-                        const float*, const float*, int64_t, bool, Prefetch, bool, bool);
+                        const float*, const float*, int64_t, Act, Prefetch, bool, bool);
 template <int NV, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tiles(std::integer_sequence<int, R...>) {
   return {&gemm_tile<R + 1, NV>...};
@@ -211,7 +210,7 @@ struct PackedGemm {
   const float *a, *packed, *bias, *res;
   float* c;
   int64_t m, k, n;
-  bool relu;
+  Act act;
 
   // rows [m0, m1) by panels [p0, p1)
   void range(int64_t m0, int64_t m1, int64_t p0, int64_t p1) const {
@@ -220,7 +219,7 @@ struct PackedGemm {
       const int64_t n0 = p * kNR, ncols = std::min(kNR, n - n0), rows = std::min(kMR, m1 - r);
       (ncols > 16 ? kTiles2 : kTiles1)[rows - 1](
           a + r * k + k0, k, packed + (p * k + k0) * kNR, kc, c + r * n + n0, n, ncols,
-          bias ? bias + n0 : nullptr, res ? res + r * n + n0 : nullptr, n, relu, pf, k0 > 0,
+          bias ? bias + n0 : nullptr, res ? res + r * n + n0 : nullptr, n, act, pf, k0 > 0,
           k0 + kc == k);
     };
     if (k * n * 4 <= kWeightInL2) {
@@ -282,23 +281,17 @@ struct PackedGemm {
 // w[n * sn + k * sk]; None where the CPU or the tensors do not allow it
 c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tensor& w,
                                 int64_t sn, int64_t sk, c10::optional<at::Tensor> bias,
-                                c10::optional<at::Tensor> res2, std::string act,
-                                int64_t threads) {
+                                c10::optional<at::Tensor> res2, Act act, int64_t threads) {
   const int64_t m = rows.size(0), k = rows.size(1), n = out2.size(1);
   if (!__builtin_cpu_supports("avx512f") || !plain_float(rows) || !plain_float(out2) ||
       w.scalar_type() != at::kFloat || (bias && !plain_float(*bias)) ||
       (res2 && !plain_float(*res2)) || m == 0 || k == 0)
     return c10::nullopt;
   at::Tensor packed = shared_packed(w, "panels", [&]() { return pack_panels(w, n, k, sn, sk); });
-  const bool relu = act == "relu";
   return Form([=]() {
     PackedGemm{rows.data_ptr<float>(), packed.data_ptr<float>(),
                bias ? bias->data_ptr<float>() : nullptr, res2 ? res2->data_ptr<float>() : nullptr,
-               out2.data_ptr<float>(), m, k, n, relu}(threads);
-    if (!relu && !act.empty()) {
-      at::Tensor o = out2;
-      activate(o, act);
-    }
+               out2.data_ptr<float>(), m, k, n, act}(threads);
   });
 }
 #endif

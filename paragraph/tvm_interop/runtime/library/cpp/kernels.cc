@@ -18,6 +18,7 @@
 // Built by `runtime/library/native.py` with the system C++ compiler against PyTorch's and TVM
 // FFI's headers, this folder on the quoted include path; loaded with `tvm_ffi.load_module`.
 #include "common.h"
+#include "activations.h"
 #include "threads.h"
 #include "packing.h"
 #include "forms.h"
@@ -81,8 +82,9 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                                                 groups, input_size);
       });
   std::string a(act);
+  const Act fused = act_of(a);  // (an unknown name is an error here, at binding)
   Form onednn = onednn_conv(out, x, packed, bias, res, padding, stride, dilation, groups,
-                            pre_pad, a, out_buffer);
+                            pre_pad, fused, out_buffer);
   // the key of a timed choice among this convolution's forms of ``family``
   auto key = [&](const std::string& family) {
     return family + (nchw_in ? "c" : "") + std::to_string(threads) + a + ints(p) +
@@ -103,7 +105,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     // a regular convolution: oneDNN's and the own implicit GEMM, the faster by timing
     if (nhwc && groups == 1) {
       if (auto own = own_conv(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
-                              {pt, pl, pb, pr}, dilation[0], dilation[1], a, threads)) {
+                              {pt, pl, pb, pr}, dilation[0], dilation[1], fused, threads)) {
         std::vector<Form> forms{onednn, *own};
         // the streamed forms in small blocks after all the others (whose indices stay)
         if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1 && !nchw_in)
@@ -113,7 +115,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                               own_winograd<F2x7, 1>, own_winograd<F2x5, 2>,
                               own_winograd<F3x7, 1>})
               if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
-                                   {pt, pl, pb, pr}, a, threads, small_blocks))
+                                   {pt, pl, pb, pr}, fused, threads, small_blocks))
                 forms.push_back(*form);
         return fastest_of(forms, key("conv_kxk"), threads);
       }
@@ -123,7 +125,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                            groups == out_buffer.size(3) && w_buffer.size(3) == 1;
     if (depthwise) {
       if (auto own = own_depthwise(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
-                                   pt, pl, dilation[0], dilation[1], a, threads)) {
+                                   pt, pl, dilation[0], dilation[1], fused, threads)) {
         return fastest_of({onednn, *own}, key("depthwise"), threads);
       }
     }
@@ -137,11 +139,11 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   c10::optional<at::Tensor> res2;
   if (res_buffer) res2 = res_buffer->reshape({-1, cout});
   Form mkl = gemm(out_buffer.view({-1, cout}), x_buffer.view({-1, cin}),
-                  w_buffer.reshape({cout, cin}).t(), bias, res2, a);
+                  w_buffer.reshape({cout, cin}).t(), bias, res2, fused);
   std::vector<Form> forms{onednn, mkl};
 #ifdef PARAGRAPH_AVX512
   if (auto own = packed_gemm(out_buffer.view({-1, cout}), x_buffer.view({-1, cin}), w_buffer,
-                             cin, 1, bias, res2, a, threads))
+                             cin, 1, bias, res2, fused, threads))
     forms.push_back(*own);
 #endif
   return fastest_of(std::move(forms), key("conv2d"), threads);
@@ -157,6 +159,7 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   at::Tensor rows = a.reshape({-1, k}), out2 = out.view({-1, n});
   int64_t m = rows.size(0);
   std::string act_s(act);
+  const Act fused = act_of(act_s);
   use_threads(threads);
   // oneDNN's form: a 1x1 convolution over m pixels in NHWC, the weight packed once
   at::Tensor packed = shared_packed(w, "linear" + ints({m}), [&]() {
@@ -166,24 +169,18 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   });
   at::Tensor x4 = rows.view({1, m, 1, k}).permute({0, 3, 2, 1});
   at::Tensor out4 = out2.view({1, m, 1, n}).permute({0, 3, 2, 1});
-  std::string fused = act_s == "relu" ? "relu" : "";
-  Form conv = onednn_conv(out4, x4, packed, bias, c10::nullopt, {0, 0}, {1, 1}, {1, 1}, 1, {},
-                          fused, out2);
-  Form onednn = [conv, out2, act_s]() {
-    conv();
-    at::Tensor o = out2;
-    if (act_s != "relu") activate(o, act_s);  // oneDNN fused only relu
-  };
-  Form mkl = gemm(out2, rows, w, bias, c10::nullopt, act_s);
+  Form onednn = onednn_conv(out4, x4, packed, bias, c10::nullopt, {0, 0}, {1, 1}, {1, 1}, 1, {},
+                            fused, out2);
+  Form mkl = gemm(out2, rows, w, bias, c10::nullopt, fused);
   std::vector<Form> forms{onednn, mkl};
 #ifdef PARAGRAPH_AVX512
   // the own GEMM (an RNN's steps: the SRU's 1 x 1024 x 1024 products 1.5x faster end to end;
   // with the next panel prefetched, BERT's 64-row products too)
   if (w.is_contiguous()) {
-    if (auto own = packed_gemm(out2, rows, w, 1, n, bias, c10::nullopt, act_s, threads))
+    if (auto own = packed_gemm(out2, rows, w, 1, n, bias, c10::nullopt, fused, threads))
       forms.push_back(*own);
   }
-  if (auto own = own_gemv(out2, rows, w, bias, act_s, threads)) forms.push_back(*own);
+  if (auto own = own_gemv(out2, rows, w, bias, fused, threads)) forms.push_back(*own);
 #endif
   return fastest_of(std::move(forms),
                     "linear" + std::to_string(threads) + act_s + shape_key({rows, w}) +
@@ -200,9 +197,10 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   c10::optional<at::Tensor> bias;
   if (bias_t.has_value()) bias = to_aten(bias_t.value());
   std::string act_s(act);
+  const Act fused = act_of(act_s);
   if (b.dim() == 2) {
     Form mm = gemm(out.view({-1, b.size(1)}), a.reshape({-1, a.size(-1)}), b, bias,
-                   c10::nullopt, act_s);
+                   c10::nullopt, fused);
     return wrap([mm, threads]() {
       use_threads(threads);
       mm();
@@ -212,22 +210,15 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   at::Tensor a3 = a.reshape({-1, a.size(-2), a.size(-1)});
   at::Tensor b3 = b.reshape({-1, b.size(-2), b.size(-1)});
   at::Tensor o3 = out.view({-1, out.size(-2), out.size(-1)});
-  Form mkl = [a3, b3, o3, act_s, threads]() {
+  Form mkl = [a3, b3, o3, fused, threads]() {
     use_threads(threads);
     at::Tensor o = o3;
     at::bmm_out(o, a3, b3);
-    activate(o, act_s);
+    activate(o, fused);
   };
-  auto own = own_bmm(o3, a3, b3, threads);
+  auto own = own_bmm(o3, a3, b3, fused, threads);  // the activation in its tiles' stores
   if (!own) return wrap(mkl);
-  Form own_act = [form = *own, o3, act_s]() {
-    form();
-    if (!act_s.empty()) {
-      at::Tensor o = o3;
-      activate(o, act_s);
-    }
-  };
-  return fastest_of({mkl, own_act}, "bmm" + std::to_string(threads) + act_s + shape_key({a3, b3}),
+  return fastest_of({mkl, *own}, "bmm" + std::to_string(threads) + act_s + shape_key({a3, b3}),
                     threads);
 }
 
@@ -238,13 +229,20 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
   std::vector<at::Tensor> parts;
   for (const ffi::Tensor& t : parts_t) parts.push_back(to_aten(t));
   std::string act_s(act);
-  Form torch_cat = [out, parts, axis, act_s]() {
+  // a join fuses relu alone (its copy is all the work it does: an activation with an
+  // exponential would be a kernel's worth of its own)
+  const Act fused = act_of(act_s);
+  if (fused != Act::kNone && fused != Act::kRelu)
+    TVM_FFI_THROW(ValueError) << "paragraph's vendor concat fuses relu alone, not '" << act_s
+                              << "'";
+  const bool relu = fused == Act::kRelu;
+  Form torch_cat = [out, parts, axis, relu]() {
     at::Tensor o = out;
     at::cat_out(o, parts, axis);
-    activate(o, act_s);
+    if (relu) o.relu_();
   };
-  auto own = own_concat(out, parts, axis, act_s == "relu", threads);
-  if (!own || (!act_s.empty() && act_s != "relu")) {
+  auto own = own_concat(out, parts, axis, relu, threads);
+  if (!own) {
     return wrap([torch_cat, threads]() {
       use_threads(threads);
       torch_cat();
@@ -254,7 +252,7 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
   // and on the calling thread alone: in a model a join reads what its producers just wrote,
   // half of it in the other core's cache, and NASNet-A mobile's joins ran 1.5-3.5x slower
   // split over two threads than on one
-  if (threads > 1) forms.push_back(*own_concat(out, parts, axis, act_s == "relu", 1));
+  if (threads > 1) forms.push_back(*own_concat(out, parts, axis, relu, 1));
   return fastest_of(std::move(forms),
                     "concat" + std::to_string(threads) + act_s + std::to_string(axis) +
                         shape_key(parts) + shape_key({out}),

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common.h"
+#include "activations.h"
 #include "threads.h"
 #include "forms.h"
 
@@ -54,16 +55,17 @@ __attribute__((target("avx512f"))) void gemv_share(const float* a, const float* 
   }
 }
 
-// o += each of the parts (n floats each, one after another), then relu where asked
+// o = act(o + each of the parts (n floats each, one after another))
 __attribute__((target("avx512f"))) void gemv_finish(float* o, const float* parts, int64_t count,
-                                                    int64_t n, bool relu) {
+                                                    int64_t n, Act act) {
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = tail_mask(n - j);
     __m512 v = _mm512_maskz_loadu_ps(m, o + j);
     for (int64_t t = 0; t < count; ++t)
       v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, parts + t * n + j));
-    _mm512_mask_storeu_ps(o + j, m, relu ? relu_keep_nan(v) : v);
+    _mm512_mask_storeu_ps(o + j, m, apply_linear_act(v, act));
   }
+  if (!in_registers(act)) act_rows(o, 1, 0, n, act);  // (see `in_registers`)
 }
 
 // the own one-row product out = act(a @ w + bias) for a (1, K) row and a contiguous (K, N)
@@ -71,11 +73,10 @@ __attribute__((target("avx512f"))) void gemv_finish(float* o, const float* parts
 // back (`gemv_share`) rather than in the GEMM's panels; on two threads each streams its half of
 // the rows of w into its own sums, added at the end
 c10::optional<Form> own_gemv(const at::Tensor& out2, const at::Tensor& rows, const at::Tensor& w,
-                             const c10::optional<at::Tensor>& bias, const std::string& act,
-                             int64_t threads) {
+                             const c10::optional<at::Tensor>& bias, Act act, int64_t threads) {
   if (!__builtin_cpu_supports("avx512f") || rows.size(0) != 1 || !plain_float(w) ||
       !rows.is_contiguous() || rows.scalar_type() != at::kFloat || !plain_float(out2) ||
-      (bias && !plain_float(*bias)) || (act != "" && act != "relu"))
+      (bias && !plain_float(*bias)))
     return c10::nullopt;
   const int64_t k = w.size(0), n = w.size(1);
   auto scratch = std::make_shared<std::vector<float>>(n * std::max<int64_t>(threads - 1, 0));
@@ -98,19 +99,19 @@ c10::optional<Form> own_gemv(const at::Tensor& out2, const at::Tensor& rows, con
       gemv_share(a, wp, n, std::min(k, groups * t / nt * 4), std::min(k, groups * (t + 1) / nt * 4),
                  acc);
     });
-    gemv_finish(o, scratch->data(), used - 1, n, act == "relu");
+    gemv_finish(o, scratch->data(), used - 1, n, act);
   });
 }
 #endif
 
 #ifdef PARAGRAPH_AVX512
-// R rows x 32 columns (j, masks m0 and m1) of one product C = A @ B of row-major float32
+// R rows x 32 columns (j, masks m0 and m1) of one product C = act(A @ B) of row-major float32
 // matrices, all of K accumulated in 2R registers: a broadcast of A's element and two loads of
 // B's row per step, no packing (B's rows are read where they lie)
 template <int R>
 __attribute__((target("avx512f"))) void bmm_tile(const float* a, const float* b, float* c,
                                                  int64_t k_len, int64_t n, int64_t j,
-                                                 __mmask16 m0, __mmask16 m1) {
+                                                 __mmask16 m0, __mmask16 m1, Act act) {
   __m512 acc[R][2];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -126,21 +127,24 @@ __attribute__((target("avx512f"))) void bmm_tile(const float* a, const float* b,
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(c + r * n + j, m0, acc[r][0]);
-    _mm512_mask_storeu_ps(c + r * n + j + 16, m1, acc[r][1]);
+    _mm512_mask_storeu_ps(c + r * n + j, m0, apply_linear_act(acc[r][0], act));
+    _mm512_mask_storeu_ps(c + r * n + j + 16, m1, apply_linear_act(acc[r][1], act));
   }
+  if (!in_registers(act)) act_rows(c + j, R, n, std::min<int64_t>(32, n - j), act);
 }
 
 // ``rows`` rows (at most 12; a, c at the first) of one product, all columns, by the widest
 // tiles that fit
 __attribute__((target("avx512f"))) void bmm_rows(const float* a, const float* b, float* c,
-                                                 int64_t rows, int64_t k_len, int64_t n) {
+                                                 int64_t rows, int64_t k_len, int64_t n, Act act) {
   for (int64_t j = 0; j < n; j += 32) {
     const __mmask16 m0 = tail_mask(n - j), m1 = n - j > 16 ? tail_mask(n - j - 16) : 0;
     int64_t i = 0;
-    for (; i + 12 <= rows; i += 12) bmm_tile<12>(a + i * k_len, b, c + i * n, k_len, n, j, m0, m1);
-    for (; i + 4 <= rows; i += 4) bmm_tile<4>(a + i * k_len, b, c + i * n, k_len, n, j, m0, m1);
-    for (; i < rows; ++i) bmm_tile<1>(a + i * k_len, b, c + i * n, k_len, n, j, m0, m1);
+    for (; i + 12 <= rows; i += 12)
+      bmm_tile<12>(a + i * k_len, b, c + i * n, k_len, n, j, m0, m1, act);
+    for (; i + 4 <= rows; i += 4)
+      bmm_tile<4>(a + i * k_len, b, c + i * n, k_len, n, j, m0, m1, act);
+    for (; i < rows; ++i) bmm_tile<1>(a + i * k_len, b, c + i * n, k_len, n, j, m0, m1, act);
   }
 }
 #endif
@@ -148,13 +152,15 @@ __attribute__((target("avx512f"))) void bmm_rows(const float* a, const float* b,
 // paragraph's own batched product of small matrices (attention's scores and context): MKL's
 // batched GEMM took 24 us for four heads of 64 x 64 x 64 (a small encoder's, one thread),
 // ONNX Runtime 12-13; here each 12-row block of each product is one task, the tasks split
-// over the threads. None where a tensor is not contiguous float32 or the CPU lacks AVX-512.
-c10::optional<Form> own_bmm(at::Tensor o3, at::Tensor a3, at::Tensor b3, int64_t threads) {
+// over the threads, the activation applied as each tile is stored. None where a tensor is not
+// contiguous float32 or the CPU lacks AVX-512.
+c10::optional<Form> own_bmm(at::Tensor o3, at::Tensor a3, at::Tensor b3, Act act,
+                            int64_t threads) {
 #ifdef PARAGRAPH_AVX512
   if (!__builtin_cpu_supports("avx512f") || !plain_float(o3) || !plain_float(a3) ||
       !plain_float(b3) || o3.numel() == 0 || a3.size(2) == 0)
     return c10::nullopt;
-  return Form([o3, a3, b3, threads]() {
+  return Form([o3, a3, b3, act, threads]() {
     const int64_t batch = a3.size(0), m = a3.size(1), k_len = a3.size(2), n = b3.size(2);
     const int64_t blocks = (m + 11) / 12, tasks = batch * blocks;
     const float *a = a3.data_ptr<float>(), *b = b3.data_ptr<float>();
@@ -165,7 +171,7 @@ c10::optional<Form> own_bmm(at::Tensor o3, at::Tensor a3, at::Tensor b3, int64_t
       for (int64_t task = tasks * t / count; task < tasks * (t + 1) / count; ++task) {
         const int64_t q = task / blocks, i = task % blocks * 12;
         bmm_rows(a + (q * m + i) * k_len, b + q * k_len * n, c + (q * m + i) * n,
-                 std::min<int64_t>(12, m - i), k_len, n);
+                 std::min<int64_t>(12, m - i), k_len, n, act);
       }
     });
   });

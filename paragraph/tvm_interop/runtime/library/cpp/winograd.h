@@ -9,6 +9,7 @@
 #pragma once
 
 #include "common.h"
+#include "activations.h"
 #include "threads.h"
 #include "packing.h"
 #include "forms.h"
@@ -220,7 +221,8 @@ struct Winograd {
   const float *x, *u, *bias, *res;  // x: the input, unpadded
   float* out;
   int64_t n, h, wd, pt, pl, cin, oh, ow, cout, th, tw, block;  // th, tw: tiles down and across
-  bool relu, streamed;  // streamed: U does not stay in L2 (see `range`)
+  Act act;
+  bool streamed;  // streamed: U does not stay in L2 (see `range`)
   bool down;            // D = 1: tiles along a column (an r x 1 kernel)
 
   // tile t's image, tile row and column
@@ -277,8 +279,9 @@ struct Winograd {
   }
 
   // output channels [c0, c1) of tiles [t0, t0 + count) from their products (M[xi] at
-  // mm + xi * ld, [count][cout]): A^T m A, then bias, residual and relu; outputs past the
-  // image's edge are not written
+  // mm + xi * ld, [count][cout]): A^T m A, then bias, residual and a piecewise-linear
+  // activation (any other over each pixel's channels after them: see `in_registers`); outputs
+  // past the image's edge are not written
   __attribute__((target("avx512f,fma"))) void transform_output(int64_t t0, int64_t count,
                                                                const float* mm, int64_t ld,
                                                                int64_t c0, int64_t c1) const {
@@ -302,8 +305,7 @@ struct Winograd {
             const int64_t o = at + e * step + c;
             __m512 val = _mm512_add_ps(y[e], bv);
             if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(mask, res + o));
-            if (relu) val = relu_keep_nan(val);
-            _mm512_mask_storeu_ps(out + o, mask, val);
+            _mm512_mask_storeu_ps(out + o, mask, apply_linear_act(val, act));
           }
         } else {
           __m512 r[kA][kM];  // r[j][q]: A^T p's row q, column j
@@ -322,12 +324,14 @@ struct Winograd {
               const int64_t o = at + (q * ow + e) * cout + c;
               __m512 val = _mm512_add_ps(y[e], bv);
               if (res) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(mask, res + o));
-              if (relu) val = relu_keep_nan(val);
-              _mm512_mask_storeu_ps(out + o, mask, val);
+              _mm512_mask_storeu_ps(out + o, mask, apply_linear_act(val, act));
             }
           }
         }
       }
+      if (!in_registers(act))  // (a tile's rows x cols pixels, the one-dimensional ones too)
+        for (int64_t q = 0; q < rows; ++q)
+          act_rows(out + at + q * ow * cout + c0, cols, cout, c1 - c0, act);
     }
   }
 
@@ -355,7 +359,7 @@ struct Winograd {
           const int64_t ncols = std::min(kNR, cout - p * kNR);
           (ncols > 16 ? kTiles2 : kTiles1)[rows - 1](
               vx + r * cin, cin, u + (xi * panels + p) * cin * kNR, cin, mx + r * cout + p * kNR,
-              cout, ncols, nullptr, nullptr, 0, false, pf, false, true);
+              cout, ncols, nullptr, nullptr, 0, Act::kNone, pf, false, true);
         };
         if (!streamed) {  // U stays in L2: each row tile of V once, by every panel
           for (int64_t j = 0; j < row_tiles; ++j)
@@ -457,8 +461,8 @@ template <typename F, int D>
 c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
                                  const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
                                  c10::optional<at::Tensor> res_buffer,
-                                 std::array<int64_t, 4> pads, const std::string& act,
-                                 int64_t threads, bool small_blocks = false) {
+                                 std::array<int64_t, 4> pads, Act act, int64_t threads,
+                                 bool small_blocks = false) {
   constexpr int64_t kM = F::m, kR = F::r;
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   const int64_t oh = out_buffer.size(1), ow = out_buffer.size(2);
@@ -494,13 +498,9 @@ c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor&
                       res_buffer ? res_buffer->data_ptr<float>() : nullptr,
                       out_buffer.data_ptr<float>(), x_buffer.size(0), x_buffer.size(1),
                       x_buffer.size(2), pads[0], pads[1], cin, oh, ow, cout, th, tw, block,
-                      act == "relu", streamed, down};
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() {
+                      act, streamed, down};
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() {
     conv(threads);
-    if (!act.empty() && act != "relu") {
-      at::Tensor o = out_buffer;
-      activate(o, act);
-    }
   });
 }
 #endif
