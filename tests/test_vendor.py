@@ -2288,3 +2288,48 @@ def test_one_stream_keeps_its_capped_kernels_only_where_whole_runs_are_faster(tm
         assert again.kernel_threads == ({k: 1} if caps_win else {})
     assert planner._one_stream(plan, session, 2, caps=True).kernel_threads == {k: 1}
     assert planner._one_stream(plan, session, 2, caps=False).kernel_threads == {}
+
+
+_ISA_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, "tests")
+    import paragraph, os
+    from test_vendor import EPILOGUE_CASES, vm_outputs
+    from paragraph.tvm_interop import random_inputs
+    from paragraph.tvm_interop.build.program import build_program
+    from paragraph.tvm_interop.runtime.target import local_cpu_target
+    from paragraph.passes.schedule import make_schedule
+    from paragraph.tvm_interop.runtime.executor import make_executor
+    mod, _ = EPILOGUE_CASES["conv_relu6"]
+    inputs = random_inputs(mod, seed=1)
+    program = build_program(mod, local_cpu_target(), kernels="vendor")
+    executor = make_executor(program, make_schedule("sequential", program.graph, cores=1))
+    for _ in range(30):  # past the forms' timing: the faster form is chosen
+        got = executor.run(*inputs)[0]
+    executor.close()
+    want = vm_outputs(build_program(mod, "llvm"), inputs)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    from paragraph.tvm_interop.runtime.library import native
+    keys = [str(k) for k in native.module()["paragraph_vendor_chosen_forms"]()]
+    print(local_cpu_target().mcpu, os.environ.get("ONEDNN_MAX_CPU_ISA"),
+          any(k.startswith("conv_kxk") for k in keys))
+""")
+
+
+def test_the_avx2_switch_runs_without_the_own_avx512_kernels(tmp_path):
+    """``PARAGRAPH_CPU_ISA=avx2``: the 3x3 convolution offers only oneDNN's form (held to AVX2:
+    no own form timed, where natively the own implicit GEMM is timed against it, as the
+    forced-form tests show) and TVM compiles for a Haswell; the outputs stay equal to TVM's."""
+    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(tmp_path)}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    run = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-3:] == ["haswell", "AVX2", "False"]
+
+
+def test_an_unknown_isa_is_refused(monkeypatch):
+    from paragraph.machine import forced_isa
+    monkeypatch.setenv("PARAGRAPH_CPU_ISA", "sse2")
+    with pytest.raises(ParagraphError, match="choose one of native, avx2"):
+        forced_isa()

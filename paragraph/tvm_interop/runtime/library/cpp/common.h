@@ -37,7 +37,9 @@
 #include <algorithm>
 #include <array>
 #include <utility>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -51,6 +53,19 @@
 namespace ffi = tvm::ffi;
 
 namespace {
+
+// whether paragraph's own AVX-512 kernels may run: the CPU has AVX-512F and PARAGRAPH_CPU_ISA
+// does not hold paragraph to AVX2 (`paragraph.machine.forced_isa`, which checks its value),
+// read once; every own form asks this before it offers itself
+inline bool own_avx512() {
+  static const bool ok = [] {
+    const char* isa = std::getenv("PARAGRAPH_CPU_ISA");
+    std::string value = isa ? isa : "";
+    for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return __builtin_cpu_supports("avx512f") && value != "avx2";
+  }();
+  return ok;
+}
 
 at::Tensor to_aten(const ffi::Tensor& t) {
   // a torch view of TVM's buffer: the DLPack capsule keeps the TVM tensor alive

@@ -91,7 +91,7 @@ c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, in
   parts.push_back(out);
   auto held = std::make_shared<const std::vector<at::Tensor>>(std::move(parts));
 #ifdef PARAGRAPH_AVX512
-  if (out.scalar_type() == at::kFloat && __builtin_cpu_supports("avx512f")) {
+  if (out.scalar_type() == at::kFloat && own_avx512()) {
     std::vector<const float*> fparts;
     std::vector<int64_t> counts;
     for (const auto& [data, bytes] : src) {

@@ -243,7 +243,7 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
                              std::array<int64_t, 4> pads, int64_t dh, int64_t dw, Act act,
                              int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
-  if (!__builtin_cpu_supports("avx512f") || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
+  if (!own_avx512() || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
       !plain_float(out_buffer) || w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
       w_buffer.size(0) != cout || w_buffer.size(3) != cin ||
       out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||

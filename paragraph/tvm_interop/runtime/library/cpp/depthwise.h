@@ -114,7 +114,7 @@ c10::optional<Form> own_depthwise(const at::Tensor& out_buffer, const at::Tensor
                                   int64_t pt, int64_t pl, int64_t dh, int64_t dw, Act act,
                                   int64_t threads) {
   const int64_t c = x_buffer.size(3);
-  if (!__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
+  if (!own_avx512() || !plain_float(x_buffer) || !plain_float(out_buffer) ||
       w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != c ||
       w_buffer.size(3) != 1 || out_buffer.size(3) != c || out_buffer.size(0) != x_buffer.size(0) ||
       (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)))

@@ -283,7 +283,7 @@ c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tens
                                 int64_t sn, int64_t sk, c10::optional<at::Tensor> bias,
                                 c10::optional<at::Tensor> res2, Act act, int64_t threads) {
   const int64_t m = rows.size(0), k = rows.size(1), n = out2.size(1);
-  if (!__builtin_cpu_supports("avx512f") || !plain_float(rows) || !plain_float(out2) ||
+  if (!own_avx512() || !plain_float(rows) || !plain_float(out2) ||
       w.scalar_type() != at::kFloat || (bias && !plain_float(*bias)) ||
       (res2 && !plain_float(*res2)) || m == 0 || k == 0)
     return c10::nullopt;

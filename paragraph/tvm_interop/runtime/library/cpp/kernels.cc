@@ -288,7 +288,7 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
     if (relu) o.relu_();
   };
 #ifdef PARAGRAPH_AVX512
-  const bool own_ok = __builtin_cpu_supports("avx512f") && plain_float(x_buffer) &&
+  const bool own_ok = own_avx512() && plain_float(x_buffer) &&
                       plain_float(out_buffer) && x_buffer.size(0) == out_buffer.size(0) &&
                       x_buffer.size(3) == out_buffer.size(3) &&
                       (!scale.defined() || (plain_float(scale) && plain_float(shift)));
@@ -343,7 +343,7 @@ ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double s
   };
 #ifdef PARAGRAPH_AVX512
   const int64_t last = x.dim() - 1;
-  if (__builtin_cpu_supports("avx512f") && x.dim() >= 1 && (axis == last || axis == -1) &&
+  if (own_avx512() && x.dim() >= 1 && (axis == last || axis == -1) &&
       x.size(last) > 0 && plain_float(x) && plain_float(out) && out.sizes() == x.sizes()) {
     const int64_t n = x.size(last), rows = x.numel() / n;
     // the views hold TVM's buffers alive as long as the form
@@ -393,7 +393,7 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
   };
 #ifdef PARAGRAPH_AVX512
   const bool fused_ok =
-      __builtin_cpu_supports("avx512f") && x.dim() >= 1 && x.size(-1) > 0 && plain_float(x) &&
+      own_avx512() && x.dim() >= 1 && x.size(-1) > 0 && plain_float(x) &&
       plain_float(out) && plain_float(gamma) && plain_float(beta) && out.sizes() == x.sizes() &&
       gamma.numel() == x.size(-1) && beta.numel() == x.size(-1) &&
       (!res || (plain_float(*res) && res->sizes() == x.sizes()));

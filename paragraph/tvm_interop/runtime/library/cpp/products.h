@@ -74,7 +74,7 @@ __attribute__((target("avx512f"))) void gemv_finish(float* o, const float* parts
 // the rows of w into its own sums, added at the end
 c10::optional<Form> own_gemv(const at::Tensor& out2, const at::Tensor& rows, const at::Tensor& w,
                              const c10::optional<at::Tensor>& bias, Act act, int64_t threads) {
-  if (!__builtin_cpu_supports("avx512f") || rows.size(0) != 1 || !plain_float(w) ||
+  if (!own_avx512() || rows.size(0) != 1 || !plain_float(w) ||
       !rows.is_contiguous() || rows.scalar_type() != at::kFloat || !plain_float(out2) ||
       (bias && !plain_float(*bias)))
     return c10::nullopt;
@@ -157,7 +157,7 @@ __attribute__((target("avx512f"))) void bmm_rows(const float* a, const float* b,
 c10::optional<Form> own_bmm(at::Tensor o3, at::Tensor a3, at::Tensor b3, Act act,
                             int64_t threads) {
 #ifdef PARAGRAPH_AVX512
-  if (!__builtin_cpu_supports("avx512f") || !plain_float(o3) || !plain_float(a3) ||
+  if (!own_avx512() || !plain_float(o3) || !plain_float(a3) ||
       !plain_float(b3) || o3.numel() == 0 || a3.size(2) == 0)
     return c10::nullopt;
   return Form([o3, a3, b3, act, threads]() {

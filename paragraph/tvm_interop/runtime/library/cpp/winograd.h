@@ -470,7 +470,7 @@ c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor&
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
   const bool down = D == 1 && kh == kR && kw == 1;  // r x 1: tiles along a column
   if (!(D == 2 ? kh == kR && kw == kR : down || (kh == 1 && kw == kR)) ||
-      !__builtin_cpu_supports("avx512f") || !plain_float(x_buffer) || !plain_float(out_buffer) ||
+      !own_avx512() || !plain_float(x_buffer) || !plain_float(out_buffer) ||
       w_buffer.scalar_type() != at::kFloat || w_buffer.size(0) != cout ||
       w_buffer.size(3) != cin || out_buffer.size(0) != x_buffer.size(0) ||
       (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)) ||
