@@ -11,6 +11,7 @@ import time
 from importlib import metadata
 from typing import Any
 
+from paragraph.errors import ParagraphError
 from paragraph.progress import Log
 from paragraph.version import __version__
 
@@ -30,8 +31,6 @@ def forced_isa() -> str:
     "avx2" (`ISA_VARIABLE`). Anything else raises `ParagraphError` naming the choices."""
     value = os.environ.get(ISA_VARIABLE, "").strip().lower() or "native"
     if value not in ISAS:
-        from paragraph.errors import ParagraphError
-
         raise ParagraphError(f"{ISA_VARIABLE}={value!r}: choose one of {', '.join(ISAS)}")
     return value
 

@@ -382,6 +382,21 @@ def test_a_pool_epilogue_has_a_tvm_form():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", ["conv_relu6", "conv1x1_hardswish", "depthwise5x5_silu",
+                                  "squeeze_excite", "linear_tanh_gelu"])
+def test_every_epilogue_has_a_tvm_form(case):
+    """`--kernels auto` weighs each vendor call against its TVM form: every activation comes
+    back as Relax operators that compute the same."""
+    mod, _ = EPILOGUE_CASES[case]
+    back = undispatch(dispatch_to_vendor(mod, local_cpu_target()), lambda call: False)
+    assert vendor_names(back) == []
+    inputs = random_inputs(mod, seed=7)
+    want = vm_outputs(build_program(mod, "llvm"), inputs)
+    got = vm_outputs(build_program(back, "llvm"), inputs)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_nchw_layout_and_what_is_not_dispatched():
     mod, _ = CONVS["conv_bn_relu"]
     nchw = dispatch_to_vendor(mod, local_cpu_target(), layout="NCHW")

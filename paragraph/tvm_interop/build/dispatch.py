@@ -958,7 +958,8 @@ def to_relax_ops(call: relax.Call) -> relax.Expr:
         y = relax.op.matmul(args[0], args[1])
         if op.bias:
             y = relax.op.add(y, args[2])
-    return _activated(y, op.act, _dtype(call)) if op.act else y
+    # the output's dtype is its input's (a dispatched call's may not be normalised yet)
+    return _activated(y, op.act, _dtype(args[0])) if op.act else y
 
 
 def _activated(y: relax.Expr, act: str, dtype: str) -> relax.Expr:
