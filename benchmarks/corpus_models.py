@@ -101,6 +101,8 @@ class _Logits:
 def _hf(config_name: str, model_name: str, seq: int = 128, **config) -> Callable:
     def make():
         import torch
+
+        _torchvision()  # transformers imports torchvision where it is installed
         import transformers
 
         cfg = getattr(transformers, config_name)(**config)
