@@ -751,3 +751,48 @@ def test_onnx_converters_are_installed_only_while_importing(onnx, tmp_path):
         t.join()
     assert len(results) == 3 and all(op_names(m) == {"relax.clip"} for m in results)
     assert onnx_frontend._get_convert_map is original
+
+
+def test_onnx_cumsum_position_ids(torch, onnx, tmp_path):
+    """RoBERTa's position ids: a running count of the non-padding tokens (CumSum), for which
+    TVM 0.27's LegalizeOps has no rule: paragraph legalizes it (`lowering.EXTRA_LEGALIZE`)."""
+    nn = torch.nn
+
+    class Positions(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(20, 4)
+
+        def forward(self, ids):
+            mask = ids.ne(1).int()
+            positions = torch.cumsum(mask, dim=1).type_as(mask) * mask + 1
+            return self.embed(positions)
+
+    ids = torch.zeros(1, 6, dtype=torch.int64)
+    path = export_corpus_style(torch, Positions(), (ids,), tmp_path / "pos.onnx", ["ids"])
+    assert "CumSum" in onnx_ops(onnx, path)
+    tokens = np.array([[3, 1, 5, 7, 1, 2]], "int64")
+    assert_builds_like_onnxruntime(path, tokens)
+
+
+def test_onnx_weights_written_once_per_use_become_one_weight(onnx, tmp_path):
+    """An exporter that writes a shared weight once per use (an unrolled recurrence): the
+    copies are one constant after import, one weight node of the graph, one buffer."""
+    helper, numpy_helper = onnx.helper, onnx.numpy_helper
+    w = np.random.default_rng(3).standard_normal((16, 16)).astype("float32") * 0.3
+    nodes, inits, prev = [], [], "x"
+    for step in range(4):  # h = tanh(h @ W): the same W, a copy per step
+        inits.append(numpy_helper.from_array(w.copy(), f"w{step}"))
+        nodes += [helper.make_node("MatMul", [prev, f"w{step}"], [f"m{step}"]),
+                  helper.make_node("Tanh", [f"m{step}"], [f"h{step}"])]
+        prev = f"h{step}"
+    info = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "unrolled", [info("x", onnx.TensorProto.FLOAT, [2, 16])],
+                              [info(prev, onnx.TensorProto.FLOAT, [2, 16])], initializer=inits)
+    path = tmp_path / "unrolled.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), str(path))  # one ONNX Runtime reads
+    weights = [n for n in from_relax(load(path)).nodes if n.kind == "weight"]
+    assert len(weights) == 1
+    assert_builds_like_onnxruntime(path, np.random.default_rng(4).standard_normal(
+        (2, 16)).astype("float32"))

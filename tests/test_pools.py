@@ -85,3 +85,20 @@ def test_pools_that_cannot_be_moved_leave_the_plan(inception, tmp_path, monkeypa
                              Session(db=CostDB(tmp_path / "c.sqlite"), cores=2), split=False)
     assert plan.report.critical_path is not None
     assert plan.program is inception and plan.report.critical_path.pools is None
+
+
+def test_pools_moved_whose_outputs_differ_are_dropped_and_the_build_goes_on(
+        inception, tmp_path, monkeypatch):
+    """A rewrite whose outputs differ from the model's beyond the tolerance (a tolerance of 0
+    here: any rounding is too much) is dropped with a message; the plan keeps the model's own
+    kernels instead of failing the build (public Inception-v3 and -v4 failed their builds so)."""
+    import paragraph.tvm_interop.meter.runs as runs
+
+    monkeypatch.setattr(runs, "tolerance", lambda program: 0.0)
+    logged: list[str] = []
+    with pytest.warns(RuntimeWarning, match="pools moved was dropped.*does not compute"):
+        plan = plan_schedule("critical-path", inception,
+                             Session(db=CostDB(tmp_path / "c.sqlite"), cores=2,
+                                     log=logged.append), split=False)
+    assert plan.program is inception
+    assert any("was dropped" in line for line in logged)

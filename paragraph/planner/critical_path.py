@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 
+from paragraph.errors import ParagraphError
 from paragraph.graph import Graph
 from paragraph.passes.pools import pools_after_convs
 from paragraph.passes.schedule import critical_path
@@ -66,8 +67,12 @@ def plan_critical_path(program: KernelProgram, session: Session, split: bool = T
         return plain
     other = measured_critical_path(rebuilt, session, streams)
     session.log("  critical-path: checking the split program's outputs, timing both ...")
-    unsplit_s, split_s = session.meter.runs([(program, plain.schedule),
-                                             (rebuilt, other.schedule)], check=True)
+    try:
+        unsplit_s, split_s = session.meter.runs([(program, plain.schedule),
+                                                 (rebuilt, other.schedule)], check=True)
+    except ParagraphError as exc:  # outputs differ: the rewrite is dropped, the build goes on
+        _dropped("split", exc, session)
+        return plain
     keep = clearly_faster(split_s, unsplit_s)
     session.log(f"  critical-path end to end: {unsplit_s * 1e3:.2f} ms, split "
                 f"{split_s * 1e3:.2f} ms: keeping the {'split' if keep else 'unsplit'} program")
@@ -77,6 +82,13 @@ def plan_critical_path(program: KernelProgram, session: Session, split: bool = T
                      split=RewriteChoice(_split_rewrites(rebuilt) if keep else (),
                                          unsplit_s * 1e3, split_s * 1e3))
     return Plan(chosen.program, chosen.schedule, PlanReport(critical_path=report))
+
+
+def _dropped(what: str, exc: ParagraphError, session: Session) -> None:
+    """Say that an optional rewrite was dropped because its outputs differ from the model's."""
+    message = f"critical-path: the program with {what} was dropped: {exc}"
+    session.log("  " + message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _split_rewrites(program: KernelProgram) -> tuple[str, ...]:
@@ -105,8 +117,12 @@ def with_pools_moved(plan: Plan, session: Session) -> Plan:
                       RuntimeWarning, stacklevel=4)
         return plan
     session.log("  critical-path: checking the outputs with the pools moved, timing both ...")
-    as_is_s, moved_s = session.meter.runs([(program, plan.schedule),
-                                           (other.program, other.schedule)], check=True)
+    try:
+        as_is_s, moved_s = session.meter.runs([(program, plan.schedule),
+                                               (other.program, other.schedule)], check=True)
+    except ParagraphError as exc:  # outputs differ: the rewrite is dropped, the build goes on
+        _dropped("pools moved", exc, session)
+        return plan
     keep = not clearly_faster(as_is_s, moved_s)
     session.log(f"  critical-path end to end: {as_is_s * 1e3:.2f} ms, pools moved "
                 f"{moved_s * 1e3:.2f} ms: keeping the {'moved' if keep else 'unmoved'} pools")

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, topi
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.analysis import estimate_tir_flops
 
@@ -56,6 +56,18 @@ class _Declining(dl.ScheduleRule):
 
     def is_target_available(self, target: tvm.target.Target) -> bool:
         return self.rule.is_target_available(target)
+
+
+def _cumsum(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    a = call.attrs
+    return bb.call_te(topi.cumsum, call.args[0], axis=None if a.axis is None else int(a.axis),
+                      dtype=None if a.dtype is None else str(a.dtype),
+                      exclusive=bool(a.exclusive))
+
+
+# legalizations TVM 0.27's LegalizeOps lacks: ``cumsum`` (RoBERTa's position ids, the running
+# count of its non-padding tokens) survived lowering and the executor refused the model
+EXTRA_LEGALIZE = {"relax.cumsum": _cumsum}
 
 
 def gpu_schedules() -> tvm.transform.Pass:
@@ -148,7 +160,7 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
     opgraph = Graph([n if n.kind == "input" else n.replace(name=f"n{n.id}")
                      for n in opgraph.nodes], opgraph.outputs,
                     opgraph.meta)
-    legalize = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+    legalize = [relax.transform.LegalizeOps(EXTRA_LEGALIZE), relax.transform.AnnotateTIROpPattern(),
                 relax.transform.FoldConstant()]
     rest = [relax.transform.FuseTIR()]
     if tuning_db is not None:

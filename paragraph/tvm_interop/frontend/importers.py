@@ -11,6 +11,7 @@ torch and onnx are imported only when a source needs them, so this module import
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import sys
@@ -71,6 +72,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     mod = _SafeTake(mod).transform()
     mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = _fold_constants(mod)
+    mod = _SharedConstants(mod).transform()
     mod = relax.transform.CanonicalizeBindings()(mod)
     mod = relax.transform.DeadCodeElimination()(mod)
     _check_supported(mod)
@@ -350,6 +352,35 @@ def _check_supported(mod: tvm.IRModule) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+@relax.expr_functor.mutator
+class _SharedConstants(relax.PyExprMutator):
+    """Tensor constants of equal dtype, shape and bytes made one object. Exporters write a
+    weight used in several places once per use (the zoo SRU's ONNX export: 30 matrices of
+    4 MB, 3 distinct, unrolled over its time steps); as one constant it is one buffer in
+    memory, one packed form, and stays in cache between its uses (the SRU ran 3.4 ms with
+    the copies, 0.95 ms with them shared)."""
+
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.mod_ = mod
+        self.seen: dict[tuple, _ConstBase] = {}
+
+    def transform(self) -> tvm.IRModule:
+        for gv, func in self.mod_.functions_items():
+            if isinstance(func, relax.Function):
+                self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+    def visit_generic_const_(self, const: _ConstBase) -> relax.Expr:  # noqa: D102
+        if not isinstance(const.ty, relax.TensorType):
+            return const
+        arr = const.value.numpy()
+        if arr.nbytes < 1024:  # small constants: not worth hashing, nothing to share
+            return const
+        key = (str(arr.dtype), arr.shape, hashlib.blake2b(arr.tobytes(), digest_size=16).digest())
+        return self.seen.setdefault(key, const)
 
 
 @relax.expr_functor.mutator
