@@ -26,6 +26,13 @@ GATHERS = ("relax.take", "relax.gather_elements", "relax.gather_nd")
 # how ONNX's importer lets a Gather take negative ids: where(ids < 0, ids + size, ids), which
 # paragraph's import turns into a take in "wrap" mode (`importers._SafeTake`)
 _WRAPS = ("relax.where",)
+# what may lie between an input and a gather's indices for the input's values to be the
+# indices: views and casts, and the wrap normalisation's compare and add (with its where)
+_SAME_VALUES = frozenset({"reshape", "permute_dims", "strided_slice", "split"})
+_SAME_VALUES_OPS = frozenset({"relax.astype", "relax.squeeze", "relax.expand_dims",
+                              "relax.flatten", "relax.reshape", "relax.broadcast_to",
+                              "relax.permute_dims"})
+_NORMALISATION_OPS = frozenset({"relax.less", "relax.add", "add", "relax.where"})
 DEFAULT_HIGH = 8  # integer inputs nothing indexes with: small non-negative values
 
 
@@ -84,6 +91,8 @@ def index_ranges(graph: Graph) -> dict[int, IndexRange]:
             if np.dtype(graph[i].type.dtype).kind not in "iu":
                 continue
             on_path = feeding & (graph.descendants(i) | {i})
+            if not _same_values(graph, on_path - {i}):
+                continue  # indices computed from the input (RoBERTa's cumsum of a mask)
             wraps = 'mode="wrap"' in str(node.attrs.get("attrs", "")) \
                 or any(graph[n].attrs.get("op") in _WRAPS for n in on_path)
             found = IndexRange(-extent if wraps else 0, extent,
@@ -92,6 +101,19 @@ def index_ranges(graph: Graph) -> dict[int, IndexRange]:
             if old is None or found.high - found.low < old.high - old.low:
                 ranges[position[i]] = found
     return ranges
+
+
+def _same_values(graph: Graph, path: set[int]) -> bool:
+    """Whether the nodes between an input and a gather pass the input's values on as the
+    indices (views, casts, ONNX's negative-index normalisation): only then do the gather's
+    bounds bound the input. Indices computed otherwise are the take's "clip" or "wrap" mode's
+    to keep in bounds (`importers._SafeTake`), not the input's range: RoBERTa's position ids,
+    a running count of its non-padding ids, gave its ids the range of a 2-row table."""
+    ops = {graph[n].attrs.get("op") if graph[n].kind == "opaque" else graph[n].kind
+           for n in path}
+    normalised = "relax.where" in ops
+    return all(op in _SAME_VALUES or op in _SAME_VALUES_OPS
+               or (normalised and op in _NORMALISATION_OPS) for op in ops)
 
 
 def sample_inputs(types: Sequence[TensorType], ranges: Mapping[int, IndexRange] | None = None,

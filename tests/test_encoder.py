@@ -59,6 +59,20 @@ def test_ids_get_the_range_of_the_table_they_index():
     assert "relax.take" in plain[0].reader
 
 
+def test_indices_computed_from_ids_do_not_bound_the_ids():
+    """RoBERTa's position ids, a running count of its non-padding ids, index a table of their
+    own: that table bounds the count, not the ids (a 2-row table refused every real id)."""
+    b = GraphBuilder()
+    ids = b.input((1, 6), "int64", name="ids")
+    count = b.op("opaque", [ids], {"op": "relax.cumsum"}, outputs=[TensorType((1, 6), "int64")])
+    positions = b.weight(np.ones((2, 4), np.float32))
+    words = b.weight(np.ones((50, 4), np.float32))
+    a = b.op("opaque", [positions, count.out], TAKE, outputs=[TensorType((1, 6, 4), "float32")])
+    w = b.op("opaque", [words, ids], TAKE, outputs=[TensorType((1, 6, 4), "float32")])
+    ranges = index_ranges(b.build([a.out, w.out]))
+    assert (ranges[0].low, ranges[0].high) == (0, 50)
+
+
 def test_samples_lie_in_range_and_out_of_range_ids_are_refused():
     graph = _embedding(False, rows=5)
     ranges = index_ranges(graph)
