@@ -246,6 +246,10 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).strip()[:600]}"
 
 
+MIN_BLOCK_S = 0.02  # a timed block of one configuration lasts at least this long
+MAX_BLOCK = 50
+
+
 def bench_one(name: str, args: argparse.Namespace, log: Log) -> dict:
     """One model's row (the module docstring), measured in this process."""
     from peers import ort_config
@@ -365,10 +369,20 @@ def bench_one(name: str, args: argparse.Namespace, log: Log) -> dict:
     row["equal"] = bool(ours) and all(row["max_rel_error"][n] <= TOLERANCE for n in ours)
     log(f"{name}: max relative error against ONNX Runtime: " + ", ".join(
         f"{k} {v:.2g}" for k, v in row["max_rel_error"].items() if k != "onnxruntime"))
+    # a block lasts at least MIN_BLOCK_S of ONNX Runtime's runs: in blocks of 5 runs of the
+    # 1 ms SRU, paragraph's first runs after another runtime's block were cold (median 3.0 ms,
+    # p10 0.97); in blocks of 20, 1.01 ms
+    once = float("inf")
+    for _ in range(3):  # the fastest of three: a session's first run is slow
+        start = time.perf_counter()
+        ort.run()
+        once = min(once, time.perf_counter() - start)
+    block = max(args.block, min(MAX_BLOCK, math.ceil(MIN_BLOCK_S / once)))
+    row["block"] = block
     before = wait_for_quiet_cores(log, args.quiet_wait)
-    log(f"{name}: timing {len(checked)} configurations, {args.blocks} blocks of {args.block}")
+    log(f"{name}: timing {len(checked)} configurations, {args.blocks} blocks of {block}")
     try:
-        settle_and_time_in_blocks(checked, args.blocks, args.block)
+        settle_and_time_in_blocks(checked, args.blocks, block)
     finally:
         timed = {id(c) for c in checked}
         for c in configs:  # the ones that failed their check were not closed there
@@ -552,7 +566,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"the zoo's as {ZOO_PREFIX}NAME)")
     parser.add_argument("--kinds", default="", help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--blocks", type=int, default=8, help="alternating blocks")
-    parser.add_argument("--block", type=int, default=5, help="timed runs a block")
+    parser.add_argument("--block", type=int, default=5,
+                        help="timed runs a block, at least (a block lasts MIN_BLOCK_S or more)")
     parser.add_argument("--no-search", action="store_true",
                         help="skip paragraph with the substitution search")
     parser.add_argument("--search-budget", type=float, default=SEARCH_BUDGET_S,

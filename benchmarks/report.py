@@ -340,7 +340,8 @@ def _corpus_head(r: dict) -> str:
     searched = (f"; paragraph with the {search['method']} search, {search['budget_s']:.0f} s a "
                 "model, beside its default build" if search else "")
     return (f"{len(r['models'])} models, batch 1, float32, each in a process of its own, every "
-            f"runtime side by side ({r['blocks']} alternating blocks of {r['block']} runs, "
+            f"runtime side by side ({r['blocks']} alternating blocks of {r['block']} runs or "
+            "more: a block lasts 20 ms or more, "
             f"median ms) on a {m0['cores']}-core {m0['cpu']} ({_dates(r)}; "
             f"`benchmarks/corpus.py`{searched}). Ratios are speed ratios (peer ms / paragraph "
             "ms, above 1: paragraph faster); the best peer is the fastest of ONNX Runtime's two "
