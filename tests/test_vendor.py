@@ -369,25 +369,13 @@ def test_every_pattern_matches_tvm_kernels(case):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=case)
 
 
-def test_a_pool_epilogue_has_a_tvm_form():
-    """`--kernels auto` weighs each vendor call against its TVM form: an average pool's affine
-    epilogue and relu come back as Relax operators that compute the same."""
-    mod, _ = CONCATS["pools_with_epilogues"]
-    back = undispatch(dispatch_to_vendor(mod, local_cpu_target()), lambda call: False)
-    assert vendor_names(back) == []
-    inputs = random_inputs(mod, seed=6)
-    want = vm_outputs(build_program(mod, "llvm"), inputs)
-    got = vm_outputs(build_program(back, "llvm"), inputs)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("case", ["conv_relu6", "conv1x1_hardswish", "depthwise5x5_silu",
-                                  "squeeze_excite", "linear_tanh_gelu"])
+@pytest.mark.parametrize("case", ["pools_with_epilogues", "conv_relu6", "conv1x1_hardswish",
+                                  "depthwise5x5_silu", "squeeze_excite", "linear_tanh_gelu"])
 def test_every_epilogue_has_a_tvm_form(case):
-    """`--kernels auto` weighs each vendor call against its TVM form: every activation comes
-    back as Relax operators that compute the same."""
-    mod, _ = EPILOGUE_CASES[case]
+    """`--kernels auto` weighs each vendor call against its TVM form: an average pool's affine
+    epilogue and relu, and every activation, come back as Relax operators that compute the
+    same."""
+    mod, _ = {**CONCATS, **EPILOGUE_CASES}[case]
     back = undispatch(dispatch_to_vendor(mod, local_cpu_target()), lambda call: False)
     assert vendor_names(back) == []
     inputs = random_inputs(mod, seed=7)

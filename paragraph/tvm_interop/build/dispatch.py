@@ -282,43 +282,32 @@ class _Rewriter:
                 return self._with_act(x, "hardswish", call, uses=2)
         return call
 
+    def _with_scalar(self, expr: relax.Expr, name: str, value: float) -> relax.Expr | None:
+        """The other operand where ``expr`` (read once) is a call of operator ``name`` with a
+        scalar constant of ``value`` (up to float32 rounding): second for a divide, either
+        for the commutative add and multiply."""
+        call = self._single(expr, name)
+        if call is None:
+            return None
+        orders = [call.args] + ([] if name == "relax.divide" else [call.args[::-1]])
+        return next((x for x, c in orders if _near(_scalar(c), value) and not _is_const(x)),
+                    None)
+
     def _hardsigmoid_input(self, expr: relax.Expr) -> relax.Expr | None:
         """``x`` where ``expr`` (read once) is ``x * (1/6) + 1/2`` (either order of each)."""
-        add = self._single(expr, "relax.add")
-        if add is None:
-            return None
-        for scaled, half in (add.args, add.args[::-1]):
-            if not _near(_scalar(half), 0.5):
-                continue
-            product = self._single(scaled, "relax.multiply")
-            if product is None:
-                continue
-            for x, k in (product.args, product.args[::-1]):
-                if _near(_scalar(k), 1 / 6) and not _is_const(x):
-                    return x
-        return None
+        scaled = self._with_scalar(expr, "relax.add", 0.5)
+        return None if scaled is None else self._with_scalar(scaled, "relax.multiply", 1 / 6)
 
     def _relu6_over_6(self, expr: relax.Expr) -> relax.Expr | None:
         """``x`` where ``expr`` (read once) is ``clip(x + 3, 0, 6) / 6`` (or ``* (1/6)``):
         TVM's form of ONNX HardSwish's gate."""
-        for name, k in (("relax.divide", 6.0), ("relax.multiply", 1 / 6)):
-            outer = self._single(expr, name)
-            if outer is None:
-                continue
-            orders = [outer.args] + ([outer.args[::-1]] if name == "relax.multiply" else [])
-            for inner, c in orders:
-                if not _near(_scalar(c), k):
-                    continue
-                clip = self._single(inner, "relax.clip")
-                if clip is None or _clip_bounds(clip) != (0.0, 6.0):
-                    continue
-                add = self._single(clip.args[0], "relax.add")
-                if add is None:
-                    continue
-                for x, three in (add.args, add.args[::-1]):
-                    if _near(_scalar(three), 3.0) and not _is_const(x):
-                        return x
-        return None
+        inner = self._with_scalar(expr, "relax.divide", 6.0)
+        if inner is None:  # Relax expressions have no truth value: no ``or``
+            inner = self._with_scalar(expr, "relax.multiply", 1 / 6)
+        clip = None if inner is None else self._single(inner, "relax.clip")
+        if clip is None or _clip_bounds(clip) != (0.0, 6.0):
+            return None
+        return self._with_scalar(clip.args[0], "relax.add", 3.0)
 
     def absorb_tanh_gelu(self, call: relax.Call) -> relax.Expr | _Reshaped:
         """``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` (any order of the
@@ -347,25 +336,16 @@ class _Rewriter:
             tanh = self._single(tanh_var, "relax.tanh")
             if tanh is None or _scalar(one) != 1.0:
                 continue
-            scaled = self._single(tanh.args[0], "relax.multiply")
-            if scaled is None:
+            inner = self._with_scalar(tanh.args[0], "relax.multiply", (2 / np.pi) ** 0.5)
+            total = None if inner is None else self._single(inner, "relax.add")
+            if total is None:
                 continue
-            for inner, k in (scaled.args, scaled.args[::-1]):
-                if not _near(_scalar(k), (2 / np.pi) ** 0.5):
-                    continue
-                total = self._single(inner, "relax.add")
-                if total is None:
-                    continue
-                for x, cubic in (total.args, total.args[::-1]):
-                    term = self._single(cubic, "relax.multiply")
-                    if term is None:
-                        continue
-                    for p, c in (term.args, term.args[::-1]):
-                        power = self._single(p, "relax.power")
-                        if (power is not None and _near(_scalar(c), 0.044715)
-                                and _near(_scalar(power.args[1]), 3.0)
-                                and power.args[0].same_as(x)):
-                            return x
+            for x, cubic in (total.args, total.args[::-1]):
+                p = self._with_scalar(cubic, "relax.multiply", 0.044715)
+                power = None if p is None else self._single(p, "relax.power")
+                if (power is not None and _near(_scalar(power.args[1]), 3.0)
+                        and power.args[0].same_as(x)):
+                    return x
         return None
 
     def mean(self, call: relax.Call) -> relax.Expr:
