@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,10 @@ class ParallelExecutable:
     decided) and ``manifest`` (for a loaded artifact, what its writer recorded). The executor
     (worker threads on a CPU, CUDA streams and a CUDA Graph on a GPU) starts on the first run
     and stops with ``close`` (or at the end of a ``with`` block).
+
+    One executable may be shared by several threads: their runs take turns (each gets its own
+    input's outputs), and ``close`` waits for the run in flight; a run after ``close`` starts
+    the executor again.
     """
 
     def __init__(self, program: KernelProgram, schedule: Schedule, *,
@@ -60,6 +65,8 @@ class ParallelExecutable:
         self.report: dict[str, Any] = json.loads(json.dumps(dict(report or {}), default=str))
         self.manifest = dict(manifest or {})
         self._executor: CPUExecutor | CUDAExecutor | None = None
+        # held for a whole run or timing, so that `close` cannot stop the executor under it
+        self._lock = threading.RLock()
 
     @classmethod
     def of(cls, plan: Plan) -> ParallelExecutable:
@@ -94,9 +101,10 @@ class ParallelExecutable:
     @property
     def executor(self) -> CPUExecutor | CUDAExecutor:
         """The executor (started on first use)."""
-        if self._executor is None:
-            self._executor = make_executor(self.program, self.schedule, plan=self.memory)
-        return self._executor
+        with self._lock:
+            if self._executor is None:
+                self._executor = make_executor(self.program, self.schedule, plan=self.memory)
+            return self._executor
 
     def run(self, *inputs: Any) -> list[np.ndarray]:
         """Run once on numpy arrays (or TVM tensors); returns the outputs as numpy arrays.
@@ -104,15 +112,17 @@ class ParallelExecutable:
         if not inputs and self.inputs:
             raise InputError(f"the model takes {len(self.inputs)} input(s): "
                              + ", ".join(f"{n} {d}{list(s)}" for n, s, d in self.inputs))
-        return self.executor.run(*inputs)
+        with self._lock:
+            return self.executor.run(*inputs)
 
     def time(self, *inputs: Any, repeat: int = 20, warmup: int = 2) -> Timing:
         """Time ``repeat`` runs (on seeded sample inputs when none are given): median and
         percentiles in `paragraph.timing.Timing`."""
         args = inputs or tuple(self.sample_inputs())
-        executor = self.executor
-        executor.check_inputs(args)
-        return time_calls(lambda: executor.run(*args, copy_outputs=False), repeat, warmup)
+        with self._lock:
+            executor = self.executor
+            executor.check_inputs(args)
+            return time_calls(lambda: executor.run(*args, copy_outputs=False), repeat, warmup)
 
     def vm(self) -> relax.VirtualMachine:
         """The TVM VM over the same compiled kernels, run one after another (the baseline)."""
@@ -128,10 +138,12 @@ class ParallelExecutable:
                               {"report": self.report, **(info or {})})
 
     def close(self) -> None:
-        """Stop the executor's threads (a later run starts them again)."""
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        """Stop the executor's threads after the run in flight (a later run starts them
+        again)."""
+        with self._lock:
+            if self._executor is not None:
+                self._executor.close()
+                self._executor = None
 
     def __enter__(self) -> ParallelExecutable:
         return self

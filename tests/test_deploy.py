@@ -230,3 +230,54 @@ def test_export_is_atomic(plain, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         exe.export_library(target)
     assert target.read_bytes() == b"old"
+
+
+def _hammer(exe, inputs, refs, runs: int, closer: bool) -> list[str]:
+    """Run ``exe`` from one thread per input, ``runs`` times each (and, with ``closer``, close
+    it now and then from another thread); the runs whose outputs were not their input's."""
+    import threading
+
+    wrong: list[str] = []
+    stop = threading.Event()
+
+    def work(t: int) -> None:
+        for i in range(runs):
+            outs = exe.run(*inputs[t])
+            for o, (r, scale) in zip(outs, refs[t], strict=True):
+                if not np.allclose(o, r, rtol=1e-4, atol=1e-4 * scale):
+                    wrong.append(f"thread {t} run {i}")
+
+    def close_now_and_then() -> None:
+        while not stop.wait(0.02):
+            exe.close()  # waits for the run in flight; the next run starts the executor again
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(inputs))]
+    closing = threading.Thread(target=close_now_and_then) if closer else None
+    for th in threads:
+        th.start()
+    if closing:
+        closing.start()
+    for th in threads:
+        th.join()
+    stop.set()
+    if closing:
+        closing.join()
+    return wrong
+
+
+@pytest.mark.parametrize("schedule", ["default", "opara"])
+def test_one_executable_run_from_eight_threads_gives_each_its_own_outputs(squeezenet, plain,
+                                                                          schedule):
+    """8 threads x 1,000 runs on different inputs, each output equal to its input's reference
+    from TVM's VM (before the executor's lock, every thread got other threads' outputs); then
+    again while another thread closes the executable now and then."""
+    exe = paragraph.build(squeezenet) if schedule == "default" else plain[0]
+    inputs = [exe.sample_inputs(seed=s) for s in range(8)]
+    vm = exe.vm()
+    refs = []
+    for x in inputs:
+        outs = run_vm(vm, x)
+        refs.append([(o, 1 + float(np.abs(o).max())) for o in outs])
+    assert not _hammer(exe, inputs, refs, 1000, closer=False)
+    assert not _hammer(exe, inputs, refs, 100, closer=True)
+    exe.close()

@@ -127,6 +127,10 @@ class _Base:
         self.program, self.schedule = program, schedule
         self.graph = program.graph
         self.device = program.device
+        # one run at a time: a run owns the bound buffers, events and the native runner's
+        # flags, and `close` waits for it (8 threads sharing one executable without this each
+        # got other threads' outputs, silently)
+        self._lock = threading.Lock()
         self.plan = plan or plan_memory(self.graph, schedule)
         self._bind_buffers()
         waits = sync_points(schedule)
@@ -306,12 +310,18 @@ class CPUExecutor(_Base):
         return _native.StreamProgram(module, streams, len(slot), spin)
 
     def run(self, *inputs: object, copy_outputs: bool = True, profile: bool = False) -> list:
-        """Run once; returns the outputs (numpy copies unless ``copy_outputs`` is False).
+        """Run once; returns the outputs (numpy copies unless ``copy_outputs`` is False: then
+        the executor's own tensors, which the next run overwrites).
 
-        With ``profile``, `timeline` maps each kernel to (stream, start ns, end ns).
+        Safe from several threads: runs take turns (a lock), and `close` waits for the one in
+        flight. With ``profile``, `timeline` maps each kernel to (stream, start ns, end ns).
         """
-        if self._closed:
-            raise ParagraphError("the executor is closed")
+        with self._lock:
+            if self._closed:
+                raise ParagraphError("the executor is closed")
+            return self._run(inputs, copy_outputs, profile)
+
+    def _run(self, inputs: Sequence[object], copy_outputs: bool, profile: bool) -> list:
         self._copy_in(inputs)
         if self.native is not None:
             self.native.reset()  # its own events; the Python ones serve `run_stream` only
@@ -422,13 +432,15 @@ class CPUExecutor(_Base):
             ev.set()
 
     def close(self) -> None:
-        """Give the workers back (they stay alive for the next executor)."""
-        if not self._closed:
-            self._closed = True
-            release_workers(self._workers)
-            self._workers = []
-            if self.native is not None:
-                self.native.close()
+        """Give the workers back (they stay alive for the next executor), after the run in
+        flight, if any."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                release_workers(self._workers)
+                self._workers = []
+                if self.native is not None:
+                    self.native.close()
 
     def __del__(self) -> None:
         try:
@@ -560,16 +572,26 @@ class CUDAExecutor(_Base):
         return [Timing(tuple(map(float, col))) for col in samples.T]
 
     def run(self, *inputs: object, copy_outputs: bool = True) -> list:
-        """Copy inputs in, replay the CUDA Graph (or issue the streams), wait, return outputs."""
-        self._copy_in(inputs)
-        if self.graph_exec is not None:
-            cuda_check(self.rt.cudaGraphLaunch(self.graph_exec, self.streams[0]))
-        else:
-            self._issue_all()
-        cuda_check(self.rt.cudaStreamSynchronize(self.streams[0]))
-        return self.outputs(copy_outputs)
+        """Copy inputs in, replay the CUDA Graph (or issue the streams), wait, return outputs.
+        Runs from several threads take turns, as on the CPU."""
+        with self._lock:
+            if self.rt is None:
+                raise ParagraphError("the executor is closed")
+            self._copy_in(inputs)
+            if self.graph_exec is not None:
+                cuda_check(self.rt.cudaGraphLaunch(self.graph_exec, self.streams[0]))
+            else:
+                self._issue_all()
+            cuda_check(self.rt.cudaStreamSynchronize(self.streams[0]))
+            return self.outputs(copy_outputs)
 
     def close(self) -> None:
+        """Destroy the graph, events and streams, after the run in flight, if any."""
+        lock = getattr(self, "_lock", None)
+        with lock if lock is not None else nullcontext():
+            self._release()
+
+    def _release(self) -> None:
         rt = getattr(self, "rt", None)
         if rt is None:
             return
