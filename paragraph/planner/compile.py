@@ -10,13 +10,15 @@ the tuning database, the cores.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import tvm
 
 from paragraph.errors import ParagraphError
+from paragraph.graph import Graph
 from paragraph.passes.ios import IOSOptions
 from paragraph.passes.search import SearchOptions
 from paragraph.planner.onboard import search_plan
@@ -34,10 +36,13 @@ from paragraph.tvm_interop.build.program import (
 from paragraph.tvm_interop.frontend.importers import load
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
 from paragraph.tvm_interop.meter.protocol import Meter
+from paragraph.tvm_interop.meter.runs import tolerance
+from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.library.names import check_kernel_source
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 from paragraph.tvm_interop.runtime.program import KernelProgram
-from paragraph.tvm_interop.runtime.target import describe_target
+from paragraph.tvm_interop.runtime.reference import Comparison, Reference, compare, reference_for
+from paragraph.tvm_interop.runtime.target import describe_target, runs_here
 
 # schedules that measure on the device (those that do not are the graph algorithms)
 MEASURED = ("critical-path", "ios")
@@ -58,6 +63,10 @@ class CompileOptions:
     the device's). ``split``: let critical-path split lone convolutions. ``ios``: IOS's
     options. ``rules``: the search's rules (default: the shipped verified library).
     ``input_shapes``: static shapes for a model's dynamic inputs (importing only).
+    ``check``: compare the result's outputs with an independent reference of the original
+    model (`paragraph.tvm_interop.runtime.reference`) on seeded inputs, and drop its rewrites
+    if they differ; ``rewrite``: let the planner rewrite the program (pools moved, lone
+    convolutions split, IOS merges).
     """
 
     target: Any = None
@@ -70,6 +79,8 @@ class CompileOptions:
     ios: IOSOptions = field(default_factory=IOSOptions)
     rules: Sequence[AnyRule] | None = None
     input_shapes: Mapping[str, tuple[int, ...]] | Sequence[tuple[int, ...]] | None = None
+    check: bool = True
+    rewrite: bool = True
 
     def __post_init__(self) -> None:
         if self.kernels is not None:
@@ -103,6 +114,15 @@ def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log 
             on_built(program)
         return plan_schedule(_schedule(options, session), program, session, ios=options.ios,
                              split=options.split)
+    plan = _plan(mod, options, session, on_built)
+    if options.check:
+        plan = _checked(plan, model, mod, options, session)
+    return plan
+
+
+def _plan(mod: tvm.IRModule, options: CompileOptions, session: Session,
+          on_built: Callable[[KernelProgram], object] | None) -> Plan:
+    """The imported ``mod`` searched (if asked), built and planned."""
     schedule = _schedule(options, session)
     kernels = options.kernels or default_source(session)
     if options.search is not None:
@@ -113,7 +133,66 @@ def compile(model: Any, options: CompileOptions = CompileOptions(), *, log: Log 
     program = session.build(mod, kernels, module_rewrites(mod))
     if on_built is not None:
         on_built(program)
-    return plan_schedule(schedule, program, session, ios=options.ios, split=options.split)
+    return plan_schedule(schedule, program, session, ios=options.ios,
+                         split=options.split and options.rewrite, rewrite=options.rewrite)
+
+
+def _checked(plan: Plan, model: Any, mod: tvm.IRModule, options: CompileOptions,
+             session: Session) -> Plan:
+    """``plan`` with its outputs compared with an independent reference of the original model
+    (``mod``, imported from ``model``) on seeded inputs, the comparison in its report. A
+    rewritten program whose outputs differ is dropped for the model's own (planned without
+    rewrites: the search's, the pools', the split's, IOS's merges), with a message; a program
+    of the model's own that differs is kept with a warning (the difference is its kernels'
+    rounding or a kernel's error, and no rewrite is left to drop)."""
+    if not runs_here(plan.program.target):
+        session.log(f"  outputs not checked: programs for {describe_target(plan.program.target)}"
+                    " do not run on this machine")
+        return plan
+    graph = from_relax(mod)
+    try:
+        reference = reference_for(model, graph)
+    except Exception as exc:  # the check is a safeguard: its own failure is reported, not fatal
+        _warn(session, f"the outputs could not be checked: no reference for the model "
+                       f"({type(exc).__name__}: {exc})")
+        return plan
+    session.log(f"  checking the outputs against {reference.name} ...")
+    result = _compare(plan, graph, reference)
+    session.log("  " + result.describe())
+    if result.equal:
+        return _with_check(plan, result)
+    if plan.program.rewrites:
+        dropped = tuple(dict.fromkeys(plan.program.rewrites))
+        _warn(session, f"the program's rewrites ({', '.join(dropped)}) were dropped: its "
+                       f"{result.describe()}")
+        plain = _plan(mod, replace(options, search=None, rewrite=False), session, None)
+        again = _compare(plain, graph, reference)
+        session.log("  the model's own program: " + again.describe())
+        if not again.equal:
+            _warn(session, f"the model's own program differs from {reference.name} too: "
+                           f"{again.describe()}")
+        return _with_check(plain, again, dropped)
+    _warn(session, f"the program's {result.describe()}; kernels: "
+                   f"{', '.join(sorted(plan.program.sources()))}")
+    return _with_check(plan, result)
+
+
+def _compare(plan: Plan, graph: Graph, reference: Reference) -> Comparison:
+    executor = make_executor(plan.program, plan.schedule)
+    try:
+        return compare(lambda inputs: executor.run(*inputs), graph, reference,
+                       tolerance(plan.program))
+    finally:
+        executor.close()
+
+
+def _with_check(plan: Plan, result: Comparison, dropped: tuple[str, ...] = ()) -> Plan:
+    return replace(plan, report=replace(plan.report, check=result, dropped=dropped))
+
+
+def _warn(session: Session, message: str) -> None:
+    session.log("  " + message)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def default_source(session: Session) -> str:

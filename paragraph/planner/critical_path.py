@@ -40,11 +40,13 @@ from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.target import is_cpu
 
 
-def plan_critical_path(program: KernelProgram, session: Session, split: bool = True) -> Plan:
+def plan_critical_path(program: KernelProgram, session: Session, split: bool = True,
+                       pools: bool = True) -> Plan:
     """`critical_path` over measured 1-thread kernel times (`measured_critical_path`); on a
     CPU of two cores or more, its streams are timed against one stream of every core and the
-    faster kept (`one_stream_if_faster`), the program with its pools moved is kept unless the
-    program as it is runs clearly faster (`with_pools_moved`), and with ``split`` the program
+    faster kept (`one_stream_if_faster`), with ``pools`` the program with its pools moved is
+    kept unless the program as it is runs clearly faster (`with_pools_moved`), and with
+    ``split`` the program
     with its lone convolutions split is kept if its outputs agree and it runs clearly faster
     end to end."""
     on_cpu = is_cpu(program.target)
@@ -52,7 +54,8 @@ def plan_critical_path(program: KernelProgram, session: Session, split: bool = T
     plain = measured_critical_path(program, session, streams)
     if on_cpu and streams is not None and streams >= 2:
         plain = one_stream_if_faster(plain, session, streams)
-    plain = with_pools_moved(plain, session)
+    if pools:
+        plain = with_pools_moved(plain, session)
     program = plain.program
     if not (split and on_cpu and streams is not None and streams >= 2):
         return plain

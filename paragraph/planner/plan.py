@@ -12,6 +12,7 @@ from paragraph.graph import Graph
 from paragraph.passes.ios import SearchStats
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.reference import Comparison
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ class PlanReport:
     ios: IOSReport | None = None
     search: SearchReport | None = None
     attached: str | None = None  # the attached schedule's name
+    check: Comparison | None = None  # the outputs against an independent reference
+    dropped: tuple[str, ...] = ()  # rewrites dropped because their outputs differed
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON values: each part's fields at the top level, the search's under
@@ -151,6 +154,10 @@ class PlanReport:
             out.update(self.ios.to_json())
         if self.search is not None:
             out["search"] = self.search.to_json()
+        if self.check is not None:
+            out["check"] = self.check.to_json()
+        if self.dropped:
+            out["dropped_rewrites"] = list(self.dropped)
         return out
 
 

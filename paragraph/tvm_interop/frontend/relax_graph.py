@@ -23,7 +23,7 @@ from paragraph.errors import UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType
 from paragraph.inputs import index_ranges, sample_inputs
 
-__all__ = ["from_relax", "to_relax", "MODELED"]
+__all__ = ["from_relax", "to_relax", "opaque_module", "MODELED"]
 
 # Relax op name -> (graph kind, attribute names read from call.attrs)
 MODELED: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -486,6 +486,44 @@ def _rebuild_opaque(n: Node, expr_of: Callable[[TensorRef], Any]) -> Any:
             return relax.Tuple([build(x) for x in v])
         return v
     return relax.Call(p["op"], [build(a) for a in p["args"]], p["attrs"], p["ty_args"])
+
+
+def opaque_module(graph: Graph) -> tuple[tvm.IRModule, dict[int, str]]:
+    """A Relax module with one function per distinct opaque call of ``graph`` (its inputs as
+    parameters, its result as the function's), and which function computes each opaque node:
+    what the numpy interpreter cannot run, to be compiled once for a reference run. Functions
+    of the module the graph came from are carried over, as `to_relax` does."""
+    bb = relax.BlockBuilder()
+    name_of: dict[int, str] = {}
+    made: dict[int, list[tuple[Any, str]]] = {}  # structural hash -> (function, name)
+    for n in graph.nodes:
+        if n.kind != "opaque":
+            continue
+        params = [relax.Var(f"x{i}", _relax_type(graph.type_of(r)))
+                  for i, r in enumerate(n.inputs)]
+        var_of = dict(zip(reversed(n.inputs), reversed(params), strict=True))
+        call = _rebuild_opaque(n, var_of.__getitem__)
+        # for comparing calls (a function binds the parameters); built below if new
+        func = relax.Function(params, relax.BlockBuilder().normalize(call))
+        same = made.setdefault(tvm_ffi.structural_hash(func, map_free_vars=True), [])
+        name = next((f for g, f in same
+                     if tvm_ffi.structural_equal(g, func, map_free_vars=True)), None)
+        if name is None:
+            name = f"opaque{sum(map(len, made.values()))}"
+            same.append((func, name))
+            with bb.function(name, params):
+                with bb.dataflow():
+                    out = bb.emit_output(call)
+                bb.emit_func_output(out)
+        name_of[n.id] = name
+    mod = bb.get()
+    names = set(name_of.values())
+    source = graph.meta.get("relax_module")
+    if source is not None:
+        for gvar, func in source.functions.items():
+            if gvar.name_hint not in names and gvar.name_hint != "main":
+                mod[gvar] = func
+    return mod, name_of
 
 
 def random_inputs(mod: tvm.IRModule, seed: int = 0, func_name: str = "main") -> list[np.ndarray]:

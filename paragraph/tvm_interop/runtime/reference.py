@@ -1,0 +1,171 @@
+"""The model's outputs computed apart from everything paragraph builds, to check a build against.
+
+A program's own VM (`KernelProgram.vm`) runs the same lowered module and the same vendor and
+C++ kernels as the executor, so comparing with it cannot catch a wrong kernel form or a wrong
+dispatch. A `Reference` shares none of that: for an ONNX file, ONNX Runtime's session (where
+``onnxruntime`` is installed); otherwise the numpy interpreter of the original graph
+(`paragraph.interpret`), with the operators it does not model compiled by TVM's default
+pipeline, one function per distinct call in one module. `compare` runs a program on several
+seeded inputs and measures how far it is from the reference, each output relative to its own
+scale (`paragraph.outputs.max_difference`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from paragraph.graph import Graph, TensorRef
+from paragraph.inputs import index_ranges, sample_inputs
+from paragraph.interpret import run_graph
+from paragraph.ops import SPECS, compute
+from paragraph.outputs import max_difference
+from paragraph.tvm_interop.frontend.relax_graph import opaque_module
+from paragraph.tvm_interop.runtime.vm import flatten_result
+
+# seeded inputs a build is checked on: several, so that one lucky input cannot hide an error
+CHECK_SEEDS = (0, 1, 2)
+
+
+class Reference:
+    """Outputs of the original model for given inputs, computed independently (module
+    docstring); ``name`` says by what."""
+
+    name = "reference"
+
+    def outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
+class GraphReference(Reference):
+    """The numpy interpreter of ``graph``, its opaque operators run by TVM's default build."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        opaque = [n for n in graph.nodes if n.kind == "opaque"]
+        self._vm: relax.VirtualMachine | None = None
+        self._fn: dict[int, str] = {}
+        if opaque:
+            mod, self._fn = opaque_module(graph)
+            self._vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        kinds = len(set(self._fn.values()))
+        self.name = ("the numpy interpreter" if not opaque else
+                     f"the numpy interpreter with TVM's default kernels for {len(opaque)} "
+                     f"opaque operator(s) ({kinds} distinct)")
+
+    def outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if self._vm is None:
+            return run_graph(self.graph, inputs)
+        values: dict[TensorRef, np.ndarray] = {}
+        feed = dict(zip(self.graph.inputs, inputs, strict=True))
+        for n in self.graph.nodes:
+            if n.kind == "input":
+                outs = [np.asarray(feed[n.id])]
+            elif n.kind in ("weight", "constant"):
+                assert n.value is not None  # a validated graph's weights hold arrays
+                outs = [n.value]
+            elif n.kind in SPECS:
+                outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
+            else:  # opaque: its own function of the compiled module
+                args = [tvm.runtime.tensor(np.ascontiguousarray(values[r])) for r in n.inputs]
+                outs = flatten_result(self._vm[self._fn[n.id]](*args))
+            for i, v in enumerate(outs):
+                values[TensorRef(n.id, i)] = v
+        return [values[r] for r in self.graph.outputs]
+
+
+class OnnxRuntimeReference(Reference):
+    """ONNX Runtime's default CPU session over the ONNX file, inputs in the file's order."""
+
+    name = "ONNX Runtime"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        import onnxruntime as ort  # optional (the onnx extra): only ONNX files use it
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # its warnings are about its own optimisations
+        self.session = ort.InferenceSession(str(path), options,
+                                            providers=["CPUExecutionProvider"])
+        self.names = [i.name for i in self.session.get_inputs()]
+        self.shapes = [i.shape for i in self.session.get_inputs()]
+
+    def takes(self, shapes: Sequence[tuple[int, ...]]) -> bool:
+        """Whether the file's inputs take these shapes (in order; a named dimension takes
+        any size): not where the import changed them (``--batch``)."""
+        return len(shapes) == len(self.shapes) and all(
+            len(s) == len(mine) and all(not isinstance(m, int) or m == d
+                                        for m, d in zip(mine, s, strict=True))
+            for s, mine in zip(shapes, self.shapes, strict=True))
+
+    def outputs(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(o) for o in self.session.run(
+            None, dict(zip(self.names, inputs, strict=True)))]
+
+
+def reference_for(model: Any, graph: Graph) -> Reference:
+    """The reference for a model imported from ``model`` as ``graph``: ONNX Runtime where
+    ``model`` is an ONNX file with as many inputs and ``onnxruntime`` is installed, else the
+    interpreter of ``graph`` (`GraphReference`)."""
+    if isinstance(model, str | os.PathLike) and Path(model).suffix.lower() == ".onnx":
+        try:
+            ort = OnnxRuntimeReference(model)
+        except ImportError:
+            ort = None
+        except Exception:  # ONNX Runtime cannot run it (an op it lacks): the graph's own
+            ort = None
+        if ort is not None and ort.takes([graph[i].type.shape for i in graph.inputs]):
+            return ort
+    return GraphReference(graph)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far a program's outputs were from the reference's (``difference``, the worst over
+    ``seeds``, each output relative to its scale) and whether that is within ``tolerance``."""
+
+    reference: str
+    seeds: tuple[int, ...]
+    difference: float
+    tolerance: float
+
+    @property
+    def equal(self) -> bool:
+        return self.difference <= self.tolerance
+
+    def describe(self) -> str:
+        verdict = "equal" if self.equal else "DIFFERENT"
+        return (f"outputs against {self.reference} on {len(self.seeds)} seeded input(s): "
+                f"max difference {self.difference:.3g} (tolerance {self.tolerance:.0e}): "
+                f"{verdict}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reference": self.reference, "seeds": list(self.seeds),
+                "max_difference": self.difference if np.isfinite(self.difference) else None,
+                "tolerance": self.tolerance, "equal": self.equal}
+
+
+def compare(run: Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]], graph: Graph,
+            reference: Reference, tolerance: float,
+            seeds: Sequence[int] = CHECK_SEEDS) -> Comparison:
+    """Run ``run`` (a program's executor) and ``reference`` on seeded inputs of ``graph`` (the
+    original model's: valid for what reads them), and compare (`Comparison`)."""
+    types = [graph[i].type for i in graph.inputs]
+    ranges = index_ranges(graph) if any(np.dtype(t.dtype).kind in "iu" for t in types) else {}
+    worst = 0.0
+    for seed in seeds:
+        inputs = sample_inputs(types, ranges, seed)
+        expected = reference.outputs(inputs)
+        got = [np.asarray(o) for o in run(inputs)]
+        worst = max(worst, max_difference(expected, got))
+    return Comparison(reference.name, tuple(seeds), worst, tolerance)
+
+
+__all__ = ["CHECK_SEEDS", "Comparison", "GraphReference", "OnnxRuntimeReference", "Reference",
+           "compare", "reference_for"]
