@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-
 # an output's scale is at least this: below it, differences are measured absolutely (an
 # output that is all zeros has no scale of its own)
 SCALE_FLOOR = 1e-3
