@@ -348,7 +348,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         atomic_write_bytes(args.save_schedule, plan.schedule.dumps().encode())
         _say(f"  wrote {args.save_schedule}")
     return _check_and_time(args, plan, inputs, expected,
-                           f"{label}: paragraph executor, {plan.program.kernel_source} kernels")
+                           f"{label}: paragraph executor, {plan.program.kernel_source} kernels",
+                           reference.name)
 
 
 def _run_remote(args: argparse.Namespace) -> int:
@@ -382,7 +383,7 @@ def _run_remote(args: argparse.Namespace) -> int:
 
 
 def _check_and_time(args: argparse.Namespace, plan: Plan, inputs: Sequence[np.ndarray],
-                    expected: Sequence[np.ndarray], label: str) -> int:
+                    expected: Sequence[np.ndarray], label: str, reference: str) -> int:
     """Run the plan on the executor, compare with ``expected`` (exit status 1 if they differ
     beyond `paragraph.tvm_interop.meter.runs.tolerance`), write them (--outputs), then time
     ``--repeat`` runs and print the median."""
@@ -396,7 +397,8 @@ def _check_and_time(args: argparse.Namespace, plan: Plan, inputs: Sequence[np.nd
                     default=0.0)
         difference = max_difference(expected, got)
         ok = difference <= tolerance(program)
-        _say(f"  {len(got)} output(s), max abs difference {worst:.3g}: "
+        _say(f"  {len(got)} output(s) against {reference}: max abs difference {worst:.3g}, "
+             f"relative to scale {difference:.3g}: "
              f"{'equal' if ok else 'DIFFERENT'}")
         _say(f"  memory: {executor.plan.summary()}")
         if not ok:
@@ -458,7 +460,8 @@ def _run_compiled(args: argparse.Namespace) -> int:
         plan = Plan(program, exe.schedule)
     _say(f"  schedule {plan.schedule.describe()}")
     return _check_and_time(args, plan, inputs, expected,
-                           f"{args.model}: {program.kernel_source} kernels")
+                           f"{args.model}: {program.kernel_source} kernels",
+                           "the TVM VM over the artifact's kernels")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

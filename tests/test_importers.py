@@ -796,3 +796,33 @@ def test_onnx_weights_written_once_per_use_become_one_weight(onnx, tmp_path):
     assert len(weights) == 1
     assert_builds_like_onnxruntime(path, np.random.default_rng(4).standard_normal(
         (2, 16)).astype("float32"))
+
+
+def test_static_shape_and_index_arithmetic_fold_with_numpy():
+    """ViT's and Swin's exports normalise each Gather index at run time from the input's
+    shape: shape_of -> shape_to_tensor -> take -> less/add/where. Folded with numpy (exactly:
+    integer maths, comparisons, selection), where FoldConstant compiled a kernel for each (37
+    in ViT-B/16, 7 s of its import); the gather then reads the right row."""
+    from tvm import relax
+
+    from paragraph.tvm_interop.frontend.importers import _NumpyFolder, prepare
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 5, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            dims = bb.emit(relax.op.shape_to_tensor(relax.op.shape_of(x)))
+            n = bb.emit(relax.op.take(dims, relax.const(0, "int64"), axis=0, mode="wrap"))
+            i = relax.const(-1, "int64")
+            fixed = bb.emit(relax.op.where(relax.op.less(i, relax.const(0, "int64")),
+                                           relax.op.add(i, n), i))
+            out = bb.emit_output(relax.op.take(x, fixed, axis=0))
+        bb.emit_func_output(out)
+    raw = bb.get()
+    text = _NumpyFolder(raw).fold().script(show_meta=False)  # before FoldConstant
+    for op in ("shape_of", "shape_to_tensor", "R.where", "R.less", "R.add"):
+        assert op not in text, (op, text)
+    mod = prepare(raw)
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    a = np.random.default_rng(0).standard_normal((3, 5, 4)).astype("float32")
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), a[2])

@@ -460,13 +460,15 @@ def _fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """Fold constant subexpressions: common ops with numpy, anything else with FoldConstant.
 
     relax.transform.FoldConstant compiles and runs one kernel per distinct op signature it folds
-    (about 20 s for the batch-norm constants of Inception-v3), so the ops importers and batch-norm
-    decomposition leave on weights are folded with numpy first, and FoldConstant runs only if a
-    foldable call remains.
+    (about 20 s for the batch-norm constants of Inception-v3; 37 kernels for the Gather index
+    normalisation of ViT-B/16), so the ops importers and batch-norm decomposition leave on
+    weights are folded with numpy first, and FoldConstant folds what remains.
     """
     folder = _NumpyFolder(mod)
     mod = folder.fold()
-    return relax.transform.FoldConstant()(mod) if folder.left_over else mod
+    # FoldConstant also turns static shape computations into constants, which the numpy
+    # folder leaves; with nothing left to compile it costs milliseconds
+    return relax.transform.FoldConstant()(mod)
 
 
 def _elementwise(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray | None]:
@@ -474,6 +476,28 @@ def _elementwise(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray | No
     def fold(out: relax.TensorType, attrs: Any, *args: Any) -> np.ndarray | None:
         return fn(*args) if str(out.dtype).startswith(("float", "bfloat")) else None
     return fold
+
+
+def _exact(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray | None]:
+    """A folder for operations numpy computes exactly as TVM does in every dtype: comparisons,
+    selection, and integer addition, subtraction and multiplication (both wrap around)."""
+    def fold(out: relax.TensorType, attrs: Any, *args: Any) -> np.ndarray | None:
+        if len({a.dtype for a in args if isinstance(a, np.ndarray) and a.dtype != bool}) > 1:
+            return None  # mixed operand types: TVM's promotion rules, not numpy's
+        return fn(*args)
+    return fold
+
+
+def _taken(out: relax.TensorType, attrs: Any, x: np.ndarray, idx: np.ndarray
+           ) -> np.ndarray | None:
+    mode = {"wrap": "wrap", "clip": "clip"}.get(str(attrs.mode))
+    if mode is None or attrs.axis is None:
+        return None  # "fast" reads out of bounds where numpy would raise: TVM's to decide
+    return np.take(x, idx, axis=int(attrs.axis), mode=mode)
+
+
+def _shape_tensor(out: relax.TensorType, attrs: Any, shape: tuple[int, ...]) -> np.ndarray:
+    return np.array(shape, dtype=str(out.dtype))
 
 
 def _reshaped(out: relax.TensorType, attrs: Any, x: np.ndarray, *rest: Any) -> np.ndarray:
@@ -504,12 +528,19 @@ _NUMPY_FOLDERS: dict[str, Callable[..., np.ndarray | None]] = {
     "relax.reshape": _reshaped, "relax.expand_dims": _reshaped, "relax.squeeze": _reshaped,
     "relax.flatten": _reshaped, "relax.permute_dims": _transposed,
     "relax.broadcast_to": _broadcast, "relax.concat": _concatenated, "relax.astype": _cast,
-    "relax.add": _elementwise(np.add), "relax.subtract": _elementwise(np.subtract),
-    "relax.multiply": _elementwise(np.multiply), "relax.divide": _elementwise(np.divide),
+    "relax.add": _exact(np.add), "relax.subtract": _exact(np.subtract),
+    "relax.multiply": _exact(np.multiply), "relax.divide": _elementwise(np.divide),
     "relax.power": _elementwise(np.power), "relax.maximum": _elementwise(np.maximum),
     "relax.minimum": _elementwise(np.minimum), "relax.sqrt": _elementwise(np.sqrt),
     "relax.rsqrt": _elementwise(lambda x: 1 / np.sqrt(x)), "relax.exp": _elementwise(np.exp),
     "relax.negative": _elementwise(np.negative),
+    # exact in every dtype: the index normalisation of Gather (ViT, Swin: 37 of them, each a
+    # kernel FoldConstant compiled) is integer `where(less(i, 0), add(i, n), i)` on constants
+    "relax.less": _exact(np.less), "relax.less_equal": _exact(np.less_equal),
+    "relax.greater": _exact(np.greater), "relax.greater_equal": _exact(np.greater_equal),
+    "relax.equal": _exact(np.equal), "relax.not_equal": _exact(np.not_equal),
+    "relax.where": _exact(np.where),
+    "relax.take": _taken, "relax.shape_to_tensor": _shape_tensor,
 }
 
 
@@ -544,6 +575,9 @@ class _NumpyFolder(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not isinstance(call.op, tvm.ir.Op):
             return call
+        if call.op.name == "relax.shape_of":  # a static shape is a constant
+            dims = _static_dims(call.args[0].ty)
+            return call if dims is None else relax.ShapeExpr(list(dims))
         resolved = [self.resolve(a) for a in call.args]
         if not all(_is_constant(a) for a in resolved):
             return call  # checked before converting so that weights are not copied for nothing
