@@ -490,10 +490,10 @@ def _exact(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray | None]:
 
 def _taken(out: relax.TensorType, attrs: Any, x: np.ndarray, idx: np.ndarray
            ) -> np.ndarray | None:
-    mode = {"wrap": "wrap", "clip": "clip"}.get(str(attrs.mode))
-    if mode is None or attrs.axis is None:
+    mode = str(attrs.mode)
+    if mode not in ("wrap", "clip") or attrs.axis is None:
         return None  # "fast" reads out of bounds where numpy would raise: TVM's to decide
-    return np.take(x, idx, axis=int(attrs.axis), mode=mode)
+    return np.take(x, idx, axis=int(attrs.axis), mode="wrap" if mode == "wrap" else "clip")
 
 
 def _shape_tensor(out: relax.TensorType, attrs: Any, shape: tuple[int, ...]) -> np.ndarray:
