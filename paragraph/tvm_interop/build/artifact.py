@@ -25,6 +25,7 @@ import io
 import json
 import os
 import tempfile
+import threading
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,11 +41,14 @@ from paragraph.graph import TensorRef
 from paragraph.machine import describe_machine
 from paragraph.rules.library import default_library
 from paragraph.schedule import Schedule, ScheduleError
-from paragraph.tvm_interop.build.program import program_info, with_program_info, program_from_lowered
-from paragraph.tvm_interop.runtime.program import KernelProgram
-from paragraph.tvm_interop.runtime.target import default_device, is_gpu
+from paragraph.tvm_interop.build.program import (
+    program_from_lowered,
+    program_info,
+    with_program_info,
+)
 from paragraph.tvm_interop.runtime.memory import Block, MemoryPlan, check_memory_plan
-from paragraph.tvm_interop.runtime.target import local_cpu_target
+from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.target import default_device, is_gpu, local_cpu_target
 from paragraph.version import __version__
 
 FORMAT, VERSION = "paragraph-artifact", 1
@@ -245,13 +249,7 @@ def read_artifact(path: str | os.PathLike,
         raise ArtifactError(f"{what}: unreadable target in the manifest ({e})") from None
     device = device or default_device(target)
     _check_device(manifest, target, device, what)
-    with tempfile.TemporaryDirectory(prefix="paragraph-artifact-") as tmp:
-        lib_path = Path(tmp) / "kernels.so"
-        lib_path.write_bytes(members["kernels.so"])
-        try:
-            library = tvm.runtime.load_module(str(lib_path))
-        except Exception as e:  # noqa: BLE001 - a library that does not load, whatever TVM says
-            raise ArtifactError(f"{what}: its kernel library does not load here ({e})") from None
+    library = _load_library(members["kernels.so"], what)
     try:
         lowered = tvm.ir.load_json(members["lowered.json"].decode())
         program = program_from_lowered(lowered, target, device=device,
@@ -265,6 +263,31 @@ def read_artifact(path: str | os.PathLike,
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise ArtifactError(f"{what}: unreadable program ({type(e).__name__}: {e})") from None
     return Artifact(program, schedule, memory, manifest)
+
+
+# kernel libraries loaded in this process, by the SHA-256 of their bytes: TVM never unloads a
+# library it opened (each load of one artifact kept 0.6 MiB more: 1,000 loads of a reduced
+# SqueezeNet grew the process by 600 MiB), and the same bytes are the same code
+_LIBRARIES: dict[str, tvm.runtime.Module] = {}
+_LIBRARIES_LOCK = threading.Lock()
+
+
+def _load_library(data: bytes, what: str) -> tvm.runtime.Module:
+    """The kernel library ``data`` loaded (once per process for the same bytes)."""
+    key = hashlib.sha256(data).hexdigest()
+    with _LIBRARIES_LOCK:
+        if key in _LIBRARIES:
+            return _LIBRARIES[key]
+        with tempfile.TemporaryDirectory(prefix="paragraph-artifact-") as tmp:
+            lib_path = Path(tmp) / "kernels.so"
+            lib_path.write_bytes(data)
+            try:
+                library = tvm.runtime.load_module(str(lib_path))
+            except Exception as e:  # noqa: BLE001 - a library that does not load
+                raise ArtifactError(f"{what}: its kernel library does not load here ({e})"
+                                    ) from None
+        _LIBRARIES[key] = library
+        return library
 
 
 def _check_memory(program: KernelProgram, schedule: Schedule, memory: MemoryPlan) -> None:
