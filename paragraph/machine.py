@@ -188,6 +188,14 @@ def available_memory() -> int | None:
     return None
 
 
+def total_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where that cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def release_memory() -> None:
     """Collect unreachable objects (TVM objects in reference cycles hold their tensors) and
     hand the freed heap back to the system (glibc's ``malloc_trim``), so that

@@ -53,7 +53,7 @@ from paragraph.timing import Timing
 from paragraph.tvm_interop.runtime import native as _native
 from paragraph.tvm_interop.runtime.library import native as native_vendor
 from paragraph.tvm_interop.runtime.library import torch_kernels as vendor
-from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
+from paragraph.tvm_interop.runtime.memory import MemoryPlan, check_fits, plan_memory
 from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.threads import (
     acquire_workers,
@@ -128,6 +128,7 @@ class _Base:
         self.graph = program.graph
         self.device = program.device
         self.plan = plan or plan_memory(self.graph, schedule)
+        check_fits(self.graph, self.plan, self.device)  # before allocating any of it
         self._bind_buffers()
         waits = sync_points(schedule)
         signalled = {p for ps in waits.values() for p in ps}
