@@ -220,7 +220,10 @@ class _Base:
                              f"({', '.join(repr(name) for _, _, name in specs)}), "
                              f"got {len(inputs)}")
         for k, (arr, (shape, dtype, name)) in enumerate(zip(inputs, specs, strict=True)):
-            got_shape, got_dtype = tuple(getattr(arr, "shape", ())), str(getattr(arr, "dtype", "?"))
+            if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+                raise InputError(f"input {k} ({name!r}) must be an array of {dtype}"
+                                 f"{list(shape)} (numpy or TVM), got a {type(arr).__name__}")
+            got_shape, got_dtype = tuple(arr.shape), str(arr.dtype)
             if got_shape != shape or got_dtype != dtype:
                 raise InputError(f"input {k} ({name!r}) must be {dtype}{list(shape)}, got "
                                  f"{got_dtype}{list(got_shape)}")

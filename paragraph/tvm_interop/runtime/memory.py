@@ -53,11 +53,13 @@ class MemoryPlan:
     def __post_init__(self) -> None:
         # a plan may come from a file (an artifact): an index out of range or a negative size
         # would place a tensor outside every buffer
-        for i, b in enumerate(self.blocks):
-            if isinstance(b.size, bool) or not isinstance(b.size, int) or b.size < 0:
-                raise ScheduleError(f"memory plan block {i} has size {b.size!r}, not a "
+        for i, block in enumerate(self.blocks):
+            size: object = block.size
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ScheduleError(f"memory plan block {i} has size {size!r}, not a "
                                     "non-negative integer")
-        for ref, b in self.block_of.items():
+        for ref, index in self.block_of.items():
+            b: object = index
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < len(self.blocks):
                 raise ScheduleError(f"the memory plan puts {ref} in block {b!r}; it has "
                                     f"{len(self.blocks)} blocks (0 to {len(self.blocks) - 1})")
@@ -262,9 +264,10 @@ def check_fits(graph: Graph, plan: MemoryPlan, device: tvm.runtime.Device) -> No
     else:
         have, where = int(device.total_global_memory or 0) or None, f"{device}'s memory"
     if have is not None and need > have:
-        raise ModelTooLargeError(f"the program needs {need / 2**30:.1f} GiB ({plan.summary()}, "
-                                 f"plus inputs and weights); {where} is "
-                                 f"{have / 2**30:.1f} GiB")
+        raise ModelTooLargeError(f"the program needs {need / 2**30:.1f} GiB (its memory plan's "
+                                 f"{len(plan.blocks)} blocks {plan.peak_bytes / 2**30:.1f} GiB, "
+                                 f"its inputs and weights {(need - plan.peak_bytes) / 2**30:.1f}"
+                                 f" GiB); {where} is {have / 2**30:.1f} GiB")
 
 
 def _writer(ref: TensorRef, over: TensorRef, in_place: dict[int, TensorRef]) -> set[int]:
