@@ -256,7 +256,7 @@ def memory_needed(graph: Graph, plan: MemoryPlan) -> int:
 
 def check_fits(graph: Graph, plan: MemoryPlan, device: tvm.runtime.Device) -> None:
     """Raise `ModelTooLargeError` when a run needs more memory (`memory_needed`) than
-    ``device`` has in all (a GPU's global memory, a CPU's physical memory), before anything
+    ``device`` has in all (a GPU's global memory, `total_memory` on a CPU), before anything
     is allocated: a clear error instead of an allocation failure or the kernel's OOM killer."""
     need = memory_needed(graph, plan)
     if device.dlpack_device_type() == tvm.cpu().dlpack_device_type():
