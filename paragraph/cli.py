@@ -44,7 +44,7 @@ from paragraph.schedule import Schedule
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
-from paragraph.tvm_interop.build.artifact import is_artifact
+from paragraph.tvm_interop.build.artifact import KEY_ENV, is_artifact, read_key
 from paragraph.tvm_interop.build.tuning_db import RECORDS
 from paragraph.tvm_interop.measure.device import settle
 from paragraph.tvm_interop.meter.remote import Remote, parse_address
@@ -268,6 +268,11 @@ def _is_artifact(path: str) -> bool:
         return False
 
 
+def _key(args: argparse.Namespace) -> bytes | None:
+    """``--key-file``'s key (None without it: then ``$PARAGRAPH_ARTIFACT_KEY``'s, if set)."""
+    return read_key(args.key_file) if getattr(args, "key_file", None) else None
+
+
 def read_inputs(path: str, graph: Graph) -> list[np.ndarray]:
     """``--inputs FILE``: the inputs of ``graph`` (the model's, or a program's) from a .npz
     file, by input name (``np.savez(f, x=...)``) or in order (``np.savez(f, a, b)``:
@@ -436,7 +441,7 @@ def _run_compiled(args: argparse.Namespace) -> int:
     """``paragraph run FILE``: an artifact written by ``paragraph compile``, under its saved
     schedule (or --schedule/--schedule-file), checked against the TVM VM and timed."""
     with _Step(f"loading {args.model}"):
-        exe = load_artifact(args.model)
+        exe = load_artifact(args.model, key=_key(args))
     program, manifest = exe.program, exe.manifest
     info = manifest.get("info", {})
     _say(f"  {info.get('model', '?')}, {_kernel_summary(program)}, compiled "
@@ -472,7 +477,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     _say(f"  schedule {plan.schedule.describe()}")
     exe = ParallelExecutable.of(plan)
     with _Step(f"writing {args.output}"):
-        out = exe.export_library(args.output, info={"model": label})
+        out = exe.export_library(args.output, info={"model": label}, key=_key(args))
     _say(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB): run it with "
          f"`paragraph run {out}`")
     return 0
@@ -554,7 +559,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     searched = None
     if _is_artifact(args.model):  # a compiled program: its manifest, then its timeline
         with _Step(f"loading {args.model}"):
-            exe = load_artifact(args.model)
+            exe = load_artifact(args.model, key=_key(args))
         manifest = exe.manifest
         label = str(manifest.get("info", {}).get("model", args.model))
         _say(f"  {label}: paragraph {manifest.get('paragraph')}, TVM {manifest.get('tvm')}, "
@@ -625,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def model_options(p: argparse.ArgumentParser, tuning_db: bool = True) -> None:
         p.add_argument("model", help="zoo model name (see `paragraph models`), a .onnx file, "
-                       "or (run) a file written by `paragraph compile`")
+                       "or (run, inspect) a file written by `paragraph compile`, which holds "
+                       "native code: run only files from a trusted source")
         p.add_argument("--reduced", action="store_true",
                        help="zoo model at reduced size (same topology, small channels)")
         p.add_argument("--batch", type=_positive, default=1, help="batch size (zoo models)")
@@ -700,6 +706,15 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--rpc", metavar="HOST:PORT:KEY",
                        help="the same as --rpc-tracker HOST:PORT --rpc-key KEY")
 
+    def key_option(p: argparse.ArgumentParser, verb: str) -> None:
+        p.add_argument("--key-file", metavar="FILE",
+                       help=f"{verb} the compiled file with the HMAC-SHA256 key in FILE (its "
+                       "bytes, a trailing newline dropped; at least 16: `openssl rand -hex 32 "
+                       f"> FILE`); default the key file ${KEY_ENV} names, if set. A compiled "
+                       "file holds native code: load only trusted ones. Without a key its "
+                       "SHA-256 sums catch accidental damage only; with one, an unsigned, "
+                       "foreign or altered file is refused before any of it is loaded")
+
     def search_options(p: argparse.ArgumentParser) -> None:
         g = p.add_argument_group("substitution search (AutoGraph; TASO/MetaFlow baselines)")
         g.add_argument("--search", choices=METHODS, default="none",
@@ -725,8 +740,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="import a model, round-trip it through paragraph's graph, "
                        "compile it, check outputs and time it on the parallel executor (or "
-                       "run a file written by `paragraph compile`)")
+                       "run a file written by `paragraph compile`: native code, so only a "
+                       "trusted one)")
     model_options(p)
+    key_option(p, "verify")
     schedule_options(p)
     search_options(p)
     p.add_argument("--repeat", type=_positive, default=10, help="timed runs (default 10)")
@@ -755,6 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="profile one schedule and draw its timeline (PNG)")
     model_options(p)
+    key_option(p, "verify")
     schedule_options(p)
     p.add_argument("--repeat", type=_positive, default=5, help="profiled runs (median shown)")
     p.add_argument("--out", metavar="PNG", help="timeline file (default MODEL-SCHEDULE-...png)")
@@ -788,8 +806,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile a model (kernels, weights, schedule, memory "
                        "plan, manifest) into one file that `paragraph run FILE` runs and "
-                       "paragraph.load loads")
+                       "paragraph.load loads; it holds native code, so sign it (--key-file) "
+                       "where it travels")
     model_options(p)
+    key_option(p, "sign")
     schedule_options(p)
     search_options(p)
     rpc_option(p)

@@ -6,7 +6,11 @@
 build, plan a schedule) and returns a `ParallelExecutable`: the program, the schedule, the
 memory plan the executor uses and the planner's report. ``export_library`` writes all of it as
 one file (`paragraph.tvm_interop.build.artifact`) that `load` runs in another process with the
-same schedule. A module that the `paragraph.transform.InterOperatorSchedule` pass produced
+same schedule. That file holds native code (the compiled kernels), which `load` loads into
+the process: load only files from a trusted source, and give both sides a key
+(``export_library(key=...)``, ``load(key=...)`` or ``$PARAGRAPH_ARTIFACT_KEY``) to check that a
+file is one you signed; without a key its SHA-256 sums only catch accidental damage. A module
+that the `paragraph.transform.InterOperatorSchedule` pass produced
 (lowered, with its schedule attached to ``main``) builds under that schedule without planning
 again.
 """
@@ -130,12 +134,15 @@ class ParallelExecutable:
 
     # -- files
     def export_library(self, path: str | os.PathLike,
-                       info: Mapping[str, Any] | None = None) -> Path:
+                       info: Mapping[str, Any] | None = None, *,
+                       key: bytes | None = None) -> Path:
         """Write everything this program needs to run as one file (see
         `paragraph.tvm_interop.build.artifact`); `paragraph.load` reads it back. ``info`` (JSON
-        values) joins the manifest next to the planner's report."""
+        values) joins the manifest next to the planner's report. With ``key`` (at least 16
+        bytes; default the key file named by ``$PARAGRAPH_ARTIFACT_KEY``, if set) the file is
+        signed (HMAC-SHA256), and ``load`` with the same key refuses any other file."""
         return write_artifact(path, self.program, self.schedule, self.memory,
-                              {"report": self.report, **(info or {})})
+                              {"report": self.report, **(info or {})}, key=key)
 
     def close(self) -> None:
         """Stop the executor's threads after the run in flight (a later run starts them
@@ -185,13 +192,21 @@ def build(mod: Any, target: tvm.target.Target | str | None = None, *,
     return ParallelExecutable.of(compile(mod, options, log=log, remote=remote))
 
 
-def load(path: str | os.PathLike, device: tvm.runtime.Device | None = None
-         ) -> ParallelExecutable:
+def load(path: str | os.PathLike, device: tvm.runtime.Device | None = None, *,
+         key: bytes | None = None) -> ParallelExecutable:
     """The `ParallelExecutable` written by ``export_library`` (or ``paragraph compile``),
-    checked and linked on ``device`` (the target's default when None). Raises
-    `paragraph.tvm_interop.build.artifact.ArtifactError` for a file that is not an artifact, is
-    truncated or altered, or was made by another format version, TVM, CPU or device."""
-    art = read_artifact(path, device)
+    checked and linked on ``device`` (the target's default when None).
+
+    **The file contains native code** (its compiled kernels), loaded into this process with
+    its rights: load only files from a trusted source. Its SHA-256 sums detect accidental
+    damage only, since whoever edits the file can recompute them. With ``key`` (the bytes it
+    was exported with; default the key file named by ``$PARAGRAPH_ARTIFACT_KEY``, if set) its
+    HMAC-SHA256 signature and every part are checked before anything is written to disk or
+    loaded, and an unsigned file, a wrong key or an altered byte is refused. Raises
+    `paragraph.tvm_interop.build.artifact.ArtifactError` for that, and for a file that is not an
+    artifact, is truncated or altered, or was made by another format version, TVM, CPU or
+    device."""
+    art = read_artifact(path, device, key=key)
     return ParallelExecutable(art.program, art.schedule, memory=art.memory,
                               report=art.manifest.get("info", {}).get("report", {}),
                               manifest=art.manifest)

@@ -20,6 +20,13 @@ class ModelLoadError(ParagraphError):
     """A model source could not be read (missing or corrupt file, unknown format)."""
 
 
+class ModelTooLargeError(ParagraphError):
+    """The model needs more memory than the machine or device has (checked before allocating).
+
+    The message gives the bytes needed and the bytes there are.
+    """
+
+
 class GraphError(ParagraphError):
     """A paragraph.Graph is malformed (cycle, dangling reference, inconsistent types)."""
 

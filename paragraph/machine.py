@@ -188,6 +188,29 @@ def available_memory() -> int | None:
     return None
 
 
+# the memory limit of this process's control group (v2, then v1): in a container it is what
+# the OOM killer enforces, whatever the machine has
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def total_memory() -> int | None:
+    """Bytes of memory this process may use in all: the machine's physical memory, or its
+    control group's limit where that is lower; None where neither can be read."""
+    try:
+        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError, AttributeError):
+        total = None
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                limit = int(f.read().strip())  # "max" (no limit) is not a number
+        except (OSError, ValueError):
+            continue
+        total = limit if total is None else min(total, limit)
+        break
+    return total
+
+
 def release_memory() -> None:
     """Collect unreachable objects (TVM objects in reference cycles hold their tensors) and
     hand the freed heap back to the system (glibc's ``malloc_trim``), so that

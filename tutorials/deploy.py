@@ -8,6 +8,10 @@ planner's report, a checksum of every part). ``paragraph.load`` checks and loads
 process with the same paragraph and TVM, on a machine with the same CPU (or GPU): nothing is
 searched, planned or unpickled. The command line does the same:
 ``paragraph compile squeezenet1_1 -o model.paragraph`` then ``paragraph run model.paragraph``.
+The file holds native code (the kernels), which loading runs: load only files from a trusted
+source, and sign them where they travel (``export_library(path, key=key)``, then
+``paragraph.load(path, key=key)``, or ``--key-file`` on the command line): the checksums alone
+catch accidents, not edits.
 """
 
 from __future__ import annotations

@@ -140,6 +140,9 @@ def load_library(path: str | Path | None = None) -> Library:
     if data.get("version") != VERSION:
         raise RuleLibraryError(f"{path}: library version {data.get('version')!r}; this "
                                f"paragraph reads version {VERSION}")
+    if not isinstance(data.get("rules", []), list):
+        raise RuleLibraryError(f"{path}: its 'rules' is not a list of rules (it is a JSON "
+                               f"{type(data['rules']).__name__})")
     lib = Library(path, meta={k: v for k, v in data.items() if k != "rules"})
     seen: set[str] = set()
     for i, entry in enumerate(data.get("rules", [])):

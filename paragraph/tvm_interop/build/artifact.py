@@ -9,18 +9,33 @@ A zip archive (nothing in it is pickled) of
 * ``lowered.json``: the lowered module with its weights and `program_info` on ``main``, from
   which the kernel graph is rebuilt (``tvm.ir.save_json``);
 * ``schedule.json`` (`paragraph.schedule.Schedule`) and ``memory.json`` (the block of every
-  tensor, `MemoryPlan`).
+  tensor, `MemoryPlan`);
+* ``signature.json``, only in a signed artifact: an HMAC-SHA256 of the manifest's bytes.
+
+**An artifact is native code.** Loading one dlopens ``kernels.so``, which runs with the
+loading process's rights: load only artifacts from a source you trust. The SHA-256 sums in
+the manifest detect accidental damage only (whoever edits the file can recompute them). A
+key the file does not carry makes the check real: written with ``key``, the manifest (which
+holds every other member's sum) is signed; read with ``key`` (or ``$PARAGRAPH_ARTIFACT_KEY``,
+the path of a key file: `artifact_key`), the signature is checked with
+`hmac.compare_digest`, then every member against its signed sum, all before anything is
+written to disk or loaded. Nothing outside the signed manifest and the members it sums is
+read. An unsigned file, a wrong key and any altered byte are refused.
 
 `read_artifact` refuses, with an `ArtifactError` naming the cause, a file that is not an
 artifact, a truncated or altered one (checksums are checked before the library is loaded), one
 written by another format version or another TVM, and one compiled for another CPU or a GPU
-this machine lacks. The schedule is checked against the rebuilt kernel graph and the memory
-plan against the schedule (`check_memory_plan`), so a loaded program runs as it was compiled.
+this machine lacks. The memory plan is checked as data (`memory_from_json`: block indices in
+range, sizes non-negative) and against the rebuilt kernel graph (`check_memory_plan`: every
+tensor fits its block, views lie inside their source, no block larger than what it holds,
+no two live tensors share one), and the schedule against the graph, so a loaded program runs
+as it was compiled and a doctored plan cannot make the executor write outside a buffer.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -54,10 +69,50 @@ from paragraph.version import __version__
 FORMAT, VERSION = "paragraph-artifact", 1
 MANIFEST = "manifest.json"
 MEMBERS = ("kernels.so", "lowered.json", "schedule.json", "memory.json")
+SIGNATURE = "signature.json"  # {"algorithm": "hmac-sha256", "mac": hex}: of the manifest's bytes
+KEY_ENV = "PARAGRAPH_ARTIFACT_KEY"  # the path of a key file
+MIN_KEY_BYTES = 16  # HMAC's strength is its key's: refuse a password-sized one
 
 
 class ArtifactError(ParagraphError):
     """A file is not a paragraph artifact, or one this paragraph/TVM/machine cannot run."""
+
+
+# ---------------------------------------------------------------------------- keys
+def read_key(path: str | os.PathLike) -> bytes:
+    """The signing key in the file at ``path``: its bytes, a trailing line end removed (so
+    that ``openssl rand -hex 32 > key`` makes one). `ArtifactError` when it cannot be read
+    or is shorter than `MIN_KEY_BYTES`."""
+    try:
+        key = Path(path).read_bytes().rstrip(b"\r\n")
+    except OSError as e:
+        raise ArtifactError(f"key file {path}: cannot be read ({e.strerror or e})") from None
+    return _checked_key(key, f"key file {path}")
+
+
+def artifact_key(key: bytes | None = None, key_file: str | os.PathLike | None = None
+                 ) -> bytes | None:
+    """The key that signs and verifies artifacts: ``key``, else the key file ``key_file``,
+    else the key file named by ``$PARAGRAPH_ARTIFACT_KEY``, else None (unsigned)."""
+    if key is not None:
+        return _checked_key(key, "the key")
+    if key_file is not None:
+        return read_key(key_file)
+    env = os.environ.get(KEY_ENV)
+    return read_key(env) if env else None
+
+
+def _checked_key(key: bytes, what: str) -> bytes:
+    if not isinstance(key, bytes):
+        raise ArtifactError(f"{what} must be bytes, not {type(key).__name__}")
+    if len(key) < MIN_KEY_BYTES:
+        raise ArtifactError(f"{what} has {len(key)} bytes; a key needs at least "
+                            f"{MIN_KEY_BYTES} (e.g. `openssl rand -hex 32`)")
+    return key
+
+
+def _mac(key: bytes, manifest: bytes) -> str:
+    return hmac.new(key, manifest, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -81,16 +136,41 @@ def memory_to_json(plan: MemoryPlan) -> dict[str, Any]:
             "no_reuse_bytes": plan.no_reuse_bytes}
 
 
-def memory_from_json(data: Mapping[str, Any]) -> MemoryPlan:
-    """`memory_to_json` read back (users and tensors of each block are rebuilt from it)."""
-    blocks = [Block(int(size), bool(dedicated)) for size, dedicated in data["blocks"]]
+def memory_from_json(data: Any) -> MemoryPlan:
+    """`memory_to_json` read back (users and tensors of each block are rebuilt from it).
+    Every number is checked as it is read: `ScheduleError` names a block size or a tensor's
+    node, index or block that is not a non-negative integer, or a block index out of range
+    (a plan read from a file must not place a tensor outside the buffers; its fit to the
+    program is `check_memory_plan`'s)."""
+    if not isinstance(data, dict) or not isinstance(data.get("blocks"), list) \
+            or not isinstance(data.get("block_of"), dict):
+        raise ScheduleError("the memory plan is not {'blocks': [...], 'block_of': {...}}")
+    blocks = []
+    for i, entry in enumerate(data["blocks"]):
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], bool)):
+            raise ScheduleError(f"memory plan block {i} is {entry!r}, not [size, dedicated]")
+        blocks.append(Block(_count(entry[0], f"block {i}'s size"), entry[1]))
     block_of = {}
     for key, b in data["block_of"].items():
-        node, _, index = str(key).partition(":")
+        node, colon, index = str(key).partition(":")
+        if not colon or not node.isdigit() or not index.isdigit():
+            raise ScheduleError(f"memory plan tensor {key!r} is not 'node:index'")
         ref = TensorRef(int(node), int(index))
-        block_of[ref] = int(b)
-        blocks[int(b)].tensors.append(ref)
-    return MemoryPlan(blocks, block_of, int(data["no_reuse_bytes"]))
+        block = _count(b, f"tensor {key}'s block")
+        if block >= len(blocks):
+            raise ScheduleError(f"memory plan tensor {key} is in block {block}; the plan has "
+                                f"{len(blocks)}")
+        block_of[ref] = block
+        blocks[block].tensors.append(ref)
+    return MemoryPlan(blocks, block_of, _count(data.get("no_reuse_bytes"), "no_reuse_bytes"))
+
+
+def _count(value: Any, what: str) -> int:
+    """``value`` if it is a non-negative integer (not a bool, a float or text)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ScheduleError(f"the memory plan's {what} is {value!r}, not a non-negative "
+                            "integer")
+    return value
 
 
 # ---------------------------------------------------------------------------- write
@@ -112,10 +192,14 @@ def _rules(rewrites: tuple[str, ...]) -> list[dict[str, str]]:
 
 
 def write_artifact(path: str | os.PathLike, program: KernelProgram, schedule: Schedule,
-                   memory: MemoryPlan, info: Mapping[str, Any] | None = None) -> Path:
+                   memory: MemoryPlan, info: Mapping[str, Any] | None = None, *,
+                   key: bytes | None = None) -> Path:
     """Write ``program`` under ``schedule`` with ``memory`` as one file at ``path``
     (atomically: an interrupted write leaves the old file or none). ``info`` (JSON values:
-    the model's name, the search and schedule reports) goes into the manifest."""
+    the model's name, the search and schedule reports) goes into the manifest. With a key
+    (``key``, else ``$PARAGRAPH_ARTIFACT_KEY``'s file: `artifact_key`) the manifest is signed
+    (module docstring)."""
+    key = artifact_key(key)
     schedule.validate(program.graph)
     check_memory_plan(program.graph, schedule, memory)
     with tempfile.TemporaryDirectory(prefix="paragraph-artifact-") as tmp:
@@ -143,10 +227,13 @@ def write_artifact(path: str | os.PathLike, program: KernelProgram, schedule: Sc
         "members": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                     for name, data in members.items()},
     }
+    manifest_bytes = json.dumps(manifest, indent=1, default=str).encode()
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as z:
-        z.writestr(MANIFEST, json.dumps(manifest, indent=1, default=str),
-                   compress_type=zipfile.ZIP_DEFLATED)
+        z.writestr(MANIFEST, manifest_bytes, compress_type=zipfile.ZIP_DEFLATED)
+        if key is not None:
+            z.writestr(SIGNATURE, json.dumps({"algorithm": "hmac-sha256",
+                                              "mac": _mac(key, manifest_bytes)}))
         for name, data in members.items():  # the library stored as is; JSON compressed
             z.writestr(name, data, compress_type=zipfile.ZIP_STORED if name.endswith(".so")
                        else zipfile.ZIP_DEFLATED)
@@ -167,19 +254,26 @@ def is_artifact(path: str | os.PathLike) -> bool:
         return False
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of the artifact at ``path``, checked for format, version and TVM."""
-    return _open(Path(path))[0]
+def read_manifest(path: str | os.PathLike, *, key: bytes | None = None) -> dict[str, Any]:
+    """The manifest of the artifact at ``path``, checked for format, version and TVM (and its
+    signature and sums, with a key: `read_artifact`)."""
+    return _open(Path(path), artifact_key(key))[0]
 
 
-def _open(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
+def _open(path: Path, key: bytes | None) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and the members of the artifact at ``path``, read into memory and
+    checked (the signature first, with ``key``); nothing is written or loaded."""
     what = f"{path}"
     try:
         with zipfile.ZipFile(path) as z:
             names = set(z.namelist())
             if MANIFEST not in names:
                 raise ArtifactError(f"{what} is not a paragraph artifact (no {MANIFEST})")
-            manifest = json.loads(z.read(MANIFEST))
+            manifest_bytes = z.read(MANIFEST)
+            if key is not None:
+                _check_signature(manifest_bytes, z.read(SIGNATURE) if SIGNATURE in names
+                                 else None, key, what)
+            manifest = json.loads(manifest_bytes)
             _check_manifest(manifest, what)
             members = {}
             for name in MEMBERS:
@@ -196,11 +290,33 @@ def _open(path: Path) -> tuple[dict[str, Any], dict[str, bytes]]:
     except (OSError, ValueError, zipfile.LargeZipFile) as e:  # CRC errors are ValueErrors too
         raise ArtifactError(f"{what} cannot be read: {type(e).__name__}: {e}") from None
     for name, data in members.items():
-        want = manifest["members"].get(name, {}).get("sha256")
-        if hashlib.sha256(data).hexdigest() != want:
+        entry = manifest["members"].get(name)
+        want = entry.get("sha256") if isinstance(entry, dict) else None
+        if not isinstance(want, str) or not hmac.compare_digest(
+                hashlib.sha256(data).hexdigest().encode(), want.encode()):
             raise ArtifactError(f"{what} is corrupt: {name} does not match its checksum in the "
                                 "manifest (the file was altered after it was written)")
     return manifest, members
+
+
+def _check_signature(manifest: bytes, signature: bytes | None, key: bytes, what: str) -> None:
+    """Refuse unless ``signature`` (the member's bytes, None where it is missing) is the
+    HMAC of ``manifest`` under ``key``."""
+    if signature is None:
+        raise ArtifactError(f"{what} is not signed, and a key was given: refusing to load "
+                            "native code whose origin cannot be checked (sign it with "
+                            "export_library(key=...) or `paragraph compile --key-file`)")
+    try:
+        entry = json.loads(signature)
+        algorithm, mac = entry["algorithm"], entry["mac"]
+    except (ValueError, TypeError, KeyError):
+        raise ArtifactError(f"{what}: its {SIGNATURE} is unreadable") from None
+    if algorithm != "hmac-sha256" or not isinstance(mac, str):
+        raise ArtifactError(f"{what} is signed with {algorithm!r}; paragraph checks "
+                            "hmac-sha256")
+    if not hmac.compare_digest(mac.encode(), _mac(key, manifest).encode()):
+        raise ArtifactError(f"{what}: its signature does not match the key (signed with "
+                            "another key, or the file was altered): refusing to load it")
 
 
 def _check_manifest(manifest: Any, what: str) -> None:
@@ -236,12 +352,17 @@ def _check_device(manifest: Mapping[str, Any], target: tvm.target.Target,
                             "compile the model on (or for) this machine")
 
 
-def read_artifact(path: str | os.PathLike,
-                  device: tvm.runtime.Device | None = None) -> Artifact:
+def read_artifact(path: str | os.PathLike, device: tvm.runtime.Device | None = None, *,
+                  key: bytes | None = None) -> Artifact:
     """Load the artifact at ``path``: checked (see the module docstring), its library loaded,
-    its program linked on ``device`` (the target's default when None), ready to run."""
+    its program linked on ``device`` (the target's default when None), ready to run.
+
+    The artifact holds native code that runs in this process: load only one from a trusted
+    source. With a key (``key``, else ``$PARAGRAPH_ARTIFACT_KEY``'s file: `artifact_key`)
+    its signature and every member are checked before the library is written to disk or
+    loaded; without one, only sums any editor can recompute."""
     path = Path(path)
-    manifest, members = _open(path)
+    manifest, members = _open(path, artifact_key(key))
     what = str(path)
     try:
         target = tvm.target.Target(manifest["target"])
@@ -249,19 +370,24 @@ def read_artifact(path: str | os.PathLike,
         raise ArtifactError(f"{what}: unreadable target in the manifest ({e})") from None
     device = device or default_device(target)
     _check_device(manifest, target, device, what)
+    try:  # the plan as data before any native code runs; its fit to the program below
+        memory = memory_from_json(json.loads(members["memory.json"]))
+    except (ScheduleError, ValueError) as e:
+        raise ArtifactError(f"{what}: unreadable memory plan ({e})") from None
     library = _load_library(members["kernels.so"], what)
     try:
         lowered = tvm.ir.load_json(members["lowered.json"].decode())
         program = program_from_lowered(lowered, target, device=device,
                                        executable=relax.VMExecutable(library))
         schedule = Schedule.from_json(members["schedule.json"].decode(), program.graph)
-        memory = memory_from_json(json.loads(members["memory.json"]))
         _check_memory(program, schedule, memory)
     except ScheduleError as e:
         raise ArtifactError(f"{what}: its schedule or memory plan does not fit its program "
                             f"({e})") from None
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise ArtifactError(f"{what}: unreadable program ({type(e).__name__}: {e})") from None
+    except ParagraphError as e:  # the program's metadata (program_from_lowered)
+        raise ArtifactError(f"{what}: {e}") from None
     return Artifact(program, schedule, memory, manifest)
 
 

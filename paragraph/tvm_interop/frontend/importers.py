@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir.expr import Constant as _ConstBase
 
-from paragraph.errors import ModelLoadError, UnsupportedModelError
+from paragraph.errors import ModelLoadError, ModelTooLargeError, UnsupportedModelError
+from paragraph.machine import total_memory
 from paragraph.tvm_interop.frontend import onnx_converters
 from paragraph.tvm_interop.frontend.onnx_shapes import fold_shape_computations
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
@@ -59,7 +61,9 @@ def load(source: Any, input_shapes: InputShapes = None, *,
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     """Normalise a Relax module into the form the rest of paragraph expects, and check it.
 
-    Decomposes batch norm for inference, binds ``main``'s weight parameters when the module
+    Refuses first (`ModelTooLargeError`) a model that cannot fit this machine's memory
+    (`_check_memory`). Decomposes batch norm for inference, binds ``main``'s weight parameters
+    when the module
     carries their values (the frontends' ``params`` attribute; parameters without values stay
     inputs), gives ``take`` (an embedding's Gather) a mode that cannot read out of bounds
     (`_SafeTake`), folds constant subexpressions, canonicalises bindings and removes dead
@@ -68,6 +72,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     blocks).
     """
     _require_main(mod)
+    _check_memory(mod)  # before folding makes the constants the model declares
     mod = _bind_weight_params(mod)
     mod = _SafeTake(mod).transform()
     mod = relax.transform.DecomposeOpsForInference()(mod)
@@ -346,7 +351,62 @@ def _check_supported(mod: tvm.IRModule) -> None:
     if isinstance(body.body, relax.If):
         raise UnsupportedModelError("control flow: main returns an if/else (relax.If); "
                                     "paragraph needs one straight-line dataflow block")
-    from_relax(mod)  # symbolic shapes, several dataflow blocks, non-tensor values, ...
+    graph = from_relax(mod)  # symbolic shapes, several dataflow blocks, non-tensor values, ...
+    if not graph.operators:  # an executor with no kernel to run has no stream to run it on
+        raise UnsupportedModelError("the model computes nothing: main has no operator (it "
+                                    "returns its inputs or constants as they are); there is "
+                                    "nothing to compile")
+
+
+def _check_memory(mod: tvm.IRModule) -> None:
+    """Raise `ModelTooLargeError` when ``main`` cannot run in this machine's memory: a run
+    holds its inputs, weights and outputs and, at some point, its largest other tensor, so
+    their sum is a lower bound of what any plan allocates. Checked on the declared types,
+    before anything of that size is made (folding a huge ``ConstantOfShape`` would allocate it;
+    past the machine's memory the kernel's OOM killer, not an error, ends the process)."""
+    have = total_memory()
+    if have is None:
+        return
+    func = mod["main"]
+    if not isinstance(func.body, relax.SeqExpr):  # not normalised: `_check_supported` says so
+        return
+    held = sum(_type_bytes(p.ty) for p in func.params)  # inputs and weight parameters
+    largest, name = 0, ""
+    ret = func.body.body
+    outputs = [f for f in (ret.fields if isinstance(ret, relax.Tuple) else [ret])
+               if isinstance(f, relax.Var)]
+    held += _type_bytes(ret.ty)
+    constants: set[int] = set()  # each constant once, by its object (weights are shared)
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            for arg in [value, *(value.args if isinstance(value, relax.Call) else ())]:
+                for c in (arg.fields if isinstance(arg, relax.Tuple) else [arg]):
+                    if isinstance(c, _ConstBase) and c.__chandle__() not in constants:
+                        constants.add(c.__chandle__())
+                        held += _type_bytes(c.ty)
+            size = _type_bytes(binding.var.ty)
+            if not isinstance(value, _ConstBase) and size > largest \
+                    and not any(binding.var.same_as(o) for o in outputs):
+                largest, name = size, binding.var.name
+    need = held + largest
+    if need > have:
+        raise ModelTooLargeError(
+            f"the model needs at least {need / 2**30:.1f} GiB (its inputs, weights and outputs "
+            f"{held / 2**30:.1f} GiB" + (f", its tensor {name!r} {largest / 2**30:.1f} GiB"
+                                         if largest else "")
+            + f"); this machine has {have / 2**30:.1f} GiB of memory")
+
+
+def _type_bytes(ty: Any) -> int:
+    """Bytes of a value of Relax type ``ty`` (a tensor or a tuple of them); 0 for a shape
+    not known here (symbolic: refused later, by `_check_supported`)."""
+    if isinstance(ty, relax.TupleType):
+        return sum(_type_bytes(f) for f in ty.fields)
+    dims = _static_dims(ty)
+    if dims is None or ty.dtype is None or str(ty.dtype) in ("", "void"):
+        return 0
+    return int(np.prod(dims, dtype=object)) * tvm_ffi.dtype(str(ty.dtype)).itemsize
 
 
 def _first_line(exc: BaseException) -> str:

@@ -112,7 +112,11 @@ class _Folder:
                             for a in node.attribute):
             inputs = [self.const_input(name) if name else None for name in node.input]
             if all(v is not None for v, name in zip(inputs, node.input, strict=True) if name):
-                values = _evaluate(self.onnx, node, inputs, self.opset)
+                # the declared sizes first: a ConstantOfShape of 10^12 elements is not made
+                # (past the machine's memory the OOM killer, not an error, would end it)
+                self.infer(node)
+                if not self.too_large(node):
+                    values = _evaluate(self.onnx, node, inputs, self.opset)
         if values is None:
             self.infer(node)
             return [node]
@@ -151,6 +155,16 @@ class _Folder:
         except Exception:  # noqa: BLE001  no schema, or inference fails: types unknown
             return
         self.types.update(types)
+
+    def too_large(self, node: Any) -> bool:
+        """Whether shape inference gave an output of ``node`` more elements than a folded
+        constant may have."""
+        for name in node.output:
+            dims = _dims(self.types.get(name))
+            if dims is not None and all(d is not None for d in dims) \
+                    and _elements([int(d) for d in dims if d is not None]) > MAX_OUTPUT_ELEMENTS:
+                return True
+        return False
 
     def pads_nothing(self, node: Any) -> bool:
         """Whether ``node`` is a ``Pad`` by amounts that are all zero: Swin pads its windows by

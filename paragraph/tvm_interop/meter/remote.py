@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import statistics
+import struct
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -208,6 +209,31 @@ def parse_address(text: str) -> tuple[str, int, str]:
     return parts[0], port, parts[2]
 
 
+def _probe_tracker(address: str, host: str, port: int, timeout: float) -> None:
+    """Raise `ParagraphError` unless a TVM RPC tracker answers at ``host:port`` within
+    ``timeout`` seconds. TVM's own connect retries a refused connection for a minute and then
+    waits for the tracker's handshake with no time limit at all (a port that accepts and
+    stays silent hung it for good): say at once what is there instead."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack("<i", rpc.base.RPC_TRACKER_MAGIC))
+            answer = b""
+            while len(answer) < 4:
+                chunk = sock.recv(4 - len(answer))
+                if not chunk:
+                    break
+                answer += chunk
+    except TimeoutError:
+        raise ParagraphError(f"--rpc {address}: {host}:{port} did not answer as an RPC "
+                             f"tracker within {timeout:g} s") from None
+    except OSError as e:
+        raise ParagraphError(f"--rpc {address}: no tracker at {host}:{port} "
+                             f"({e.strerror or e})") from None
+    if len(answer) < 4 or struct.unpack("<i", answer)[0] != rpc.base.RPC_TRACKER_MAGIC:
+        raise ParagraphError(f"--rpc {address}: {host}:{port} is not a TVM RPC tracker (it "
+                             "answered something else)")
+
+
 class Remote:
     """A session on a paragraph RPC server, requested from a tracker (see the module
     docstring). A server serves one session at a time: ``timeout`` (seconds) bounds the wait
@@ -216,11 +242,7 @@ class Remote:
     def __init__(self, address: str, timeout: float = 60.0) -> None:
         host, port, key = parse_address(address)
         self.address, self.key = address, key
-        try:  # TVM's own connect retries for a minute: say at once when nothing listens
-            socket.create_connection((host, port), timeout=min(timeout, 5.0)).close()
-        except OSError as e:
-            raise ParagraphError(f"--rpc {address}: no tracker at {host}:{port} "
-                                 f"({e.strerror or e})") from None
+        _probe_tracker(address, host, port, min(timeout, 5.0))
         try:
             tracker = rpc.connect_tracker(host, port)
             # the tracker answers a request only when a device is free: bound the wait

@@ -53,7 +53,7 @@ from paragraph.timing import Timing
 from paragraph.tvm_interop.runtime import native as _native
 from paragraph.tvm_interop.runtime.library import native as native_vendor
 from paragraph.tvm_interop.runtime.library import torch_kernels as vendor
-from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
+from paragraph.tvm_interop.runtime.memory import MemoryPlan, check_fits, plan_memory
 from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.threads import (
     acquire_workers,
@@ -132,6 +132,7 @@ class _Base:
         # got other threads' outputs, silently)
         self._lock = threading.Lock()
         self.plan = plan or plan_memory(self.graph, schedule)
+        check_fits(self.graph, self.plan, self.device)  # before allocating any of it
         self._bind_buffers()
         waits = sync_points(schedule)
         signalled = {p for ps in waits.values() for p in ps}
@@ -223,7 +224,10 @@ class _Base:
                              f"({', '.join(repr(name) for _, _, name in specs)}), "
                              f"got {len(inputs)}")
         for k, (arr, (shape, dtype, name)) in enumerate(zip(inputs, specs, strict=True)):
-            got_shape, got_dtype = tuple(getattr(arr, "shape", ())), str(getattr(arr, "dtype", "?"))
+            if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
+                raise InputError(f"input {k} ({name!r}) must be an array of {dtype}"
+                                 f"{list(shape)} (numpy or TVM), got a {type(arr).__name__}")
+            got_shape, got_dtype = tuple(arr.shape), str(arr.dtype)
             if got_shape != shape or got_dtype != dtype:
                 raise InputError(f"input {k} ({name!r}) must be {dtype}{list(shape)}, got "
                                  f"{got_dtype}{list(got_shape)}")

@@ -19,7 +19,9 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from paragraph.errors import ModelTooLargeError
 from paragraph.graph import Graph, TensorRef
+from paragraph.machine import total_memory
 from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop.runtime.library.names import VendorOp, is_vendor_name
 
@@ -47,6 +49,20 @@ class MemoryPlan:
     blocks: list[Block]
     block_of: dict[TensorRef, int]  # kernel outputs and views -> block index
     no_reuse_bytes: int
+
+    def __post_init__(self) -> None:
+        # a plan may come from a file (an artifact): an index out of range or a negative size
+        # would place a tensor outside every buffer
+        for i, block in enumerate(self.blocks):
+            size: object = block.size
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ScheduleError(f"memory plan block {i} has size {size!r}, not a "
+                                    "non-negative integer")
+        for ref, index in self.block_of.items():
+            b: object = index
+            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < len(self.blocks):
+                raise ScheduleError(f"the memory plan puts {ref} in block {b!r}; it has "
+                                    f"{len(self.blocks)} blocks (0 to {len(self.blocks) - 1})")
 
     @property
     def peak_bytes(self) -> int:
@@ -169,7 +185,9 @@ def _new_block(blocks: list[Block], size: int, dedicated: bool = False) -> int:
 
 
 def check_memory_plan(graph: Graph, schedule: Schedule, plan: MemoryPlan) -> None:
-    """Raise `ScheduleError` if two tensors that may be live at once share a block.
+    """Raise `ScheduleError` if the plan does not fit ``graph``: a tensor the graph lacks, one
+    larger than its block, a block larger than every tensor it holds (or holding none), a view
+    outside its source (`check_views`), or two tensors that may be live at once in one block.
 
     Independent of `plan_memory`: for every pair of tensors in one block, all kernels touching
     the earlier must happen-before the producer of the later (in one direction or the other),
@@ -179,6 +197,14 @@ def check_memory_plan(graph: Graph, schedule: Schedule, plan: MemoryPlan) -> Non
     before = schedule.happens_before()
     index = {k: i for i, k in enumerate(schedule.kernels)}
     root = _storage_roots(graph)
+    check_views(graph)
+    for ref, b in plan.block_of.items():
+        if ref not in root:
+            raise ScheduleError(f"the memory plan places {ref} (in block {b}), which is not a "
+                                "kernel output or a view of the program")
+        if root[ref] != ref and plan.block_of.get(root[ref], b) != b:
+            raise ScheduleError(f"the memory plan puts the view {ref} in block {b}, its "
+                                f"source {root[ref]} in block {plan.block_of[root[ref]]}")
     touches: dict[TensorRef, set[int]] = {}
     for n in graph.nodes:
         for r in n.inputs:
@@ -200,6 +226,48 @@ def check_memory_plan(graph: Graph, schedule: Schedule, plan: MemoryPlan) -> Non
         need = max(nbytes(graph, r) for r in refs)
         if plan.blocks[b].size < need:
             raise ScheduleError(f"block {b} holds {need} bytes in {plan.blocks[b].size}")
+        if plan.blocks[b].size > need:  # plan_memory sizes a block to its largest tensor
+            raise ScheduleError(f"block {b} is {plan.blocks[b].size} bytes, larger than the "
+                                f"{need} its tensors need")
+    for b, block in enumerate(plan.blocks):
+        if b not in owned:
+            raise ScheduleError(f"block {b} ({block.size} bytes) holds no tensor")
+
+
+def check_views(graph: Graph) -> None:
+    """Raise `ScheduleError` unless every view (a reshape, or a slice at a byte offset) lies
+    inside the tensor it views: a non-negative offset, and offset plus size within it."""
+    for n in graph.nodes:
+        if n.kind != "view":
+            continue
+        offset = n.attrs.get("offset", 0)
+        size, within = nbytes(graph, n.out), nbytes(graph, n.inputs[0])
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 \
+                or offset + size > within:
+            raise ScheduleError(f"view {n.id} ({n.name or 'unnamed'}) reads {size} bytes at "
+                                f"offset {offset!r} of {n.inputs[0]}, which has {within}")
+
+
+def memory_needed(graph: Graph, plan: MemoryPlan) -> int:
+    """Bytes a run of ``graph`` under ``plan`` allocates on its device: the plan's blocks,
+    the inputs and the weights and constants."""
+    return plan.peak_bytes + sum(nbytes(graph, n.out) for n in graph.nodes if n.is_source)
+
+
+def check_fits(graph: Graph, plan: MemoryPlan, device: tvm.runtime.Device) -> None:
+    """Raise `ModelTooLargeError` when a run needs more memory (`memory_needed`) than
+    ``device`` has in all (a GPU's global memory, `total_memory` on a CPU), before anything
+    is allocated: a clear error instead of an allocation failure or the kernel's OOM killer."""
+    need = memory_needed(graph, plan)
+    if device.dlpack_device_type() == tvm.cpu().dlpack_device_type():
+        have, where = total_memory(), "this machine's memory"
+    else:
+        have, where = int(device.total_global_memory or 0) or None, f"{device}'s memory"
+    if have is not None and need > have:
+        raise ModelTooLargeError(f"the program needs {need / 2**30:.1f} GiB (its memory plan's "
+                                 f"{len(plan.blocks)} blocks {plan.peak_bytes / 2**30:.1f} GiB, "
+                                 f"its inputs and weights {(need - plan.peak_bytes) / 2**30:.1f}"
+                                 f" GiB); {where} is {have / 2**30:.1f} GiB")
 
 
 def _writer(ref: TensorRef, over: TensorRef, in_place: dict[int, TensorRef]) -> set[int]:

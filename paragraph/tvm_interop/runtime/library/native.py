@@ -26,6 +26,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 
+from paragraph.errors import ParagraphError
 from paragraph.files import cache_dir
 from paragraph.timing import MARGIN
 from paragraph.tvm_interop.runtime.library.names import POOLS, VendorOp, is_vendor_name
@@ -37,6 +38,12 @@ SUFFIXES = (".cc", ".h")  # the files of the folder that make the kernels
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 _binding = threading.local()  # .module: the module `bind` uses on this thread (`using`)
+
+
+class KernelShapeError(ParagraphError, ValueError):
+    """A C++ vendor kernel refused the tensors it was bound to: a shape that does not follow
+    from the others and the call's parameters (the message names the entry point and the
+    mismatch). A ValueError too, as TVM FFI raises the C++ kernels' refusals."""
 
 
 # the one margin for "faster beyond noise" (`paragraph.timing.MARGIN`): a kernel's later form
@@ -208,7 +215,8 @@ def bind(name: str, args: tuple, threads: int) -> Any:
     """The C++ kernel for vendor function ``name`` on TVM tensors ``args`` (inputs then the
     output, as the vendor call takes them) with ``threads`` threads, as a TVM FFI function of
     no arguments; None where there is no C++ form (NCHW or GPU tensors) or the module is
-    unavailable."""
+    unavailable. Raises `KernelShapeError` where the C++ kernel refuses the tensors (checks.h:
+    every shape against the others and the call's parameters)."""
     if not is_vendor_name(name):  # a packed function registered elsewhere
         return None
     op = VendorOp.from_name(name)
@@ -217,6 +225,14 @@ def bind(name: str, args: tuple, threads: int) -> Any:
     m = getattr(_binding, "module", None) or module()
     if m is None:
         return None
+    try:
+        return _bound(m, op, args, threads)
+    except ValueError as e:  # TVM FFI's form of the C++ checks' ValueError
+        raise KernelShapeError(f"{name}: {e}") from None
+
+
+def _bound(m: Any, op: VendorOp, args: tuple, threads: int) -> Any:
+    """`bind`'s call of the C++ entry point of ``op`` in module ``m``."""
     act = op.act or ""
     if op.kind == "concat":
         return m["paragraph_vendor_concat"](args[-1], list(args[:-1]), op.axis, act, threads)

@@ -11,13 +11,16 @@
 // a one-pass layer norm, concatenation and pools.
 //
 // This file is the one translation unit: it includes the headers of this folder, one per family
-// (each after those it uses), and holds the operator entry points, which bind a kernel's forms
-// to TVM's buffers, and the exported functions. Everything but the exports lies in one anonymous
+// (each after those it uses), and holds the operator entry points, which check every shape they
+// are given against each other and their parameters (checks.h: a mismatch is a ValueError that
+// names the entry point, never a read or write out of bounds), then bind a kernel's forms to
+// TVM's buffers, and the exported functions. Everything but the exports lies in one anonymous
 // namespace, as in one file.
 //
 // Built by `runtime/library/native.py` with the system C++ compiler against PyTorch's and TVM
 // FFI's headers, this folder on the quoted include path; loaded with `tvm_ffi.load_module`.
 #include "common.h"
+#include "checks.h"
 #include "activations.h"
 #include "threads.h"
 #include "packing.h"
@@ -43,6 +46,10 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   const bool nchw_in = std::string(layout) == "NCHW2NHWC";
   const bool nhwc = nchw_in || std::string(layout) == "NHWC";
   at::Tensor out_buffer = to_aten(out_t), x_buffer = to_aten(x_t), w_buffer = to_aten(w_t);
+  // ranks first: the views below permute four dimensions
+  check_rank("paragraph_vendor_conv2d", "the input", x_buffer, 4);
+  check_rank("paragraph_vendor_conv2d", "the weight", w_buffer, 4);
+  check_rank("paragraph_vendor_conv2d", "the output", out_buffer, 4);
   if (nchw_in) x_buffer = x_buffer.permute({0, 2, 3, 1});
   at::Tensor out = nhwc ? nchw(out_buffer) : out_buffer;
   at::Tensor x = nhwc ? nchw(x_buffer) : x_buffer;
@@ -51,10 +58,11 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   if (bias_t.has_value()) bias = to_aten(bias_t.value());
   if (res_t.has_value()) {
     res_buffer = to_aten(res_t.value());
+    check_rank("paragraph_vendor_conv2d", "the residual", *res_buffer, 4);
     res = nhwc ? nchw(*res_buffer) : *res_buffer;
   }
   std::vector<int64_t> p(params.begin(), params.end());
-  TVM_FFI_ICHECK(p.size() == 7 || p.size() == 9) << "conv2d: 7 or 9 parameters";
+  check_conv2d(out, x, w, bias, res, p);
   std::vector<int64_t> stride{p[0], p[1]}, padding, pre_pad;
   size_t at_dil = 2;
   if (p.size() == 7) {
@@ -155,6 +163,7 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   at::Tensor out = to_aten(out_t), a = to_aten(a_t), w = to_aten(w_t);
   c10::optional<at::Tensor> bias;
   if (bias_t.has_value()) bias = to_aten(bias_t.value());
+  check_linear("paragraph_vendor_linear", out, a, w, bias);
   int64_t k = w.size(0), n = w.size(1);
   at::Tensor rows = a.reshape({-1, k}), out2 = out.view({-1, n});
   int64_t m = rows.size(0);
@@ -196,6 +205,7 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   at::Tensor out = to_aten(out_t), a = to_aten(a_t), b = to_aten(b_t);
   c10::optional<at::Tensor> bias;
   if (bias_t.has_value()) bias = to_aten(bias_t.value());
+  check_product(out, a, b, bias);
   std::string act_s(act);
   const Act fused = act_of(act_s);
   if (b.dim() == 2) {
@@ -206,7 +216,6 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
       mm();
     });
   }
-  TVM_FFI_ICHECK(!bias) << "a batched product has no bias";
   at::Tensor a3 = a.reshape({-1, a.size(-2), a.size(-1)});
   at::Tensor b3 = b.reshape({-1, b.size(-2), b.size(-1)});
   at::Tensor o3 = out.view({-1, out.size(-2), out.size(-1)});
@@ -235,6 +244,7 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
   if (fused != Act::kNone && fused != Act::kRelu)
     TVM_FFI_THROW(ValueError) << "paragraph's vendor concat fuses relu alone, not '" << act_s
                               << "'";
+  check_concat(out, parts, axis);
   const bool relu = fused == Act::kRelu;
   Form torch_cat = [out, parts, axis, relu]() {
     at::Tensor o = out;
@@ -266,15 +276,14 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
                      ffi::Optional<ffi::Tensor> shift_t, bool relu, int64_t threads) {
   at::Tensor out_buffer = to_aten(out_t), x_buffer = to_aten(x_t);
   std::vector<int64_t> p(params.begin(), params.end());
-  TVM_FFI_ICHECK(p.size() == 8) << "pool2d: 8 parameters";
-  TVM_FFI_ICHECK(x_buffer.dim() == 4 && out_buffer.dim() == 4) << "pool2d: NHWC tensors";
-  TVM_FFI_ICHECK(scale_t.has_value() == shift_t.has_value()) << "pool2d: scale and shift";
+  c10::optional<at::Tensor> given_scale, given_shift;
+  if (scale_t.has_value()) given_scale = to_aten(scale_t.value());
+  if (shift_t.has_value()) given_shift = to_aten(shift_t.value());
+  check_pool2d(out_buffer, x_buffer, p, given_scale, given_shift);
   at::Tensor scale, shift;  // the epilogue's, (C) each
-  if (scale_t.has_value()) {
-    scale = to_aten(scale_t.value()).reshape({-1});
-    shift = to_aten(shift_t.value()).reshape({-1});
-    TVM_FFI_ICHECK(scale.numel() == out_buffer.size(3) && shift.numel() == out_buffer.size(3))
-        << "pool2d: a scale and shift per channel";
+  if (given_scale) {
+    scale = given_scale->reshape({-1});
+    shift = given_shift->reshape({-1});
   }
   at::Tensor x = nchw(x_buffer), out = nchw(out_buffer);
   Form aten = [=]() {  // PyTorch's pools (symmetric padding) on NCHW views of the NHWC buffers
@@ -332,6 +341,7 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
 ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double scale,
                       int64_t threads) {
   at::Tensor out = to_aten(out_t), x = to_aten(x_t);
+  check_softmax(out, x, axis);
   Form aten = [out, x, axis, scale]() {
     at::Tensor o = out;
     if (scale != 1.0) {  // scaled into the output, normalised there in place
@@ -382,6 +392,7 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
              beta = to_aten(beta_t);
   c10::optional<at::Tensor> res;
   if (res_t.has_value()) res = to_aten(res_t.value());
+  check_layer_norm(out, x, gamma, beta, res);
   std::vector<int64_t> stat_shape = x.sizes().vec();
   stat_shape.back() = 1;
   at::Tensor mean = at::empty(stat_shape, x.options()), rstd = at::empty(stat_shape, x.options());
