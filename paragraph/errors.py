@@ -116,12 +116,13 @@ def _one_line(text: str) -> str:
 
 
 def _raised_in_tvm(exc: BaseException) -> bool:
-    """Whether the innermost Python frame of ``exc``'s traceback is in TVM's packages (TVM's
-    FFI turns its C++ errors into Python's built-in types, so the type does not tell)."""
+    """Whether the innermost frame of ``exc``'s traceback is TVM's: in its Python packages, or
+    one of the C++ frames TVM's FFI appends (it turns C++ errors into Python's built-in
+    types, so the type does not tell)."""
     tb = exc.__traceback__
     if tb is None:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
     path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-    return "/tvm/" in path or "/tvm_ffi/" in path
+    return "/tvm/" in path or "/tvm_ffi/" in path or path.endswith((".cc", ".cpp", ".h"))
