@@ -21,7 +21,7 @@ from paragraph import __version__, models
 from paragraph.bench import benchmark, format_table
 from paragraph.deploy import ParallelExecutable
 from paragraph.deploy import load as load_artifact
-from paragraph.errors import ParagraphError, exit_status
+from paragraph.errors import ParagraphError, add_note, exit_status
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.graph import Graph
 from paragraph.machine import describe_machine
@@ -84,7 +84,7 @@ class _Step:
         # the error line says where (`describe`); paragraph's own errors say it already
         if isinstance(exc, Exception) and not isinstance(exc, ParagraphError) and not any(
                 n.startswith("while ") for n in getattr(exc, "__notes__", ())):
-            exc.add_note(f"while {self.what}")
+            add_note(exc, f"while {self.what}")
 
 
 def parse_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import warnings
 from collections.abc import Callable
 
 
@@ -58,6 +59,12 @@ class CacheError(ParagraphError):
     process, or a disk that fails to read. The message names the file and what to do."""
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` on Python 3.10 too (which has no add_note, but keeps the
+    attribute): `describe` reads a note ``while ...`` as where the error happened."""
+    exc.__dict__["__notes__"] = [*getattr(exc, "__notes__", ()), note]
+
+
 def describe(exc: BaseException) -> str:
     """One line naming what went wrong, for the command line's ``paragraph: error: ...``.
 
@@ -91,9 +98,18 @@ def exit_status(command: Callable[[], int], *, debug: bool = False,
     """Run a command-line entry point's ``command`` and return its exit status: what it
     returns; 2 after any exception, reported as one line ``PROG: error: ...`` on stderr
     (`describe`); 130 after Ctrl+C (``PROG: interrupted``). With ``debug`` the full traceback
-    is printed above that line. ``SystemExit`` (argparse's usage errors) passes through."""
+    is printed above that line. Warnings are one line each too (``PROG: warning: ...``).
+    ``SystemExit`` (argparse's usage errors) passes through."""
+
+    def one_line(message: Warning | str, category: type[Warning], *args: object,
+                 **kwargs: object) -> None:
+        print(f"{prog}: warning: {message}", file=sys.stderr, flush=True)
+
     try:
-        return command()
+        with warnings.catch_warnings():
+            if not debug:  # --debug keeps Python's form, which says where the warning came from
+                warnings.showwarning = one_line
+            return command()
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()

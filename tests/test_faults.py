@@ -1,0 +1,228 @@
+"""Faults: a database another process holds, a truncated or foreign one, a cache directory that
+cannot be written, a full disk, a kernel that raises, Ctrl+C in a search. Each ends as one
+clear line or one warning, leaves every cache valid and loses no finished measurement."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import tvm
+
+from paragraph.errors import CacheError
+from paragraph.timing import Timing
+from paragraph.tvm_interop.measure.costdb import TABLE, CostDB, CostKey, cost_versions
+
+# A second process that takes the database's exclusive lock, says so, and gives it back after
+# argv[2] seconds (or, with "stdin", when a line arrives on its standard input).
+LOCKER = textwrap.dedent("""
+    import sqlite3, sys, time
+    conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+    conn.execute("BEGIN EXCLUSIVE")
+    print("locked", flush=True)
+    if sys.argv[2] == "stdin":
+        sys.stdin.readline()
+    else:
+        time.sleep(float(sys.argv[2]))
+    conn.execute("COMMIT")
+    print("released", flush=True)
+""")
+
+
+def locked_by_another_process(path, hold: str) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", LOCKER, str(path), hold], text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline().strip() == "locked"
+    return child
+
+
+def stored(path) -> dict[str, float]:
+    """kernel -> median of every cost in the file, read as any SQLite client would, after
+    checking the file's integrity."""
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return dict(conn.execute(f"SELECT kernel, median FROM {TABLE}").fetchall())
+    finally:
+        conn.close()
+
+
+def test_a_lock_held_for_a_moment_is_waited_for(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    db = CostDB(path)
+    db.put(CostKey("llvm", "a"), Timing((1.0,)))
+    db.close()
+    child = locked_by_another_process(path, "0.7")
+    db = CostDB(path, retry_s=10)  # opening reads the file: it waits for the lock
+    assert db.get(CostKey("llvm", "a")) == 1.0
+    assert child.wait(10) == 0
+    child = locked_by_another_process(path, "0.7")
+    db.put(CostKey("llvm", "b"), Timing((2.0,)))  # so does writing
+    assert child.wait(10) == 0
+    assert db.get(CostKey("llvm", "b")) == 2.0
+    db.close()
+    assert stored(path) == {"a": 1.0, "b": 2.0}
+    assert [p.name for p in tmp_path.iterdir()] == ["costs.sqlite"]
+
+
+def test_a_lock_held_past_the_retries_is_one_clear_error_and_the_file_stays(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    db = CostDB(path, retry_s=0.5)
+    db.put(CostKey("llvm", "a"), Timing((1.0,)))
+    child = locked_by_another_process(path, "stdin")
+    try:
+        with pytest.raises(CacheError, match="stayed locked by another process for 0.5 s"):
+            CostDB(path, retry_s=0.5)
+        with pytest.raises(CacheError, match="stayed locked") as info:
+            db.put(CostKey("llvm", "b"), Timing((2.0,)))
+        assert "\n" not in str(info.value) and str(path) in str(info.value)
+        with pytest.raises(CacheError, match="stayed locked"):
+            db.get(CostKey("llvm", "a"))
+    finally:
+        child.communicate("go\n", timeout=10)
+    assert db.get(CostKey("llvm", "a")) == 1.0  # usable again once the lock is given back
+    db.close()
+    assert stored(path) == {"a": 1.0}
+    assert [p.name for p in tmp_path.iterdir()] == ["costs.sqlite"]  # nothing moved aside
+
+
+def test_a_database_truncated_mid_write_is_moved_aside_with_its_new_name(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    db = CostDB(path)
+    db.close()
+    conn = sqlite3.connect(path)
+    rows = [(cost_versions(), "llvm", f"kernel-{i:05d}" * 4, "", "tvm", "", 1.0, 1.0, 1.0, 1,
+             0.0) for i in range(2000)]
+    conn.executemany(f"INSERT INTO {TABLE} VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+    conn.commit()
+    conn.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole[:len(whole) // 2])  # the first half, as a write cut off leaves it
+    with pytest.warns(RuntimeWarning) as caught:
+        db = CostDB(path)
+    (aside,) = [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+    (message,) = [str(w.message) for w in caught]
+    assert "damaged (database disk image is malformed)" in message
+    assert f"moved it to {aside}" in message
+    assert aside.read_bytes() == whole[:len(whole) // 2]
+    db.put(CostKey("llvm", "k"), Timing((1.0,)))
+    assert len(db) == 1
+    db.close()
+    assert stored(path) == {"k": 1.0}
+
+
+def test_costs_measured_by_other_versions_are_misses(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    assert f"tvm {tvm.__version__}" in cost_versions() and "paragraph " in cost_versions()
+    old = CostDB(path, versions="paragraph 0.0.1; tvm 0.19.0")
+    old.put(CostKey("llvm", "k"), Timing((5.0,)))
+    old.close()
+    db = CostDB(path)
+    assert db.get(CostKey("llvm", "k")) is None and len(db) == 0
+    db.put(CostKey("llvm", "k"), Timing((1.0,)))
+    db.close()
+    again = CostDB(path, versions="paragraph 0.0.1; tvm 0.19.0")
+    assert again.get(CostKey("llvm", "k")) == 5.0  # the other version's cost is still there
+    again.close()
+
+
+def test_an_unwritable_cache_directory_keeps_this_runs_costs_in_memory(
+        unwritable_dir, monkeypatch):
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(unwritable_dir))
+    with pytest.warns(RuntimeWarning, match="cannot be written .*kept in memory") as caught:
+        db = CostDB()
+        db.put(CostKey("llvm", "k"), Timing((1.0,)))
+        again = CostDB()  # the same file again: no second warning
+    assert len(caught) == 1
+    assert db.get(CostKey("llvm", "k")) == 1.0 and len(db) == 1
+    assert again.get(CostKey("llvm", "k")) is None  # memory is per database object
+    assert not (unwritable_dir / "costs.sqlite").exists()
+
+
+def test_an_existing_database_in_a_read_only_directory_is_read(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes to a mode 0555 directory; the full-disk test covers a "
+                    "database that can be read but not written")
+    path = tmp_path / "ro" / "costs.sqlite"
+    db = CostDB(path)
+    db.put(CostKey("llvm", "a"), Timing((1.0,)))
+    db.close()
+    path.parent.chmod(0o555)
+    try:
+        with pytest.warns(RuntimeWarning, match="cannot be written"):
+            db = CostDB(path)
+            db.put(CostKey("llvm", "b"), Timing((2.0,)))
+        assert db.get(CostKey("llvm", "a")) == 1.0 and db.get(CostKey("llvm", "b")) == 2.0
+        db.close()
+    finally:
+        path.parent.chmod(0o755)
+    assert stored(path) == {"a": 1.0}
+
+
+# The cost database on a disk that takes no more bytes: RLIMIT_FSIZE stops every write past
+# 1 KiB (the file already holds more), as a full disk does, for root too.
+FULL_DISK = textwrap.dedent("""
+    import json, resource, signal, sys, warnings
+    from paragraph.timing import Timing
+    from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        db = CostDB(sys.argv[1], retry_s=0.3)
+        db.put(CostKey("llvm", "new"), Timing((2.0,)))
+        db.put(CostKey("llvm", "newer"), Timing((3.0,)))
+    print(json.dumps({"old": db.get(CostKey("llvm", "old")),
+                      "new": db.get(CostKey("llvm", "new")), "count": len(db),
+                      "warnings": [str(w.message) for w in caught]}))
+""")
+
+
+def test_a_full_disk_keeps_what_is_stored_and_measures_on_in_memory(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    db = CostDB(path)
+    db.put(CostKey("llvm", "old"), Timing((1.0,)))
+    db.close()
+    assert path.stat().st_size > 1024
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(path)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["old"] == 1.0 and seen["new"] == 2.0 and seen["count"] == 3
+    (warning,) = seen["warnings"]
+    assert "cannot be written" in warning and "kept in memory" in warning
+    assert stored(path) == {"old": 1.0}  # valid, and nothing already stored is lost
+    assert [p.name for p in tmp_path.iterdir()] == ["costs.sqlite"]
+
+
+def test_no_sqlite_error_escapes_get_or_put(tmp_path):
+    """A database closed under a caller, or a file SQLite cannot use, is a `CacheError`."""
+    db = CostDB(tmp_path / "costs.sqlite")
+    db.close()
+    with pytest.raises(CacheError, match="closed"):
+        db.get(CostKey("llvm", "k"))
+    with pytest.raises(CacheError, match="closed"):
+        db.put(CostKey("llvm", "k"), Timing((1.0,)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (tmp_path / "dir.sqlite").mkdir()  # not a file at all: nothing to read or write
+        with pytest.raises(RuntimeWarning, match="cannot be written"):
+            CostDB(tmp_path / "dir.sqlite")
+
+
+def test_errors_without_a_code_are_told_by_their_message():
+    """Python 3.10's sqlite3 errors carry no SQLite code: the message tells the kind."""
+    from paragraph.tvm_interop.measure.costdb import _code
+
+    for message, code in (("database is locked", 5), ("database table is locked", 5),
+                          ("disk I/O error", 10), ("database or disk is full", 13),
+                          ("attempt to write a readonly database", 8),
+                          ("unable to open database file", 14),
+                          ("database disk image is malformed", 11),
+                          ("file is not a database", 26), ("no such table: x", 1)):
+        assert _code(sqlite3.OperationalError(message)) == code, message
