@@ -226,3 +226,37 @@ def test_errors_without_a_code_are_told_by_their_message():
                           ("database disk image is malformed", 11),
                           ("file is not a database", 26), ("no such table: x", 1)):
         assert _code(sqlite3.OperationalError(message)) == code, message
+
+
+def test_the_proof_cache_keys_z3_and_paragraph_and_survives_damage(fresh_cache, monkeypatch):
+    """A cached proof is found again; one another z3 made, a torn file, or one written by
+    another format is a miss (proved again and rewritten); paragraph's version is in the
+    file's name."""
+    from paragraph.rules import verify
+    from paragraph.rules.library import default_library
+
+    rule = default_library().get("taso-11f8ff3b")
+    assert verify.prove_rule(rule).seconds > 0  # proved
+    (path,) = (fresh_cache / "proofs").iterdir()
+    assert verify.prove_rule(rule).seconds == 0.0  # found
+    entry = json.loads(path.read_text())
+    for damaged in (json.dumps({**entry, "z3": "4.8.0"}), path.read_text()[:20],
+                    json.dumps({"status": "verified"}), "[]"):
+        path.write_text(damaged)
+        again = verify.prove_rule(rule)
+        assert again.status == "verified" and again.seconds > 0, damaged
+        assert json.loads(path.read_text()) == entry  # rewritten whole
+    this_version = verify.Prover().file_key
+    monkeypatch.setattr(verify, "__version__", "0.0.0-other")
+    assert verify.Prover().file_key != this_version
+
+
+def test_a_proof_cache_that_cannot_be_written_warns_once(unwritable_dir, monkeypatch):
+    from paragraph.rules import verify
+    from paragraph.rules.library import default_library
+
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(unwritable_dir))
+    rules = default_library().rules[:3]
+    with pytest.warns(RuntimeWarning, match="proofs are not cached .*cannot write") as caught:
+        proofs = [verify.prove_rule(r) for r in rules]
+    assert len(caught) == 1 and all(p.status == "verified" for p in proofs)
