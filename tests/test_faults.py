@@ -260,3 +260,29 @@ def test_a_proof_cache_that_cannot_be_written_warns_once(unwritable_dir, monkeyp
     with pytest.warns(RuntimeWarning, match="proofs are not cached .*cannot write") as caught:
         proofs = [verify.prove_rule(r) for r in rules]
     assert len(caught) == 1 and all(p.status == "verified" for p in proofs)
+
+
+def test_tuning_state_of_another_version_or_torn_is_measured_again(tmp_path):
+    from paragraph.tvm_interop.build.tuning_db import STATE_FILE, read_state
+
+    entry = {"name": "fused_conv", "weight": 1, "trials": 4, "untuned_ms": 0.5,
+             "tuned_ms": 0.4, "faster": True, "applied": True, "versions": cost_versions()}
+    state = {"aa": entry, "bb": {**entry, "versions": "paragraph 0.0.1; tvm 0.19.0"},
+             "cc": {k: v for k, v in entry.items() if k != "untuned_ms"}, "dd": [1, 2]}
+    (tmp_path / STATE_FILE).write_text(json.dumps(state))
+    assert read_state(tmp_path) == {"aa": entry}
+    for damaged in (json.dumps(state)[:40], "[]", ""):
+        (tmp_path / STATE_FILE).write_text(damaged)
+        assert read_state(tmp_path) == {}
+
+
+def test_a_tuning_database_that_cannot_be_written_is_one_line(tmp_path, unwritable_dir):
+    from paragraph.errors import FileWriteError
+    from paragraph.tvm_interop.build.tuning_db import RECORDS, WORKLOADS, write_applied
+
+    (tmp_path / WORKLOADS).write_text('["123", {}]\n')
+    (tmp_path / RECORDS).write_text('[0, {}]\n')
+    with pytest.raises(FileWriteError, match=f"cannot write {unwritable_dir / WORKLOADS}: "):
+        write_applied(tmp_path, {"000000000000007b": True}, out=unwritable_dir)
+    assert write_applied(tmp_path, {"000000000000007b": True}, out=tmp_path / "ok") == (1, 0)
+    assert (tmp_path / "ok" / RECORDS).read_text() == '[0, {}]\n'
