@@ -118,8 +118,35 @@ def exit_status(command: Callable[[], int], *, debug: bool = False,
     except Exception as exc:  # every kind: the user sees one line, --debug the traceback
         if debug:
             traceback.print_exc()
+        if is_interrupt(exc):
+            print(f"\n{prog}: interrupted", file=sys.stderr, flush=True)
+            return 130
         print(f"\n{prog}: error: {describe(exc)}", file=sys.stderr, flush=True)
         return 2
+
+
+def is_interrupt(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a Ctrl+C: a ``KeyboardInterrupt``, or the empty ``RuntimeError``
+    TVM's FFI turns one into when it lands while TVM's C++ runs (a build, a kernel called
+    from paragraph's own code, so no frame of TVM's shows), itself or as the cause of the
+    error that reports it."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        if type(exc) is RuntimeError and not str(exc):  # nothing else raises one bare
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def reraise_interrupt(exc: BaseException) -> None:
+    """Raise ``KeyboardInterrupt`` if ``exc`` is a Ctrl+C (`is_interrupt`): for handlers
+    that go on after a failure (an estimate for a kernel that did not build, a rewrite left
+    out), which would otherwise swallow the user's Ctrl+C that TVM disguised."""
+    if is_interrupt(exc):
+        raise KeyboardInterrupt from exc
 
 
 def _one_line(text: str) -> str:

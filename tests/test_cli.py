@@ -399,3 +399,27 @@ def test_the_rpc_server_entry_point_reports_one_line(capsys):
     assert serve_main(["--tracker", "localhost:port", "--key", "k"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "paragraph-rpc-server: error: expected HOST:PORT, got 'localhost:port'"
+
+
+def test_a_ctrl_c_tvm_disguised_is_still_an_interrupt(capsys):
+    """A Ctrl+C landing in TVM's C++ comes back as an empty RuntimeError, maybe wrapped in
+    paragraph's own error: the command line still says "interrupted", status 130."""
+    from paragraph.errors import UnsupportedModelError, exit_status, reraise_interrupt
+
+    def disguised() -> int:
+        raise RuntimeError()
+
+    def wrapped() -> int:
+        try:
+            disguised()
+        except RuntimeError as e:
+            raise UnsupportedModelError("m.onnx: TVM's ONNX frontend failed: RuntimeError: ") \
+                from e
+        return 0
+
+    for command in (disguised, wrapped):
+        assert exit_status(command) == 130
+        assert capsys.readouterr().err.strip() == "paragraph: interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        reraise_interrupt(RuntimeError())
+    reraise_interrupt(RuntimeError("a real failure"))  # not an interrupt: nothing raised

@@ -4,6 +4,8 @@ clear line or one warning, leaves every cache valid and loses no finished measur
 
 import json
 import os
+import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -31,6 +33,9 @@ LOCKER = textwrap.dedent("""
     conn.execute("COMMIT")
     print("released", flush=True)
 """)
+
+
+TVM_LOG = re.compile(r"\[\d\d:\d\d:\d\d\] \S+\.(cc|h):\d+: ")  # TVM's C++ logging
 
 
 def locked_by_another_process(path, hold: str) -> subprocess.Popen:
@@ -286,3 +291,177 @@ def test_a_tuning_database_that_cannot_be_written_is_one_line(tmp_path, unwritab
         write_applied(tmp_path, {"000000000000007b": True}, out=unwritable_dir)
     assert write_applied(tmp_path, {"000000000000007b": True}, out=tmp_path / "ok") == (1, 0)
     assert (tmp_path / "ok" / RECORDS).read_text() == '[0, {}]\n'
+
+
+# ---------------------------------------------------------------------------- a kernel fails
+def test_a_kernel_that_raises_is_one_line_and_the_executable_runs_again(stream_runner):
+    """A kernel raising in `ParallelExecutable.run` is one `KernelError` line naming it; the
+    executable (its streams, workers, memory) serves the next run."""
+    import numpy as np
+    import tvm_ffi
+    from tvm import relax
+
+    from paragraph.deploy import ParallelExecutable
+    from paragraph.passes.schedule import make_schedule
+    from paragraph.tvm_interop.build.program import build_program
+    from paragraph.tvm_interop.runtime.executor import KernelError
+
+    failing = [True]
+
+    def flaky(x, out):
+        if failing[0]:
+            raise ValueError("the device went away")
+        out.copyfrom(x)
+
+    tvm_ffi.register_global_func("paragraph_test.flaky", flaky, override=True)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.exp(x))
+            b = bb.emit(relax.call_dps_packed("paragraph_test.flaky", (x,),
+                                              relax.TensorType((4, 8), "float32")))
+            out = bb.emit_output(relax.op.concat([a, b], axis=1))
+        bb.emit_func_output(out)
+    program = build_program(bb.get(), "llvm")
+    data = np.arange(32, dtype="float32").reshape(4, 8) / 32
+    with ParallelExecutable(program, make_schedule("wavefront", program.graph)) as exe:
+        with pytest.raises(KernelError) as info:
+            exe.run(data)
+        message = str(info.value)
+        assert "\n" not in message and "'paragraph_test.flaky'" in message
+        assert "the device went away" in message
+        failing[0] = False
+        (got,) = exe.run(data)
+        np.testing.assert_allclose(got, np.concatenate([np.exp(data), data], axis=1),
+                                   rtol=1e-6)
+
+
+@pytest.fixture(params=["native", "python"])
+def stream_runner(request, monkeypatch):
+    """The test with the native stream runner, then with the Python one."""
+    from paragraph.tvm_interop.runtime import native
+
+    if request.param == "python":
+        monkeypatch.setenv("PARAGRAPH_NATIVE", "0")
+    elif native.runner() is None:
+        pytest.skip(f"no native stream runner: {native.unavailable_reason()}")
+    return request.param
+
+
+# ---------------------------------------------------------------------------- Ctrl+C
+def test_ctrl_c_in_a_search_is_one_line_and_keeps_the_finished_measurements(tmp_path):
+    """``paragraph run --search`` interrupted (SIGINT) once it has stored measurements: exit
+    status 130, one line, and the cost database valid, holding at least those."""
+    import time
+
+    from paragraph.files import cache_dir
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "native").symlink_to(cache_dir() / "native", target_is_directory=True)
+    env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "paragraph", "run", "squeezenet1_1", "--reduced", "--search",
+         "taso", "--search-budget", "120", "--top-k", "4", "--threads", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    path, seen = cache / "costs.sqlite", 0
+    try:
+        deadline = time.monotonic() + 120
+        while seen < 4 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
+                    seen = conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
+            except sqlite3.Error:
+                seen = 0  # not created yet
+        assert seen >= 4, "no measurements stored in time"
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    # TVM's C++ logs to stderr itself when an interrupt unwinds a builder ("[04:28:38]
+    # .../block_builder.cc:67: Warning: BlockBuilder destroyed with remaining blocks!")
+    ours = [ln for ln in err.splitlines() if ln.strip() and not TVM_LOG.match(ln)]
+    assert ours == ["paragraph: interrupted"], err
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0] >= seen
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------- the command line
+def _half_a_database(path) -> None:
+    """``path``: the first half of a real cost database, as a write cut off leaves it."""
+    db = CostDB(path)
+    db.close()
+    conn = sqlite3.connect(path)
+    conn.executemany(f"INSERT INTO {TABLE} VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                     [(cost_versions(), "llvm", f"k{i:05d}" * 8, "", "tvm", "", 1.0, 1.0, 1.0,
+                       1, 0.0) for i in range(1500)])
+    conn.commit()
+    conn.close()
+    whole = path.read_bytes()
+    path.write_bytes(whole[:len(whole) // 2])
+
+
+@pytest.mark.parametrize("fault", ["truncated", "other version", "unwritable", "locked"])
+def test_the_command_line_over_a_faulty_cost_database(fault, capsys, tmp_path, monkeypatch,
+                                                       unwritable_dir):
+    """`paragraph run` with a damaged, foreign, unwritable or locked cost database: it runs
+    with one warning line, or stops with one error line; the file is valid after."""
+    from paragraph.cli import main
+    from paragraph.tvm_interop.measure import costdb
+    from paragraph.tvm_interop.runtime import native
+    from paragraph.tvm_interop.runtime.library import native as kernels
+
+    native.runner(), kernels.module()  # loaded from the suite's cache: none built in this one
+    cache = unwritable_dir if fault == "unwritable" else tmp_path / "cache"
+    monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(cache))
+    monkeypatch.setattr(costdb, "RETRY_S", 0.5)
+    path = cache / "costs.sqlite"
+    child = None
+    if fault == "truncated":
+        cache.mkdir()
+        _half_a_database(path)
+    elif fault == "other version":
+        other = CostDB(path, versions="paragraph 0.0.1; tvm 0.19.0")
+        other.put(CostKey("llvm", "k"), Timing((1.0,)))
+        other.close()
+    elif fault == "locked":
+        CostDB(path).close()
+        child = locked_by_another_process(path, "stdin")
+    try:
+        code = main(["run", "squeezenet1_1", "--reduced", "--repeat", "1", "--schedule",
+                     "sequential"])
+    finally:
+        if child is not None:
+            child.communicate("go\n", timeout=10)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    if fault == "locked":
+        assert code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"paragraph: error: the cost database {path} stayed locked "
+                                 "by another process for 0.5 s")
+    else:
+        assert code == 0
+        assert len(err) == (0 if fault == "other version" else 1), err
+    if fault == "truncated":
+        (aside,) = [p for p in path.parent.iterdir() if ".corrupt-" in p.name]
+        assert err[0].startswith(f"paragraph: warning: cost database {path} was damaged")
+        assert f"moved it to {aside}" in err[0]
+    if fault == "unwritable":
+        assert err[0].startswith(f"paragraph: warning: cost database {path} cannot be written")
+        return
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith("costs.sqlite")
+            and ".corrupt-" not in p.name] == ["costs.sqlite"]
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    if fault == "other version":
+        again = CostDB(path, versions="paragraph 0.0.1; tvm 0.19.0")
+        assert again.get(CostKey("llvm", "k")) == 1.0
+        again.close()

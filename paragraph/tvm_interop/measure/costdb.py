@@ -95,7 +95,7 @@ def _code(e: sqlite3.Error) -> int:
 class CostDB:
     """SQLite cost cache; see the module docstring. ``versions`` replaces `cost_versions` (a
     cost stored under other versions is not seen); ``retry_s`` is how long a locked or
-    failing file is retried."""
+    failing file is retried (default `RETRY_S`)."""
 
     SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
         versions TEXT, target TEXT, kernel TEXT, tuning TEXT, source TEXT, config TEXT,
@@ -104,10 +104,10 @@ class CostDB:
     COLUMNS = "versions, target, kernel, tuning, source, config, median"
 
     def __init__(self, path: str | os.PathLike | None = None, *, versions: str | None = None,
-                 retry_s: float = RETRY_S) -> None:
+                 retry_s: float | None = None) -> None:
         self.path = Path(path) if path else cache_dir() / "costs.sqlite"
         self.versions = versions if versions is not None else cost_versions()
-        self.retry_s = retry_s
+        self.retry_s = RETRY_S if retry_s is None else retry_s
         self._lock = threading.RLock()
         self._memory: dict[tuple[str, ...], float] = {}  # what could not be written
         self.writable = True  # False: new measurements stay in `_memory`
