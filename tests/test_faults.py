@@ -5,6 +5,7 @@ clear line or one warning, leaves every cache valid and loses no finished measur
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -148,23 +149,52 @@ def test_an_unwritable_cache_directory_keeps_this_runs_costs_in_memory(
     assert not (unwritable_dir / "costs.sqlite").exists()
 
 
+# The cost database in a directory of mode 0555, in a child process that the mode stops (for
+# root: one without the capabilities that let root write anyway).
+READ_ONLY = textwrap.dedent("""
+    import json, os, sys, warnings
+    from pathlib import Path
+    from paragraph.timing import Timing
+    from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+    path = Path(sys.argv[1])
+    try:
+        (path.parent / "probe").touch()
+        sys.exit("the directory can still be written")
+    except PermissionError:
+        pass
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        db = CostDB(path)
+        db.put(CostKey("llvm", "b"), Timing((2.0,)))
+        db.put(CostKey("llvm", "c"), Timing((3.0,)))
+    print(json.dumps({"a": db.get(CostKey("llvm", "a")), "b": db.get(CostKey("llvm", "b")),
+                      "count": len(db), "warnings": [str(w.message) for w in caught]}))
+""")
+
+
 def test_an_existing_database_in_a_read_only_directory_is_read(tmp_path):
+    drop = []  # what keeps root from writing where the mode says no
     if os.geteuid() == 0:
-        pytest.skip("root writes to a mode 0555 directory; the full-disk test covers a "
-                    "database that can be read but not written")
+        if shutil.which("setpriv") is None:
+            pytest.skip("root writes to a mode 0555 directory, and setpriv (util-linux), "
+                        "which drops the capabilities that let it, is not installed")
+        drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
     path = tmp_path / "ro" / "costs.sqlite"
     db = CostDB(path)
     db.put(CostKey("llvm", "a"), Timing((1.0,)))
     db.close()
     path.parent.chmod(0o555)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     try:
-        with pytest.warns(RuntimeWarning, match="cannot be written"):
-            db = CostDB(path)
-            db.put(CostKey("llvm", "b"), Timing((2.0,)))
-        assert db.get(CostKey("llvm", "a")) == 1.0 and db.get(CostKey("llvm", "b")) == 2.0
-        db.close()
+        done = subprocess.run([*drop, sys.executable, "-c", READ_ONLY, str(path)], env=env,
+                              capture_output=True, text=True, timeout=120)
     finally:
         path.parent.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["a"] == 1.0 and seen["b"] == 2.0 and seen["count"] == 3
+    (warning,) = seen["warnings"]
+    assert "cannot be written" in warning and "what it holds is still used" in warning
     assert stored(path) == {"a": 1.0}
 
 
@@ -465,3 +495,35 @@ def test_the_command_line_over_a_faulty_cost_database(fault, capsys, tmp_path, m
         again = CostDB(path, versions="paragraph 0.0.1; tvm 0.19.0")
         assert again.get(CostKey("llvm", "k")) == 1.0
         again.close()
+
+
+def _full_disk() -> None:
+    """In the child before it runs: every write past 1 KiB fails (EFBIG), as on a full disk."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+
+def test_the_command_line_on_a_full_disk(tmp_path):
+    """`paragraph run --outputs` where no file can grow: the run goes on from the caches
+    (read, not written), and the output that cannot be written is one error line."""
+    from paragraph.files import cache_dir
+
+    cache = tmp_path / "cache"
+    db = CostDB(cache / "costs.sqlite")
+    db.put(CostKey("llvm", "old"), Timing((1.0,)))
+    db.close()
+    (cache / "native").symlink_to(cache_dir() / "native", target_is_directory=True)
+    out = tmp_path / "out.npz"
+    env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "paragraph", "run", "squeezenet1_1", "--reduced", "--repeat",
+         "1", "--schedule", "sequential", "--outputs", str(out)], env=env, text=True,
+        capture_output=True, preexec_fn=_full_disk, timeout=300)
+    assert done.returncode == 2 and ": equal" in done.stdout, done.stdout + done.stderr
+    ours = [ln for ln in done.stderr.splitlines() if ln.strip() and not TVM_LOG.match(ln)]
+    assert ours == [f"paragraph: error: cannot write {out}: File too large"], done.stderr
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["cache"]
+    assert stored(cache / "costs.sqlite") == {"old": 1.0}

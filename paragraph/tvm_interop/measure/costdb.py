@@ -147,6 +147,8 @@ class CostDB:
             self._retrying(lambda: self._create(conn))
         except sqlite3.Error as e:
             if _code(e) not in _UNWRITABLE | _FLAKY:
+                conn.close()
+                self.conn = None
                 raise self._error(e, "open") from None
             if not self._has_table(conn):  # nothing to read either
                 conn.close()
@@ -208,9 +210,10 @@ class CostDB:
         self.writable = False
         if (str(self.path), "memory") not in _warned:
             _warned.add((str(self.path), "memory"))
-            warnings.warn(f"cost database {self.path} cannot be written ({reason}): what it "
-                          "holds is still used, and this run's measurements are kept in memory "
-                          "only", RuntimeWarning, stacklevel=4)
+            still = "what it holds is still used, and " if self.conn is not None else ""
+            warnings.warn(f"cost database {self.path} cannot be written ({reason}): {still}"
+                          "this run's measurements are kept in memory only", RuntimeWarning,
+                          stacklevel=4)
 
     # -- retries and errors
     def _retrying(self, op: Callable[[], T]) -> T:
