@@ -20,7 +20,7 @@ from paragraph import __version__, models
 from paragraph.bench import benchmark, format_table
 from paragraph.deploy import ParallelExecutable
 from paragraph.deploy import load as load_artifact
-from paragraph.errors import ParagraphError
+from paragraph.errors import ParagraphError, add_note, exit_status
 from paragraph.files import atomic_write_bytes, atomic_write_json
 from paragraph.graph import Graph
 from paragraph.machine import describe_machine
@@ -81,6 +81,10 @@ class _Step:
     def __exit__(self, exc_type, exc, tb) -> None:
         took = time.perf_counter() - self.start
         print(f"{'done' if exc_type is None else 'failed'} ({took:.1f} s)", flush=True)
+        # the error line says where (`describe`); paragraph's own errors say it already
+        if isinstance(exc, Exception) and not isinstance(exc, ParagraphError) and not any(
+                n.startswith("while ") for n in getattr(exc, "__notes__", ())):
+            add_note(exc, f"while {self.what}")
 
 
 def parse_shapes(items: Sequence[str] | None) -> dict[str, tuple[int, ...]] | None:
@@ -623,6 +627,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="paragraph", description="Graph substitution and inter-operator parallelism "
         "for Apache TVM (Relax).")
     parser.add_argument("--version", action="version", version=f"paragraph {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, print the full traceback above the one-line message")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("models", help="list the built-in model zoo")
@@ -818,7 +824,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     register_rules(sub)
+    _debug_after_the_verb(sub)
     return parser
+
+
+def _debug_after_the_verb(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``--debug`` taken after any verb too (``paragraph run m --debug``); SUPPRESS keeps a
+    verb's parser from resetting the flag given before it."""
+    for verb in sub.choices.values():
+        verb.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help=argparse.SUPPRESS)
+        for action in verb._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _debug_after_the_verb(action)
 
 
 def _at_least(text: str, low: int) -> int:
@@ -837,21 +855,21 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``paragraph`` command; returns the exit status."""
+    """Entry point of the ``paragraph`` command; returns the exit status: 0, 2 after any error
+    (one line on stderr, ``paragraph: error: ...``; the traceback too with ``--debug``), 130
+    after Ctrl+C."""
     args = build_parser().parse_args(argv)
-    try:
-        if args.command == "tune" and args.kernels is None:  # tuning tunes TVM's kernels
-            args.kernels = "tvm"
-        return args.func(args)
-    except ParagraphError as e:
-        print(f"\nparagraph: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nparagraph: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        if getattr(args, "remote", None) is not None:  # give the device back
-            args.remote.close()
+
+    def command() -> int:
+        try:
+            if args.command == "tune" and args.kernels is None:  # tuning tunes TVM's kernels
+                args.kernels = "tvm"
+            return int(args.func(args))
+        finally:
+            if getattr(args, "remote", None) is not None:  # give the device back
+                args.remote.close()
+
+    return exit_status(command, debug=args.debug)
 
 
 if __name__ == "__main__":

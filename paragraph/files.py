@@ -6,27 +6,58 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
+from paragraph.errors import FileWriteError
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over."""
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over. The
+    file gets the permissions a plain write would (0666 less the umask). A failure to write
+    (permission, read-only file system, disk full) raises `FileWriteError`, one line naming
+    the path, and leaves the old file as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; a plain write would not
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise FileWriteError(str(path), e) from e
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask(path.parent))  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise FileWriteError(str(path), e) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask(directory: str | os.PathLike[str] = ".") -> int:
+    """The process's umask, read without changing it: ``os.umask(0)`` then putting it back
+    leaves a moment in which a file that another thread (Python's or native) creates gets
+    mode 0666. Linux reports it in ``/proc/self/status``; elsewhere a probe file is created in
+    ``directory`` (mode 0666 asked, what the umask leaves is read back) and removed."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux (or before 4.7): probe
+    probe = Path(directory) / f".umask-probe-{os.getpid()}-{threading.get_ident()}"
+    fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    try:
+        return 0o666 & ~os.fstat(fd).st_mode & 0o777
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:

@@ -52,3 +52,20 @@ def fresh_cache(tmp_path, monkeypatch):
     fresh = with_native_libraries(tmp_path / "cache")
     monkeypatch.setenv("PARAGRAPH_CACHE_DIR", str(fresh))
     return fresh
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path):
+    """A directory path nothing can be written into: mode 0555, or, for root (whom modes do
+    not stop), a path under a regular file (every create there fails with ENOTDIR, for root
+    too). Reading from it works in the first case only."""
+    if os.geteuid() != 0:
+        ro = tmp_path / "read-only"
+        ro.mkdir()
+        ro.chmod(0o555)
+        yield ro
+        ro.chmod(0o755)  # so pytest can remove it
+        return
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    yield blocker / "read-only"

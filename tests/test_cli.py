@@ -298,3 +298,128 @@ def test_inputs_and_outputs_files(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--inputs",
                            str(inputs))
     assert code == 2 and "the model takes 1 input(s)" in err
+
+
+def _one_error_line(err: str) -> str:
+    """The error output holds one line (after the blank one that ends a progress line)."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("paragraph: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_bad_model_files_are_one_line(capsys, tmp_path):
+    pytest.importorskip("onnx")
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07\x12\x04junk" + bytes(range(256)) * 4)
+    code, _, err = run_cli(capsys, "run", str(corrupt))
+    assert code == 2 and "ONNX" in _one_error_line(err) and str(corrupt) in err
+    folder = tmp_path / "folder.onnx"
+    folder.mkdir()
+    code, _, err = run_cli(capsys, "run", str(folder))
+    assert code == 2 and "is a directory" in _one_error_line(err)
+    code, _, err = run_cli(capsys, "run", str(tmp_path / "nowhere" / "model.onnx"))
+    assert code == 2 and "no such file" in _one_error_line(err)
+
+
+def test_an_output_that_cannot_be_written_is_one_line(capsys, unwritable_dir):
+    out = unwritable_dir / "out.npz"
+    code, stdout, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced", "--repeat", "1",
+                                "--schedule", "sequential", "--outputs", str(out))
+    assert code == 2 and ": equal" in stdout  # the run itself went well
+    line = _one_error_line(err)
+    assert line.startswith(f"paragraph: error: cannot write {out}: ")
+    assert line.endswith(("Permission denied", "Not a directory", "Read-only file system"))
+
+
+def test_debug_prints_the_traceback_before_or_after_the_verb(capsys, tmp_path):
+    missing = str(tmp_path / "missing.onnx")
+    for argv in (["--debug", "run", missing], ["run", missing, "--debug"]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and "Traceback (most recent call last)" in err
+        assert err.rstrip().splitlines()[-1].startswith("paragraph: error: ")
+        assert "no such file" in err
+    code, _, err = run_cli(capsys, "run", missing)
+    assert "Traceback" not in err
+
+
+def test_any_exception_is_one_line_naming_its_kind(capsys, monkeypatch):
+    """Out of memory (with the step it happened in), a file error, an error inside TVM and
+    paragraph's own bug each end as one line and exit status 2; Ctrl+C as 130."""
+    import tvm
+
+    import paragraph.cli as cli
+
+    def load(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(cli, "load_model", load)
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced")
+    assert code == 2
+    assert _one_error_line(err) == ("paragraph: error: out of memory while importing "
+                                    "squeezenet1_1")
+
+    def tvm_fails(*args, **kwargs):
+        tvm.target.Target("llvm -mcpu=nothing")  # TVM's own error, from its C++
+
+    monkeypatch.setattr(cli, "load_model", tvm_fails)
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced")
+    line = _one_error_line(err)
+    assert code == 2 and "TVM failed while importing squeezenet1_1 (ValueError)" in line
+    assert "--debug" in line
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "load_model", interrupted)
+    code, _, err = run_cli(capsys, "run", "squeezenet1_1", "--reduced")
+    assert code == 130 and err.strip() == "paragraph: interrupted"
+
+
+def test_describe_names_each_kind():
+    import errno
+    import sqlite3
+
+    from paragraph.errors import describe
+
+    assert describe(PermissionError(errno.EACCES, "Permission denied", "/x")) == \
+        "cannot access /x: Permission denied"
+    assert describe(OSError(errno.ENOSPC, "No space left on device")) == \
+        "system error (OSError): No space left on device"
+    assert describe(MemoryError()) == "out of memory"
+    assert describe(sqlite3.OperationalError("database is locked")).startswith(
+        "internal error (OperationalError): database is locked")
+    assert describe(RuntimeError("first\nsecond")).startswith("internal error (RuntimeError): "
+                                                             "first (rerun with --debug")
+
+
+def test_the_rpc_server_entry_point_reports_one_line(capsys):
+    from paragraph.tvm_interop.meter.remote import main as serve_main
+
+    assert serve_main(["--tracker", "localhost:port", "--key", "k"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "paragraph-rpc-server: error: expected HOST:PORT, got 'localhost:port'"
+
+
+def test_a_ctrl_c_tvm_disguised_is_still_an_interrupt(capsys):
+    """A Ctrl+C landing in TVM's C++ comes back as an empty RuntimeError, maybe wrapped in
+    paragraph's own error: the command line still says "interrupted", status 130."""
+    from paragraph.errors import UnsupportedModelError, exit_status, reraise_interrupt
+
+    def disguised() -> int:
+        raise RuntimeError()
+
+    def wrapped() -> int:
+        try:
+            disguised()
+        except RuntimeError as e:
+            raise UnsupportedModelError("m.onnx: TVM's ONNX frontend failed: RuntimeError: ") \
+                from e
+        return 0
+
+    for command in (disguised, wrapped):
+        assert exit_status(command) == 130
+        assert capsys.readouterr().err.strip() == "paragraph: interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        reraise_interrupt(RuntimeError())
+    reraise_interrupt(RuntimeError("a real failure"))  # not an interrupt: nothing raised

@@ -40,7 +40,7 @@ from paragraph.passes.schedule import sequential
 from paragraph.planner import PlanReport, Session, plan_ios, plan_schedule
 from paragraph.tvm_interop import random_inputs
 from paragraph.tvm_interop.build.program import build_program
-from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.measure.costdb import TABLE, CostDB
 from paragraph.tvm_interop.meter.runs import plan_digest
 from paragraph.tvm_interop.runtime.executor import make_executor
 from paragraph.tvm_interop.runtime.vm import run_vm
@@ -300,7 +300,8 @@ def test_chosen_merges_rebuild_the_program(inception, tmp_path):
     assert lazy.report.ios.stats.bounded > 0
     assert lazy.report.ios.stats.stages_measured < first.report.ios.stats.stages_measured
     with sqlite3.connect(path) as conn:  # make every merged stage nearly free
-        changed = conn.execute("UPDATE costs SET median = 1e-9 WHERE kernel LIKE 'ios:merge:%'")
+        changed = conn.execute(f"UPDATE {TABLE} SET median = 1e-9 WHERE kernel LIKE "
+                               "'ios:merge:%'")
         assert changed.rowcount > 0
     result = plan_ios(inception, Session(db=CostDB(path)), opts)
     assert result.report.ios.stats.stages_measured == 0
@@ -425,7 +426,7 @@ def test_search_is_confirmed_end_to_end(tmp_path):
     plain = plan_digest(sequential(program.graph, cores=2))
     for sequence_wins in (True, False):
         with sqlite3.connect(db.path) as conn:
-            conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
+            conn.execute(f"UPDATE {TABLE} SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
                          "WHERE kernel LIKE 'run:%'",
                          (f"%{plain}", *((1e-9, 1.0) if sequence_wins else (1.0, 1e-9))))
         again = plan_ios(program, Session(db=db), opts)
@@ -436,7 +437,8 @@ def test_search_is_confirmed_end_to_end(tmp_path):
             assert again.schedule.threads == (2,)
     one = plan_digest(sequential(program.graph, cores=1))  # one-kernel stages on one thread
     with sqlite3.connect(db.path) as conn:
-        conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN 1e-9 ELSE 1.0 END "
+        conn.execute(f"UPDATE {TABLE} SET median = CASE WHEN kernel LIKE ? THEN 1e-9 ELSE 1.0 "
+                     "END "
                      "WHERE kernel LIKE 'run:%'", (f"%{one}",))
     again = plan_ios(program, Session(db=db), opts)
     assert again.schedule.threads == (1,) and again.program is program

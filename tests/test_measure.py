@@ -4,6 +4,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -13,7 +14,7 @@ from paragraph.machine import LoadWatch
 from paragraph.passes.schedule import make_schedule
 from paragraph.timing import Config, Timing, time_in_blocks
 from paragraph.tvm_interop.build.program import build_program
-from paragraph.tvm_interop.measure.costdb import CostDB, CostKey
+from paragraph.tvm_interop.measure.costdb import TABLE, CostDB, CostKey
 from paragraph.tvm_interop.measure.device import (
     kernel_costs,
     measure_cpu_peaks,
@@ -54,7 +55,7 @@ def test_cost_db_round_trip_and_keys(tmp_path):
 def test_corrupt_cost_db_is_moved_aside_and_rebuilt(tmp_path):
     path = tmp_path / "costs.sqlite"
     path.write_bytes(b"this is not an sqlite database" * 100)
-    with pytest.warns(RuntimeWarning, match="corrupt"):
+    with pytest.warns(RuntimeWarning, match="damaged .*moved it to .*corrupt-"):
         db = CostDB(path)
     assert len(db) == 0
     db.put(CostKey("llvm", "k"), Timing((1.0,)))
@@ -63,13 +64,35 @@ def test_corrupt_cost_db_is_moved_aside_and_rebuilt(tmp_path):
     assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not")
 
 
-def test_wrong_schema_counts_as_corrupt(tmp_path):
+def test_another_schema_versions_table_is_left_alone(tmp_path):
+    """A file an older paragraph wrote (schema 1's ``costs`` table) is shared, not corrupt:
+    its rows stay for that version, this one keeps its own table beside them."""
     path = tmp_path / "costs.sqlite"
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE costs (x INTEGER)")
+    conn.execute("CREATE TABLE costs (target TEXT, kernel TEXT, tuning TEXT, source TEXT, "
+                 "config TEXT, median REAL)")
+    conn.execute("INSERT INTO costs VALUES ('llvm', 'k', '', 'tvm', '', 9.0)")
     conn.commit()
     conn.close()
-    with pytest.warns(RuntimeWarning, match="corrupt"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        db = CostDB(path)
+    assert db.get(CostKey("llvm", "k")) is None
+    db.put(CostKey("llvm", "k"), Timing((1.0,)))
+    assert len(db) == 1 and db.get(CostKey("llvm", "k")) == 1.0
+    db.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT median FROM costs").fetchall() == [(9.0,)]
+    conn.close()
+
+
+def test_a_table_of_this_schema_with_other_columns_is_moved_aside(tmp_path):
+    path = tmp_path / "costs.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(f"CREATE TABLE {TABLE} (x INTEGER)")
+    conn.commit()
+    conn.close()
+    with pytest.warns(RuntimeWarning, match="damaged .*not this schema's.* moved it to"):
         db = CostDB(path)
     db.put(CostKey("llvm", "k"), Timing((1.0,)))
     assert len(db) == 1

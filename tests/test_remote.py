@@ -19,7 +19,7 @@ from paragraph.passes.schedule import make_schedule
 from paragraph.passes.search import SearchOptions
 from paragraph.planner import Session, plan_schedule, search_plan
 from paragraph.tvm_interop.build.program import build_program
-from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.measure.costdb import TABLE, CostDB
 from paragraph.tvm_interop.meter.remote import Remote, parse_address, serve
 
 KEY = "paragraph-test"
@@ -42,7 +42,7 @@ def address():
 
 def _keys(db: CostDB) -> list[str]:
     """The kernel column of every cached cost (what was measured here)."""
-    return [row[0] for row in db.conn.execute("SELECT kernel FROM costs")]
+    return [row[0] for row in db.conn.execute(f"SELECT kernel FROM {TABLE}")]
 
 
 def test_programs_kernels_and_stages_are_timed_on_the_server(address, tmp_path):

@@ -26,7 +26,7 @@ from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor, undispatch,
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.build.select import choose_fastest
 from paragraph.tvm_interop.frontend.importers import prepare
-from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.measure.costdb import TABLE, CostDB
 from paragraph.tvm_interop.measure.device import SETTLE_RUNS
 from paragraph.tvm_interop.runtime.executor import gpu_available, make_executor
 from paragraph.tvm_interop.runtime.library.names import EPILOGUES, VendorOp, cost_name
@@ -999,7 +999,7 @@ def test_auto_measures_each_kernel_once_and_records_its_source(tmp_path):
                               build=lambda probe: build_program(probe, target))
 
     chosen = choose()
-    rows = db.conn.execute("SELECT source, COUNT(*) FROM costs GROUP BY source").fetchall()
+    rows = db.conn.execute(f"SELECT source, COUNT(*) FROM {TABLE} GROUP BY source").fetchall()
     counts = dict(rows)
     assert counts.get("vendor", 0) >= 3 and counts.get("tvm", 0) >= 3  # 3 distinct calls here
     assert any("timing" in line for line in logged)
@@ -2285,7 +2285,7 @@ def test_one_stream_keeps_its_capped_kernels_only_where_whole_runs_are_faster(tm
     # does not buy the capped schedule)
     for capped_s, caps_win in ((1e-9, True), (2.0, False), (0.995, False)):
         with sqlite3.connect(db.path) as conn:
-            conn.execute("UPDATE costs SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
+            conn.execute(f"UPDATE {TABLE} SET median = CASE WHEN kernel LIKE ? THEN ? ELSE ? END "
                          "WHERE kernel LIKE 'run:%'", (f"%{capped}", capped_s, 1.0))
         again = planner._one_stream(plan, session, 2)
         assert again.kernel_threads == ({k: 1} if caps_win else {})

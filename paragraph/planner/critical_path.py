@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 
-from paragraph.errors import ParagraphError
+from paragraph.errors import ParagraphError, reraise_interrupt
 from paragraph.graph import Graph
 from paragraph.passes.pools import pools_after_convs
 from paragraph.passes.schedule import critical_path
@@ -62,6 +62,7 @@ def plan_critical_path(program: KernelProgram, session: Session, split: bool = T
     try:
         rebuilt = split_program(program, 4 if streams >= 4 else 2, session)
     except Exception as exc:  # an optional rewrite: the plain schedule still stands
+        reraise_interrupt(exc)
         warnings.warn(f"critical-path: the split program could not be built "
                       f"({type(exc).__name__}: {exc}); keeping the model's own kernels",
                       RuntimeWarning, stacklevel=3)
@@ -115,6 +116,7 @@ def with_pools_moved(plan: Plan, session: Session) -> Plan:
         other = plan_like(plan, moved, session, kernels=program.kernel_source,
                           rewrites=(*program.rewrites, *done), prepared=True)
     except Exception as exc:  # an optional rewrite: the program as it is still stands
+        reraise_interrupt(exc)
         warnings.warn(f"critical-path: the program with its pools moved could not be built "
                       f"({type(exc).__name__}: {exc}); keeping the model's own kernels",
                       RuntimeWarning, stacklevel=4)

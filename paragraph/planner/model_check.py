@@ -41,6 +41,7 @@ from paragraph.tvm_interop.build.tuning_db import (
     read_state,
     write_applied,
 )
+from paragraph.tvm_interop.measure.costdb import cost_versions
 from paragraph.tvm_interop.meter.local import LocalMeter
 from paragraph.tvm_interop.meter.protocol import Meter
 from paragraph.tvm_interop.runtime.executor import make_executor
@@ -103,7 +104,8 @@ def check_models(mods: Sequence[tvm.IRModule], target: tvm.target.Target | str |
     identity = hashlib.blake2b(json.dumps(
         [[(k, state[k]["tuned_ms"]) for k in chosen], [f"{tvm_ffi.structural_hash(m):x}"
                                                        for m in mods],
-         schedule, kernels, str(tvm_target), cores]).encode(), digest_size=16).hexdigest()
+         schedule, kernels, str(tvm_target), cores, cost_versions()]).encode(),
+        digest_size=16).hexdigest()
     result = ModelCheck(schedule)
     before = read_json(work / MODEL_FILE)
     if chosen and before.get("identity") == identity:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from paragraph.errors import ParagraphError
+from paragraph.errors import ParagraphError, reraise_interrupt
 from paragraph.graph import Graph
 from paragraph.machine import available_memory, release_memory
 from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
@@ -226,6 +226,7 @@ class _OnBoard:
                     plans.append((self.build(c.graph, [a.rule for a in (*self.best_applied,
                                                                         *c.applied)]), c))
                 except (ParagraphError, RuntimeError) as e:
+                    reraise_interrupt(e)
                     # a candidate TVM cannot build is a bug to report, not a reason to lose
                     # the search: the input (and the other candidates) still stand
                     self.build_failures.append(f"{type(e).__name__}: {e}")

@@ -8,8 +8,10 @@ unsatisfiable. The unsat core names the axioms the proof used. The rule's symbol
 are stated too, each as a tracked fact, and the core names the ones the proof needed
 (`Proof.dims`): those are what the matcher must enforce (an axiom such as ``g1`` holds only
 for equal sizes). Proofs are cached on disk by a
-hash of the goal, the axioms and the z3 version (`cache_dir`), so re-verifying a library costs
-a lookup per rule.
+hash of the goal, the axioms, the z3 version and paragraph's (`cache_dir`), so re-verifying a
+library costs a lookup per rule; a proof another z3 or paragraph made is a miss, so is a
+cache file torn or written by another format, and a cache that cannot be written (a read-only
+directory, a full disk) warns once and proves on.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import z3
@@ -35,6 +39,7 @@ from paragraph.rules.axioms import (
 )
 from paragraph.rules.rule import DimFact, Rule
 from paragraph.rules.specs import Term, Z3Expr, term_vars, to_z3, z3_dim, z3_sorts
+from paragraph.version import __version__
 
 DEFAULT_RLIMIT = 20_000_000  # z3 resource units (about 10 s here); deterministic, unlike time
 
@@ -89,6 +94,9 @@ class Prover:
             self.tracks[str(track)] = name
             self.solver.assert_and_track(formula, track)
         self.key = _axiom_digest(tuple(a.name for a in self.axioms)) + z3_version()
+        # what a cached proof depends on, in its file name: the axioms, z3, paragraph (which
+        # states the goal); a proof any other made is not found
+        self.file_key = hashlib.sha256(f"{self.key}\n{__version__}".encode()).hexdigest()[:16]
 
     def prove(self, lhs: Sequence[Term], rhs: Sequence[Term],
               hypotheses: Sequence[Hypothesis] = (),
@@ -140,22 +148,41 @@ class Prover:
 
     def prove_rule(self, rule: Rule, use_cache: bool = True) -> Proof:
         """`prove` the rule's output map under its constraints, through the on-disk cache."""
-        path = cache_dir() / "proofs" / f"{rule.formula_key()[:40]}-{self.key[:16]}.json"
-        if use_cache and path.exists():
-            try:
-                d = json.loads(path.read_text())
-                return Proof(d["status"], tuple(d["axioms"]), 0.0, d["z3"],
-                             tuple((str(n), int(a)) for n, a in d["dims"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
+        path = cache_dir() / "proofs" / f"{rule.formula_key()[:40]}-{self.file_key}.json"
+        if use_cache and (cached := _read_proof(path)) is not None:
+            return cached
         proof = self.prove(rule.terms("source"), rule.terms("target"), rule.constraints,
                            {i.name: i.dims for i in rule.inputs})
         if use_cache and proof.status != "unknown":
             try:
                 atomic_write_json(path, proof.to_json())
-            except OSError:
-                pass
+            except OSError as e:  # the proof stands; only the next run proves it again
+                _warn_once(str(path.parent), f"proofs are not cached ({e}); they are proved "
+                           "again next time")
         return proof
+
+
+def _read_proof(path: Path) -> Proof | None:
+    """The proof cached in ``path``, or None where there is none, or it is torn, of another
+    format, or made by another z3."""
+    try:
+        d = json.loads(path.read_text())
+        proof = Proof(d["status"], tuple(d["axioms"]), 0.0, d["z3"],
+                      tuple((str(n), int(a)) for n, a in d["dims"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if proof.status not in ("verified", "failed") or proof.z3 != z3_version():
+        return None
+    return proof
+
+
+_warned: set[str] = set()  # the cache directories warned of
+
+
+def _warn_once(where: str, message: str) -> None:
+    if where not in _warned:
+        _warned.add(where)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def axiom_order(name: str) -> tuple[int, str]:

@@ -10,7 +10,9 @@ alone (MetaSchedule's best record of a small kernel, a reshape, a pool, a concat
 often slower than TVM's default code) nor a set of kernels that made the checked model slower
 (kernels faster alone have run a model 15% slower together: `benchmarks/tuning.py`).
 ``paragraph-tune-model.json`` records that check. A database that paragraph did not write (no
-``applied/``) is applied whole.
+``applied/``) is applied whole. Measurements in the state file are paragraph's and TVM's of
+the versions that made them: another version measures again (`read_state`). A work directory
+that cannot be written is a `paragraph.errors.FileWriteError` naming the file.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from paragraph.files import atomic_write_bytes
+from paragraph.tvm_interop.measure.costdb import cost_versions
 
 STATE_FILE = "paragraph-tune.json"
 RECORDS = "database_tuning_record.json"
@@ -89,14 +92,25 @@ def write_applied(work_dir: str | os.PathLike[str], apply: Mapping[str, bool],
 
 
 def read_json(path: Path) -> dict:
-    """A JSON file of the work directory, or {} where it is missing or torn."""
+    """A JSON object of the work directory, or {} where it is missing, torn or not an
+    object."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
+
+
+ENTRY_FIELDS = ("name", "weight", "trials", "untuned_ms")  # what every state entry holds
 
 
 def read_state(work: Path) -> dict:
-    """Each tuned kernel's trials, times and verdicts (``paragraph-tune.json``); if lost, it is
-    rebuilt: trials are counted in the database."""
-    return read_json(work / STATE_FILE)
+    """Each tuned kernel's trials, times and verdicts (``paragraph-tune.json``) as measured by
+    these versions (`cost_versions`, which each entry records): an entry another version
+    wrote, or one torn or of another format, is left out, so that kernel is compared (and
+    checked in the model) again; its trials are still counted in the database. A lost file
+    is rebuilt the same way."""
+    here = cost_versions()
+    return {k: e for k, e in read_json(work / STATE_FILE).items()
+            if isinstance(e, dict) and e.get("versions") == here
+            and all(f in e for f in ENTRY_FIELDS)}

@@ -40,7 +40,7 @@ import tvm
 import tvm_ffi
 from tvm import rpc
 
-from paragraph.errors import ParagraphError
+from paragraph.errors import ParagraphError, exit_status
 from paragraph.inputs import sample_inputs
 from paragraph.machine import cpu_count, describe_machine
 from paragraph.outputs import max_difference
@@ -391,22 +391,30 @@ def _protocol(options: IOSOptions) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m paragraph.tvm_interop.meter.remote --tracker HOST:PORT --key KEY``."""
+    """``python -m paragraph.tvm_interop.meter.remote --tracker HOST:PORT --key KEY``; returns
+    the exit status: 0 when stopped with Ctrl+C (how a server is stopped), 2 after any error
+    (one line on stderr; the traceback too with ``--debug``)."""
     parser = argparse.ArgumentParser(description="serve this device to paragraph clients "
                                      "through a TVM RPC tracker")
     parser.add_argument("--tracker", required=True, help="the tracker, HOST:PORT")
     parser.add_argument("--key", required=True, help="the device key clients ask for")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
     parser.add_argument("--port", type=int, default=9091, help="first port to try")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, print the full traceback above the one-line message")
     args = parser.parse_args(argv)
-    server = serve(args.tracker, args.key, args.host, args.port)
-    print(f"paragraph RPC server on port {server.port}, key {args.key!r}, tracker "
-          f"{args.tracker}", flush=True)
-    try:
-        server.proc.join()
-    except KeyboardInterrupt:
-        server.terminate()
-    return 0
+
+    def command() -> int:
+        server = serve(args.tracker, args.key, args.host, args.port)
+        print(f"paragraph RPC server on port {server.port}, key {args.key!r}, tracker "
+              f"{args.tracker}", flush=True)
+        try:
+            server.proc.join()
+        except KeyboardInterrupt:
+            server.terminate()
+        return 0
+
+    return exit_status(command, debug=args.debug, prog="paragraph-rpc-server")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from paragraph.errors import reraise_interrupt
 from paragraph.graph import Graph
 from paragraph.machine import LoadWatch
 from paragraph.passes.cost import Kernel
@@ -130,6 +131,7 @@ class SignatureMeter:
             try:
                 out[k.signature] = (k, self.measure_one(graph, k))
             except Exception as exc:  # an estimate still prices it; say why once
+                reraise_interrupt(exc)
                 self.failed[k.signature] = f"{type(exc).__name__}: {exc}"
             bar.update(i + 1)
         return out

@@ -63,6 +63,7 @@ from paragraph.tvm_interop.build.tuning_db import (
     write_applied,
 )
 from paragraph.tvm_interop.frontend.importers import prepare
+from paragraph.tvm_interop.measure.costdb import cost_versions
 from paragraph.tvm_interop.runtime.target import default_device, is_cpu, is_gpu, resolve_target
 
 Tracker = tuple[str, int, str]  # an RPC tracker's host and port, and the device's key
@@ -163,7 +164,7 @@ def tune(mod: tvm.IRModule, target: tvm.target.Target | str | None, work_dir: st
                                   tuned, is_faster, applied, key))
         state[key] = {"name": task.task_name, "weight": int(task.weight), "trials": done,
                       "untuned_ms": untuned, "best_ms": best, "tuned_ms": tuned,
-                      "faster": is_faster, "applied": applied}
+                      "faster": is_faster, "applied": applied, "versions": cost_versions()}
         atomic_write_json(work / STATE_FILE, state)  # before "done": a kill after it loses nothing
         write_applied(work, {k: bool(e.get("applied")) for k, e in state.items()})
         if not skipped:
