@@ -1,0 +1,171 @@
+"""Memory a deployment pays (issue 52 item 7): peak resident memory of a process that builds,
+of one that loads and runs, and the artifact's size, against ONNX Runtime, on the corpus.
+
+Usage::
+
+    python benchmarks/memory.py [--models a,b] [--kinds mobile,...] [--runs 5]
+                                [--json benchmarks/results/memory-cpu.json] [--merge]
+
+Per model (its ONNX export from `corpus_models`, as `corpus.py` uses), each step in a fresh
+process of its own, its peak resident memory read from ``getrusage`` (``ru_maxrss``):
+
+* ``onnxruntime``: import onnxruntime, open the default CPU session, ``--runs`` runs;
+* ``paragraph_build``: ``paragraph.build(model.onnx)`` with its defaults and a fresh cost
+  database, then ``export_library`` (the artifact the next step loads);
+* ``paragraph_load``: ``paragraph.load(artifact)`` and ``--runs`` runs: what a server pays;
+* ``import_only``: the baselines, ``import onnxruntime`` and ``import paragraph`` alone.
+
+Sizes: the ONNX file, the model's weights (the initializers' bytes), the artifact and each of
+its members. Timing is not the point: a row records the load average but is not refused for
+it. Written atomically after each model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import corpus  # noqa: E402  (benchmarks/ on the path)
+
+from paragraph.files import atomic_write_json
+from paragraph.machine import describe_machine
+
+_PEAK = ("import resource, json, sys\n"
+         "def _peak():\n"
+         "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n")
+
+STEPS = {
+    "import_onnxruntime": "import onnxruntime\n",
+    "import_paragraph": "import paragraph\n",
+    "onnxruntime": textwrap.dedent("""
+        import numpy as np, onnxruntime as ort
+        from corpus_models import example_inputs
+        from pathlib import Path
+        s = ort.InferenceSession(ONNX, providers=["CPUExecutionProvider"])
+        feed = dict(zip([i.name for i in s.get_inputs()], example_inputs(Path(ONNX))))
+        for _ in range(RUNS):
+            s.run(None, feed)
+        """),
+    "paragraph_build": textwrap.dedent("""
+        import paragraph
+        exe = paragraph.build(ONNX)
+        exe.export_library(ARTIFACT)
+        """),
+    "paragraph_load": textwrap.dedent("""
+        import paragraph
+        from corpus_models import example_inputs
+        from pathlib import Path
+        exe = paragraph.load(ARTIFACT)
+        x = example_inputs(Path(ONNX))
+        for _ in range(RUNS):
+            exe.run(*x)
+        """),
+}
+
+
+def step(name: str, onnx: Path, artifact: Path, runs: int, cache: Path, timeout: float
+         ) -> dict:
+    """Run step ``name`` in a fresh process; its peak MiB and seconds (or its error)."""
+    code = (_PEAK + f"ONNX, ARTIFACT, RUNS = {str(onnx)!r}, {str(artifact)!r}, {runs}\n"
+            + STEPS[name] + "print(json.dumps({'peak_mib': round(_peak(), 1)}))\n")
+    env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                          os.environ.get("PYTHONPATH", "")])}
+    start = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    seconds = round(time.monotonic() - start, 1)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"exit {out.returncode}: {tail[:300]}", "seconds": seconds}
+    return {**json.loads(lines[-1]), "seconds": seconds}
+
+
+def weights_bytes(onnx: Path) -> int:
+    """The bytes of the model's initializers (its weights)."""
+    import onnx as onnx_pkg  # the onnx extra: only this benchmark's sizes need it
+
+    model = onnx_pkg.load(str(onnx), load_external_data=False)
+    return sum(len(t.raw_data) or 0 for t in model.graph.initializer)
+
+
+def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> dict:
+    onnx = corpus.onnx_file(name, workdir)
+    artifact = workdir / f"{name}.paragraph"
+    cache = corpus_cache(workdir / f"cache-{name}")
+    row: dict = {"model": name, "kind": corpus.describe(name)[0],
+                 "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg(),
+                 "onnx_mb": round(onnx.stat().st_size / 2**20, 2),
+                 "weights_mb": round(weights_bytes(onnx) / 2**20, 2)}
+    for s in ("onnxruntime", "paragraph_build", "paragraph_load"):
+        if s == "paragraph_load" and not artifact.exists():
+            row[s] = {"error": "no artifact: the build failed"}
+            continue
+        row[s] = step(s, onnx, artifact, args.runs, cache, args.timeout)
+        print(f"  {name} {s}: {row[s]}", flush=True)
+    if artifact.exists():
+        with zipfile.ZipFile(artifact) as z:
+            row["artifact_members_mb"] = {i.filename: round(i.file_size / 2**20, 2)
+                                          for i in z.infolist()}
+        row["artifact_mb"] = round(artifact.stat().st_size / 2**20, 2)
+        row["artifact_vs_weights"] = round(row["artifact_mb"] / max(row["weights_mb"], 1e-6), 2)
+    ort, load = row["onnxruntime"].get("peak_mib"), row["paragraph_load"].get("peak_mib")
+    if ort and load:
+        row["load_vs_onnxruntime"] = round(load / ort, 2)
+    return row
+
+
+def corpus_cache(path: Path) -> Path:
+    """A fresh cache directory holding this machine's native libraries (built once)."""
+    native = Path(os.environ.get("PARAGRAPH_CACHE_DIR") or Path.home() / ".cache" / "paragraph")
+    (path / "native").mkdir(parents=True, exist_ok=True)
+    for lib in (native / "native").glob("*.so"):
+        target = path / "native" / lib.name
+        if not target.exists():
+            target.symlink_to(lib)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="")
+    parser.add_argument("--kinds", default="")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--json", default="benchmarks/results/memory-cpu.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the file's other rows, replace those run now")
+    args = parser.parse_args(argv)
+    names = corpus.select(args.models, args.kinds)
+    workdir = Path(tempfile.mkdtemp(prefix="paragraph-memory-"))
+    cache = corpus_cache(workdir / "cache-imports")
+    result = {"benchmark": "memory", "runs": args.runs, "machine": describe_machine(),
+              "versions": corpus.versions(), "load_average_before": os.getloadavg(),
+              "imports": {s: step(s, Path(), Path(), 0, cache, args.timeout)
+                          for s in ("import_onnxruntime", "import_paragraph")},
+              "models": []}
+    print(f"imports: {result['imports']}", flush=True)
+    if args.merge and Path(args.json).exists():
+        old = json.loads(Path(args.json).read_text())
+        result["models"] = [r for r in old.get("models", []) if r["model"] not in names]
+    for name in names:
+        result["models"].append(bench_model(name, args, workdir))
+        result["load_average"] = os.getloadavg()
+        atomic_write_json(args.json, result)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
