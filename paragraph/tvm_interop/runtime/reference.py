@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from paragraph.graph import Graph, TensorRef
+from paragraph.graph import Graph, TensorRef, TensorType
 from paragraph.inputs import index_ranges, sample_inputs
 from paragraph.interpret import run_graph
 from paragraph.ops import SPECS, compute
@@ -74,11 +74,19 @@ class GraphReference(Reference):
             elif n.kind in SPECS:
                 outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
             else:  # opaque: its own function of the compiled module
-                args = [tvm.runtime.tensor(np.ascontiguousarray(values[r])) for r in n.inputs]
+                args = [tvm.runtime.tensor(_as_type(values[r], self.graph.type_of(r)))
+                        for r in n.inputs]
                 outs = flatten_result(self._vm[self._fn[n.id]](*args))
             for i, v in enumerate(outs):
                 values[TensorRef(n.id, i)] = v
         return [values[r] for r in self.graph.outputs]
+
+
+def _as_type(value: np.ndarray, t: TensorType) -> np.ndarray:
+    """``value`` in the graph's declared shape and dtype (TVM checks both), C-contiguous."""
+    # not np.ascontiguousarray: it makes a 0-d array 1-d
+    return np.require(np.asarray(value).reshape(t.shape).astype(t.dtype, copy=False),
+                      requirements="C")
 
 
 class OnnxRuntimeReference(Reference):
