@@ -93,7 +93,22 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="paragraph-longrun-"))
     artifact = exe.export_library(workdir / "model.paragraph")
-    phases = {"runs": _phase("runs", args.runs, run)}
+    phases: dict[str, dict] = {}
+
+    def write() -> list[str]:
+        """The results so far, written atomically (a long phase interrupted keeps the others)."""
+        leaks = [name for name, p in phases.items()
+                 if p["growth_mib"] > args.leak_mib
+                 or p["threads_end"] > p["threads_after_first_tenth"]]
+        atomic_write_json(args.json, {
+            "benchmark": "longrun", "model": f"{args.model} (reduced)",
+            "machine": describe_machine(), "load_average_before": load_before,
+            "load_average": os.getloadavg(), "leak_threshold_mib": args.leak_mib,
+            "phases": phases, "wrong_outputs": wrong[0], "leaks": leaks})
+        return leaks
+
+    phases["runs"] = _phase("runs", args.runs, run)
+    write()
     exe.close()
 
     def load(i: int) -> None:
@@ -104,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded.close()
 
     phases["loads"] = _phase("load/run/close", args.loads, load)
+    write()
 
     def build(i: int) -> None:
         built = paragraph.build(mod, log=lambda _msg: None)
@@ -111,14 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         built.close()
 
     phases["builds"] = _phase("build/run/close", args.builds, build)
-    leaks = [name for name, p in phases.items()
-             if p["growth_mib"] > args.leak_mib
-             or p["threads_end"] > p["threads_after_first_tenth"]]
-    result = {"benchmark": "longrun", "model": f"{args.model} (reduced)",
-              "machine": describe_machine(), "load_average_before": load_before,
-              "load_average": os.getloadavg(), "leak_threshold_mib": args.leak_mib,
-              "phases": phases, "wrong_outputs": wrong[0], "leaks": leaks}
-    atomic_write_json(args.json, result)
+    leaks = write()
     print(f"wrote {args.json}: wrong outputs {wrong[0]}, leaks {leaks or 'none'}")
     return 1 if leaks or wrong[0] else 0
 

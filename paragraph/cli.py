@@ -454,6 +454,11 @@ def _run_compiled(args: argparse.Namespace) -> int:
     if manifest.get("rules"):
         _say(f"  {len(manifest['rules'])} library rewrites: "
              + ", ".join(r["id"] for r in manifest["rules"][:8]))
+    check = info.get("report", {}).get("check")
+    if check:  # the build's comparison with the original model (not at hand here)
+        _say(f"  at build: outputs against {check['reference']} on {len(check['seeds'])} seeded "
+             f"input(s): max difference {check['max_difference']}, "
+             f"{'equal' if check['equal'] else 'DIFFERENT'}")
     inputs = (read_inputs(args.inputs, program.graph) if getattr(args, "inputs", None)
               else exe.sample_inputs(args.seed))
     with _Step("running the program on the TVM VM"):

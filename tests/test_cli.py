@@ -132,6 +132,7 @@ def test_ios_in_run_bench_and_inspect(capsys, tmp_path, monkeypatch):
     code, out, _ = run_cli(capsys, "run", str(artifact), "--repeat", "1", "--json",
                            str(tmp_path / "run.json"))
     assert code == 0 and "ios-both schedule" in out
+    assert "at build: outputs against the numpy interpreter on 3 seeded input(s)" in out
     result = json.loads((tmp_path / "run.json").read_text())
     assert result["equal"] and result["median_ms"] > 0 and result["schedule"]["name"] == \
         "ios-both" and result["machine"]["cores"] >= 1
