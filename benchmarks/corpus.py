@@ -180,7 +180,11 @@ def relative_error(expected: list, got: list) -> float:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, MB (Linux reports KiB)."""
+    """This process's peak resident memory so far, MiB: its memory map's high-water mark
+    (``VmHWM``), not ``ru_maxrss``, which Linux carries across exec from the forked parent."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -547,6 +547,48 @@ def micro_lines(folder: Path) -> list[str] | None:
     return out or None
 
 
+def memory_table(r: dict) -> list[str]:
+    """What a deployment pays in memory (``memory-cpu.json``, `benchmarks/memory.py`): each
+    step's peak resident memory in a fresh process, the artifact against the weights."""
+    imports = r["imports"]
+    out = [f"Peak resident MiB of a fresh process on the {r['machine']['cores']}-core "
+           f"{r['machine']['cpu']} ({_date(r)}): ONNX Runtime's default session and "
+           f"{r['runs']} runs; `paragraph.load` of the artifact and {r['runs']} runs; "
+           "`paragraph.build` with its defaults and a fresh cost database. A bare "
+           f"`import onnxruntime` is {imports['import_onnxruntime'].get('peak_mib', '-')} "
+           f"MiB, `import paragraph` {imports['import_paragraph'].get('peak_mib', '-')} (TVM "
+           "and PyTorch load with the first build or load).", "",
+           "| model | weights MB | artifact MB (x weights) | ONNX Runtime | paragraph load "
+           "(x ORT) | paragraph build |", "|---|---|---|---|---|---|"]
+    def peak(m: dict, step: str) -> str:
+        v = m.get(step, {}).get("peak_mib")
+        return "failed" if v is None else f"{v:,.0f}"
+
+    for m in r["models"]:
+        art = (f"{m['artifact_mb']:.1f} ({m['artifact_vs_weights']:.2f}x)"
+               if "artifact_mb" in m else "-")
+        ratio = f" ({m['load_vs_onnxruntime']:.1f}x)" if "load_vs_onnxruntime" in m else ""
+        out.append(f"| {m['model']} | {m['weights_mb']:.1f} | {art} | {peak(m, 'onnxruntime')} "
+                   f"| {peak(m, 'paragraph_load')}{ratio} | {peak(m, 'paragraph_build')} |")
+    return out
+
+
+def longrun_table(r: dict) -> list[str]:
+    """Memory and threads over many runs, loads and builds (``longrun-cpu.json``,
+    `benchmarks/longrun.py`)."""
+    out = [f"{r['model']} in one process ({_date(r)}): resident memory after the first tenth of "
+           "each phase and at its end, and threads; a phase leaks when it grows more than "
+           f"{r['leak_threshold_mib']:.0f} MiB or its threads grow. Wrong outputs: "
+           f"{r['wrong_outputs']}; leaks: {', '.join(r['leaks']) or 'none'}.", "",
+           "| phase | cycles | seconds | MiB after 1/10 | MiB at end | threads |",
+           "|---|---|---|---|---|---|"]
+    for name, p in r["phases"].items():
+        out.append(f"| {name} | {p['cycles']:,} | {p['seconds']:.0f} | "
+                   f"{p['rss_after_first_tenth_mib']:.0f} | {p['rss_end_mib']:.0f} | "
+                   f"{p['threads_after_first_tenth']} -> {p['threads_end']} |")
+    return out
+
+
 # ------------------------------------------------------------------------------------- blocks
 def _file(name: str, table: Callable[[dict], list[str]], intro: str = ""
           ) -> Callable[[Path], list[str] | None]:
@@ -632,6 +674,8 @@ BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
     "noise": _file("noise-cpu.json", noise_table),
     "refactor-house": _file("refactor-house-ab-cpu.json", house_ab_table),
     "micro": micro_lines,
+    "memory": _file("memory-cpu.json", memory_table),
+    "longrun": _file("longrun-cpu.json", longrun_table),
 }
 
 
