@@ -7,7 +7,7 @@ Usage::
                                 [--json benchmarks/results/memory-cpu.json] [--merge]
 
 Per model (its ONNX export from `corpus_models`, as `corpus.py` uses), each step in a fresh
-process of its own, its peak resident memory read from ``getrusage`` (``ru_maxrss``):
+process of its own, its peak resident memory read from ``/proc/self/status`` (``VmHWM``):
 
 * ``onnxruntime``: import onnxruntime, open the default CPU session, ``--runs`` runs;
 * ``paragraph_build``: ``paragraph.build(model.onnx)`` with its defaults and a fresh cost
@@ -38,9 +38,13 @@ import corpus  # noqa: E402  (benchmarks/ on the path)
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 
-_PEAK = ("import resource, json, sys\n"
+# the high-water mark of this process's own memory map: not ``ru_maxrss``, which Linux carries
+# across exec from the forked parent (every step then read at least the parent's size)
+_PEAK = ("import json\n"
          "def _peak():\n"
-         "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n")
+         "    for line in open('/proc/self/status'):\n"
+         "        if line.startswith('VmHWM:'):\n"
+         "            return int(line.split()[1]) / 1024\n")
 
 STEPS = {
     "import_onnxruntime": "import onnxruntime\n",
