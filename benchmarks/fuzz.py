@@ -62,7 +62,7 @@ def worker(args: argparse.Namespace) -> None:
         recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(seed), seed, args.steps)
         outcome = fuzz_run.run_case(recipe, fuzz_run.combinations(seed, args.every, kernels),
                                     meter=args.meter, forms=not args.no_forms)
-        emit(done=seed, runs=outcome.runs, combos=len(outcome.combos),
+        emit(done=seed, runs=outcome.runs, combos=len(outcome.combos), onnx=outcome.onnx,
              failures=[f.as_json() for f in outcome.failures],
              ops=[s["op"] + (f".{s['attrs']['fn']}" if "fn" in s["attrs"] else "")
                   for s in recipe["steps"]])
@@ -251,6 +251,9 @@ def _subrecipes(recipe: dict[str, Any]) -> list[dict[str, Any]]:
             step = dict(steps[u - n_in])
             new_steps.append({**step, "args": [renumber[a] for a in step["args"]]})
         out.append({**recipe, "steps": new_steps, "outputs": [renumber[v]]})
+    # the failing case whole but for the outputs one at a time (an aliasing output)
+    out += [{**recipe, "outputs": [o]} for o in dict.fromkeys(recipe["outputs"])
+            if len(recipe["outputs"]) > 1]
     out.sort(key=lambda r: len(r["steps"]))
     return out
 
@@ -268,7 +271,7 @@ def minimise(args: argparse.Namespace, seed: int, failure: dict[str, Any],
         for c in fuzz_run.combinations(seed, args.every, tuple(args.kernels.split(",")))]
     best = recipe
     for sub in _subrecipes(recipe):
-        if len(sub["steps"]) >= len(best["steps"]):
+        if len(sub["steps"]) > len(best["steps"]) or sub == best:
             break
         jobs = [{"id": i, "recipe": sub, "combo": c} for i, c in enumerate(combos)]
         found = _try_jobs(args, jobs)
@@ -346,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         "schedules": list(SCHEDULES),
         "programs_compared": sum(r["combos"] for r in results),
         "executor_runs": sum(r["runs"] for r in results),
+        "checked_by_onnxruntime": sum(bool(r.get("onnx")) for r in results),
         "seconds": round(seconds, 1),
         "cases_per_minute": round(len(results) / (seconds / 60), 1),
         "failing_cases": sum(bool(r["failures"]) for r in results),

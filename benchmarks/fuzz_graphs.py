@@ -180,7 +180,23 @@ def recipe(draw: Draw, seed: int, max_steps: int = 6) -> Recipe:
         _step_unary(m, [i for i, t in enumerate(m.dtypes) if t == "float32"][-1])
     read = {a for s in m.steps for a in s["args"]}
     outputs = [i for i in range(len(m.inputs), len(m.shapes)) if i not in read]
+    # outputs a model may have beside its leaves: a value others read too, one output twice,
+    # an input passed through (buffers the executor must not reuse or alias wrongly)
+    inner = [v for v in range(len(m.inputs), len(m.shapes)) if v in read]
+    if inner and draw.chance(0.15):
+        outputs.append(draw.choice(inner))
+    if draw.chance(0.05):
+        outputs.append(outputs[0])
+    if m.dtypes[0] == "float32" and draw.chance(0.05):
+        outputs.append(0)
     return {"seed": seed, "inputs": m.inputs, "steps": m.steps, "outputs": outputs}
+
+
+def shape_of(recipe: Recipe, value: int) -> tuple[int, ...]:
+    """The shape of value ``value`` of ``recipe`` (an input's or a step's)."""
+    n_in = len(recipe["inputs"])
+    spec = recipe["inputs"][value] if value < n_in else recipe["steps"][value - n_in]
+    return tuple(spec["shape"])
 
 
 def union(recipes: Sequence[Recipe]) -> Recipe:
@@ -278,7 +294,9 @@ def _step_softmax(m: _Maker, x: int) -> None:
 def _step_layer_norm(m: _Maker, x: int) -> None:
     rank = len(m.shapes[x])
     axes = [-1] if rank == 1 or m.d.chance(0.8) else [-2, -1]
-    m.add("layer_norm", [x], m.shapes[x], axes=axes, epsilon=m.d.choice((1e-5, 1e-6, 1e-12)))
+    # not BERT's 1e-12: a row of equal values (an embedding of a 1-row table) has a variance of
+    # rounding error, which so small an epsilon turns into any value (ill-conditioned, not wrong)
+    m.add("layer_norm", [x], m.shapes[x], axes=axes, epsilon=m.d.choice((1e-5, 1e-3)))
 
 
 def _step_batch_norm(m: _Maker, x: int) -> None:
@@ -461,18 +479,48 @@ def _step_adaptive_pool(m: _Maker, x: int) -> None:
 
 
 # ---------------------------------------------------------------------------- Relax
-def _weights(recipe: Recipe, index: int) -> np.random.Generator:
-    """The generator of step ``index``'s weights: the same recipe, the same weights."""
-    return np.random.default_rng([int(recipe["seed"]) & 0xFFFFFFFF, index])
+def weights(recipe: Recipe, index: int, in_shape: Sequence[int]) -> dict[str, np.ndarray]:
+    """Step ``index``'s weights (its first argument of shape ``in_shape``), drawn from the
+    recipe's seed and the step: the same recipe, the same weights, in Relax and in ONNX."""
+    step = recipe["steps"][index]
+    op, a = step["op"], step["attrs"]
+    rng = np.random.default_rng([int(recipe["seed"]) & 0xFFFFFFFF, index])
+    shape = list(in_shape)
+
+    def normal(dims: Sequence[int], scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(tuple(dims)) * scale).astype("float32")
+
+    if op == "embedding":
+        return {"table": normal((a["rows"], step["shape"][-1]))}
+    if op == "gather":
+        return {"indices": np.array(a["indices"], "int64")}
+    if op == "conv2d":
+        c_in = shape[1] // a["groups"]
+        fan_in = c_in * a["kernel"][0] * a["kernel"][1]
+        w = {"w": normal((a["out_channels"], c_in, *a["kernel"]), fan_in ** -0.5)}
+        return {**w, "b": normal((1, a["out_channels"], 1, 1))} if a["bias"] else w
+    if op == "matmul" and len(step["args"]) == 1:
+        return {"w": normal((shape[-1], a["n"]), shape[-1] ** -0.5)}
+    if op == "linear":
+        w = {"w": normal((a["n"], shape[-1]), shape[-1] ** -0.5)}
+        return {**w, "b": normal((a["n"],))} if a["bias"] else w
+    if op == "binary" and len(step["args"]) == 1:
+        c = normal(a["const"])
+        if a["fn"] == "divide":  # away from zero: a quotient's scale stays that of its input
+            c = ((np.sign(c) + (c == 0)) * (0.5 + np.abs(c) % 1.5)).astype("float32")
+        return {"c": c}
+    if op == "layer_norm":
+        norm = [shape[ax] for ax in a["axes"]]
+        return {"gamma": 1 + 0.1 * normal(norm), "beta": 0.1 * normal(norm)}
+    if op == "batch_norm":
+        c = shape[1]
+        return {"gamma": 1 + 0.1 * normal((c,)), "beta": normal((c,)), "mean": normal((c,)),
+                "var": (0.5 + rng.random(c)).astype("float32")}
+    return {}
 
 
-def _const(value: Any) -> relax.Constant:
-    arr = np.asarray(value)
-    return relax.const(arr.astype(arr.dtype if arr.dtype.kind == "i" else "float32"))
-
-
-def _normal(rng: np.random.Generator, shape: Sequence[int], scale: float = 1.0) -> np.ndarray:
-    return (rng.standard_normal(tuple(shape)) * scale).astype("float32")
+def _const(value: np.ndarray) -> relax.Constant:
+    return relax.const(value, str(value.dtype))
 
 
 def module(recipe: Recipe) -> tvm.IRModule:
@@ -486,7 +534,8 @@ def module(recipe: Recipe) -> tvm.IRModule:
             values: list[relax.Expr] = list(params)
             for i, step in enumerate(recipe["steps"]):
                 args = [values[a] for a in step["args"]]
-                values.append(_emit(bb, step, args, _weights(recipe, i), f"s{i}"))
+                w = weights(recipe, i, [int(d) for d in args[0].ty.shape])
+                values.append(_emit(bb, step, args, w, f"s{i}"))
             outs = [values[o] for o in recipe["outputs"]]
             gv = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(gv)
@@ -494,8 +543,8 @@ def module(recipe: Recipe) -> tvm.IRModule:
 
 
 def _emit(bb: relax.BlockBuilder, step: dict[str, Any], args: list[relax.Expr],
-          rng: np.random.Generator, name: str) -> relax.Expr:
-    """The bindings of one step; returns the variable of its value."""
+          w: dict[str, np.ndarray], name: str) -> relax.Expr:
+    """The bindings of one step (its weights ``w``); returns the variable of its value."""
     op, a = step["op"], step["attrs"]
     nn = relax.op.nn
     x = args[0]
@@ -503,52 +552,32 @@ def _emit(bb: relax.BlockBuilder, step: dict[str, Any], args: list[relax.Expr],
     def emit(expr: relax.Expr) -> relax.Expr:
         return bb.emit(expr, name_hint=name)
 
-    shape = [int(d) for d in x.ty.shape]
+    c = {k: _const(v) for k, v in w.items()}
     if op == "embedding":
-        table = _normal(rng, (a["rows"], step["shape"][-1]))
-        return emit(relax.op.take(_const(table), x, axis=0))
+        return emit(relax.op.take(c["table"], x, axis=0))
     if op == "gather":
-        return emit(relax.op.take(x, _const(np.array(a["indices"], "int64")), axis=a["axis"]))
+        return emit(relax.op.take(x, c["indices"], axis=a["axis"]))
     if op == "conv2d":
-        c_in = shape[1] // a["groups"]
-        fan_in = c_in * a["kernel"][0] * a["kernel"][1]
-        w = _normal(rng, (a["out_channels"], c_in, *a["kernel"]), fan_in ** -0.5)
-        y = emit(nn.conv2d(x, _const(w), a["strides"], a["padding"], a["dilation"],
-                           a["groups"]))
-        if a["bias"]:
-            y = emit(relax.op.add(y, _const(_normal(rng, (1, a["out_channels"], 1, 1)))))
-        return y
+        y = emit(nn.conv2d(x, c["w"], a["strides"], a["padding"], a["dilation"], a["groups"]))
+        return emit(relax.op.add(y, c["b"])) if a["bias"] else y
     if op == "matmul":
-        if len(args) == 2:
-            return emit(relax.op.matmul(x, args[1]))
-        return emit(relax.op.matmul(x, _const(_normal(rng, (shape[-1], a["n"]),
-                                                      shape[-1] ** -0.5))))
+        return emit(relax.op.matmul(x, args[1] if len(args) == 2 else c["w"]))
     if op == "linear":
-        w = _normal(rng, (a["n"], shape[-1]), shape[-1] ** -0.5)
-        bias = _const(_normal(rng, (a["n"],))) if a["bias"] else None
-        return emit(relax.op.linear(x, _const(w), bias))
+        return emit(relax.op.linear(x, c["w"], c.get("b")))
     if op == "binary":
         fn = getattr(relax.op, a["fn"])
         if len(args) == 2:
             return emit(fn(x, args[1]))
-        c = _normal(rng, a["const"])
-        if a["fn"] == "divide":  # away from zero: a quotient's scale stays that of its input
-            c = (np.sign(c) + (c == 0)) * (0.5 + np.abs(c) % 1.5)
-        return emit(fn(_const(c), x) if a.get("const_first") else fn(x, _const(c)))
+        return emit(fn(c["c"], x) if a.get("const_first") else fn(x, c["c"]))
     if op == "unary":
         return _emit_unary(bb, a, x, name)
     if op == "softmax":
         return emit(nn.softmax(x, a["axis"]))
     if op == "layer_norm":
-        norm = [shape[ax] for ax in a["axes"]]
-        gamma, beta = 1 + 0.1 * _normal(rng, norm), 0.1 * _normal(rng, norm)
-        return emit(nn.layer_norm(x, _const(gamma), _const(beta), a["axes"], a["epsilon"]))
+        return emit(nn.layer_norm(x, c["gamma"], c["beta"], a["axes"], a["epsilon"]))
     if op == "batch_norm":
-        c = shape[1]
-        gamma, beta, mean = 1 + 0.1 * _normal(rng, (c,)), _normal(rng, (c,)), _normal(rng, (c,))
-        var = (0.5 + rng.random(c)).astype("float32")
-        bn = emit(nn.batch_norm(x, _const(gamma), _const(beta), _const(mean), _const(var),
-                                axis=1, epsilon=a["epsilon"], training=False))
+        bn = emit(nn.batch_norm(x, c["gamma"], c["beta"], c["mean"], c["var"], axis=1,
+                                epsilon=a["epsilon"], training=False))
         return emit(relax.TupleGetItem(bn, 0))
     if op in ("max_pool2d", "avg_pool2d"):
         fn = nn.max_pool2d if op == "max_pool2d" else nn.avg_pool2d

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fuzz_graphs
+import fuzz_onnx
 import numpy as np
 import tvm
 
@@ -181,6 +182,7 @@ class Outcome:
     """A case's result: the programs run and compared, and the failures."""
 
     runs: int = 0
+    onnx: bool = False  # whether ONNX Runtime checked the reference
     combos: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
 
@@ -190,13 +192,17 @@ def _quiet(_line: str) -> None:
 
 
 def run_case(recipe: fuzz_graphs.Recipe, combos: Sequence[Combination], *,
-             meter: str = "drawn", forms: bool = True) -> Outcome:
+             meter: str = "drawn", forms: bool = True, onnx: bool = True) -> Outcome:
     """Compile, plan and run ``recipe`` under each of ``combos`` (module docstring); each
-    program's outputs compared with the reference, under each vendor form with ``forms``."""
+    program's outputs compared with the reference, under each vendor form with ``forms``;
+    with ``onnx``, the reference first compared with ONNX Runtime's outputs of the recipe
+    written as ONNX (`fuzz_onnx`), where it can be."""
     out = Outcome()
     mod, graph = fuzz_graphs.imported(recipe)
     arrays = fuzz_graphs.inputs(recipe)
     expected = fuzz_graphs.reference(graph, arrays)
+    if onnx:
+        _check_onnxruntime(recipe, arrays, expected, out)
     remote = DrawnMeter(int(recipe["seed"])) if meter == "drawn" else None
     with Session(remote=remote, log=_quiet) as session:
         for combo in combos:
@@ -205,6 +211,24 @@ def run_case(recipe: fuzz_graphs.Recipe, combos: Sequence[Combination], *,
                 out.combos.append(where)
                 _check_plan(plan, recipe, arrays, expected, where, forms, out)
     return out
+
+
+def _check_onnxruntime(recipe: fuzz_graphs.Recipe, arrays: list[np.ndarray],
+                       expected: list[np.ndarray], out: Outcome) -> None:
+    """The numpy reference against ONNX Runtime's outputs of the same graph (`fuzz_onnx`)."""
+    try:
+        model = fuzz_onnx.to_onnx(recipe)
+        if model is None:
+            return
+        got = fuzz_onnx.run(model, arrays)
+    except Exception as exc:  # noqa: BLE001 (any exception is a finding)
+        out.failures.append(Failure("error", "onnxruntime", _error(exc)))
+        return
+    out.onnx = True
+    diff = max_difference(expected, got)
+    if not diff <= TOLERANCE:
+        out.failures.append(Failure("references-differ", "onnxruntime",
+                                    f"max difference {diff:.3g} of the scale"))
 
 
 def _plans(mod: tvm.IRModule, combo: Combination, session: Session,

@@ -42,8 +42,7 @@ def test_graphs_are_well_typed_and_reach_every_operator():
         _, graph = fuzz_graphs.imported(recipe)  # validated: Relax's types are paragraph's
         kinds.update(n.attrs["op"] if n.kind == "opaque" else n.kind for n in graph.operators)
         outs = fuzz_graphs.reference(graph, fuzz_graphs.inputs(recipe))
-        n_in = len(recipe["inputs"])
-        assert [o.shape for o in outs] == [tuple(recipe["steps"][v - n_in]["shape"])
+        assert [o.shape for o in outs] == [fuzz_graphs.shape_of(recipe, v)
                                            for v in recipe["outputs"]]
     # enlarge only a rewrite makes (a kernel padded to a larger window)
     assert set(ops.SPECS) - {"enlarge"} <= set(kinds), set(ops.SPECS) - set(kinds)
@@ -132,8 +131,7 @@ def test_a_union_of_graphs_computes_each_of_them():
     _, graph = fuzz_graphs.imported(whole)
     got = fuzz_graphs.reference(graph, fuzz_graphs.inputs(whole))
     assert len(got) == sum(len(p["outputs"]) for p in parts)
-    shapes = [tuple(p["steps"][v - len(p["inputs"])]["shape"]) for p in parts
-              for v in p["outputs"]]
+    shapes = [fuzz_graphs.shape_of(p, v) for p in parts for v in p["outputs"]]
     assert [g.shape for g in got] == shapes
 
 
@@ -163,8 +161,8 @@ def test_the_driver_reports_a_crash_and_a_hang_with_their_seeds(tmp_path, monkey
 def test_subgraphs_for_minimising_are_well_formed():
     recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(11), 11, 8)
     subs = fuzz._subrecipes(recipe)
-    assert len(subs) == len(recipe["steps"])
+    assert len(subs) >= len(recipe["steps"])
     for sub in subs:
         _, graph = fuzz_graphs.imported(sub)
-        assert len(graph.outputs) == 1
+        assert len(graph.outputs) == 1 and len(sub["steps"]) <= len(recipe["steps"])
         assert np.all(np.isfinite(fuzz_graphs.reference(graph, fuzz_graphs.inputs(sub))[0]))
