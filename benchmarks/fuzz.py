@@ -33,6 +33,19 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE / "results" / "fuzz-cpu.json"
+# failures found and fixed while the fuzzer was written (their graphs are regression tests in
+# tests/test_fuzz_regressions.py); every report carries them
+FIXED = [{
+    "seed": 252, "what": "error",
+    "where": "import (every combination)",
+    "detail": "GraphError: avg_pool2d with ceil_mode: Relax types its output 2x15x2x16, "
+              "paragraph's shape function said 2x15x2x17",
+    "minimised": {"graph": "inputs [('float32', [1, 2, 3, 32])]\nv1 = avg_pool2d(v0; "
+                           "pool_size 1x1, strides 2x2, ceil_mode) -> [1, 2, 2, 16]",
+                  "test": "tests/test_fuzz_regressions.py::seed-252-ceil-mode-pool"},
+    "fixed_by": "a012865 ops: a ceil_mode pool drops a last window that would start past the "
+                "input and its leading padding, as Relax's inference does",
+}]
 
 
 # ---------------------------------------------------------------------------- worker side
@@ -145,9 +158,11 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def run_cases(args: argparse.Namespace, seeds: list[int], log: Any) -> list[dict[str, Any]]:
+def run_cases(args: argparse.Namespace, seeds: list[int], log: Any,
+              after_batch: Any = None) -> list[dict[str, Any]]:
     """Every seed's case in batches of workers: one result per seed (``done`` lines, or a
-    crash or hang made into one)."""
+    crash or hang made into one); ``after_batch`` hears the results so far after each batch
+    (the report is written then: a long run stopped early keeps what it ran)."""
     results: list[dict[str, Any]] = []
     pending = list(seeds)
     started = time.perf_counter()
@@ -194,6 +209,8 @@ def run_cases(args: argparse.Namespace, seeds: list[int], log: Any) -> list[dict
         minutes = (time.perf_counter() - started) / 60
         log(f"{done}/{len(seeds)} cases, {sum(bool(r['failures']) for r in results)} failing, "
             f"{done / max(minutes, 1e-9):.1f} cases/min")
+        if after_batch is not None:
+            after_batch(results)
     return results
 
 
@@ -316,14 +333,51 @@ def main(argv: list[str] | None = None) -> None:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    from paragraph.files import atomic_write_json
     from paragraph.machine import describe_machine
     from paragraph.planner import SCHEDULES
 
     load_before = _load_average()
     started = time.perf_counter()
     seeds = list(range(args.seed, args.seed + args.cases))
-    results = run_cases(args, seeds, log)
-    seconds = time.perf_counter() - started
+    command = "python benchmarks/fuzz.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    def write(results: list[dict[str, Any]], failures: list[dict[str, Any]],
+              finished: bool) -> dict[str, Any]:
+        seconds = time.perf_counter() - started
+        ops = Counter(op for r in results for op in r.get("ops", ()))
+        done = sorted(r["seed"] for r in results)
+        report = {
+            "benchmark": "fuzz",
+            "command": command,
+            "finished": finished,  # False: the run stopped early, these are its cases so far
+            "machine": describe_machine(),
+            "load_average_before": load_before,
+            "load_average": _load_average(),
+            "cases": len(results),
+            "seeds": [done[0], done[-1]] if done else [],
+            "max_steps": args.steps,
+            "mode": "every" if args.every else "shared",
+            "kernels": args.kernels.split(","),
+            "meter": args.meter,
+            "forms_forced": not args.no_forms,
+            "schedules": list(SCHEDULES),
+            "programs_compared": sum(r["combos"] for r in results),
+            "executor_runs": sum(r["runs"] for r in results),
+            "checked_by_onnxruntime": sum(bool(r.get("onnx")) for r in results),
+            "seconds": round(seconds, 1),
+            "cases_per_minute": round(len(results) / (seconds / 60), 1),
+            "failing_cases": sum(bool(r["failures"]) for r in results),
+            "failures": failures or [{"seed": r["seed"], **r["failures"][0], "fixed_by": None}
+                                     for r in results if r["failures"]],
+            "steps_drawn": dict(sorted(ops.items())),
+            "fixed": FIXED,
+        }
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.report, report)
+        return report
+
+    results = run_cases(args, seeds, log, lambda so_far: write(so_far, [], False))
     failures = []
     for r in sorted(results, key=lambda r: r["seed"]):
         for f in r["failures"][:1]:  # the first failure of a case: the others often follow
@@ -331,38 +385,10 @@ def main(argv: list[str] | None = None) -> None:
             if not args.no_minimise:
                 entry["minimised"] = minimise(args, r["seed"], f, log)
             failures.append(entry)
-    ops = Counter(op for r in results for op in r.get("ops", ()))
-    report = {
-        "benchmark": "fuzz",
-        "command": "python benchmarks/fuzz.py " + " ".join(sys.argv[1:] if argv is None
-                                                            else argv),
-        "machine": describe_machine(),
-        "load_average_before": load_before,
-        "load_average": _load_average(),
-        "cases": len(results),
-        "seeds": [args.seed, args.seed + args.cases - 1],
-        "max_steps": args.steps,
-        "mode": "every" if args.every else "shared",
-        "kernels": args.kernels.split(","),
-        "meter": args.meter,
-        "forms_forced": not args.no_forms,
-        "schedules": list(SCHEDULES),
-        "programs_compared": sum(r["combos"] for r in results),
-        "executor_runs": sum(r["runs"] for r in results),
-        "checked_by_onnxruntime": sum(bool(r.get("onnx")) for r in results),
-        "seconds": round(seconds, 1),
-        "cases_per_minute": round(len(results) / (seconds / 60), 1),
-        "failing_cases": sum(bool(r["failures"]) for r in results),
-        "failures": failures,
-        "steps_drawn": dict(sorted(ops.items())),
-    }
-    from paragraph.files import atomic_write_json
-
-    Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.report, report)
-    log(f"{len(results)} cases in {seconds:.0f} s ({report['cases_per_minute']} cases/min), "
-        f"{report['programs_compared']} programs compared, {len(failures)} failing; "
-        f"wrote {args.report}")
+    report = write(results, failures, True)
+    log(f"{len(results)} cases in {report['seconds']:.0f} s ({report['cases_per_minute']} "
+        f"cases/min), {report['programs_compared']} programs compared, {len(failures)} "
+        f"failing; wrote {args.report}")
     if failures:
         sys.exit(1)
 
