@@ -52,6 +52,8 @@ FIXED = [{
 def worker(args: argparse.Namespace) -> None:
     """Run the cases of ``args.seeds`` (or one JSON job per line of stdin with ``--jobs``),
     printing a JSON line as each starts and ends."""
+    # here, not at the top: the driver imports paragraph only once it has put this checkout
+    # first on its path (`main`), as the workers' PYTHONPATH does (`_environment`)
     import fuzz_graphs
     import fuzz_run
 
@@ -237,7 +239,7 @@ def _try_jobs(args: argparse.Namespace, jobs: list[dict[str, Any]]) -> dict[int,
     return out
 
 
-def _where_combo(where: str, seed: int, args: argparse.Namespace) -> list[Any] | None:
+def _where_combo(where: str) -> list[Any] | None:
     """The combination (kernels, search, [schedule]) a failure's ``where`` names; None for a
     crash or hang of a whole case (minimised over all its combinations)."""
     head = where.split(" ")[0]
@@ -278,11 +280,11 @@ def _subrecipes(recipe: dict[str, Any]) -> list[dict[str, Any]]:
 def minimise(args: argparse.Namespace, seed: int, failure: dict[str, Any],
              log: Any) -> dict[str, Any]:
     """The smallest subgraph of seed's graph failing the same way in the same combination."""
-    import fuzz_graphs
+    import fuzz_graphs  # after `main` put this checkout first on the path (see `worker`)
     import fuzz_run
 
     recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(seed), seed, args.steps)
-    combo = _where_combo(failure["where"], seed, args)
+    combo = _where_combo(failure["where"])
     combos = [combo] if combo is not None else [
         [c.kernels, c.search, list(c.schedules)]
         for c in fuzz_run.combinations(seed, args.every, tuple(args.kernels.split(",")))]
@@ -333,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     def log(line: str) -> None:
         print(line, flush=True)
 
+    # after the path above: this checkout's paragraph, the one the workers run
     from paragraph.files import atomic_write_json
     from paragraph.machine import describe_machine
     from paragraph.planner import SCHEDULES
