@@ -104,6 +104,22 @@ def test_a_forced_form_runs_untimed_and_every_form_computes_the_same():
             assert max_difference(expected, again.run(*arrays)) < fuzz_run.TOLERANCE
 
 
+def test_a_forced_variant_of_the_python_kernels_runs_alone_and_untimed():
+    torch = pytest.importorskip("torch")
+    from paragraph.tvm_interop.runtime.library import torch_kernels
+
+    ran: list[int] = []
+    kernel = torch_kernels._Fastest(torch, [lambda: ran.append(0), lambda: ran.append(1)],
+                                    None, ("fuzz-forced",))
+    with torch_kernels.forced_variant(5):  # past the last: the last
+        for _ in range(3 * (torch_kernels.TRIALS + 1)):
+            kernel()
+    assert set(ran) == {1} and not kernel.chosen
+    assert not any(key == ("fuzz-forced",) for key, _ in torch_kernels._CHOSEN)
+    kernel()  # unforced: it times its variants again, from the first
+    assert ran[-1] == 0
+
+
 # the suite's fuzz: 120 cases of two graphs each (at most 4 steps), built and planned as one
 # (independent branches), each case through one combination of kernel source, search and
 # schedule, the combinations rotating so that every one is reached; about a minute
