@@ -174,6 +174,11 @@ def recipe(draw: Draw, seed: int, max_steps: int = 6) -> Recipe:
         x = floats[-1] if draw.chance(0.6) else draw.choice(floats)
         try:
             _step(m, x)
+            # an epilogue on a product or convolution: what the vendor dispatch fuses into it
+            # (an activation, a per-channel affine, a residual add)
+            if m.steps[-1]["op"] in ("conv2d", "matmul", "linear") and draw.chance(0.6):
+                last = len(m.shapes) - 1
+                (_step_unary if draw.chance(0.7) else _step_binary)(m, last)
         except _Skip:
             continue
     if not m.steps:
