@@ -174,6 +174,15 @@ def test_the_driver_reports_a_crash_and_a_hang_with_their_seeds(tmp_path, monkey
     assert not any(results[s]["failures"] for s in (0, 1, 3, 5))
 
 
+def test_a_graph_that_cannot_be_imported_is_an_error_of_the_case_not_a_crash():
+    recipe = {"seed": 0, "inputs": [{"shape": [2, 3], "dtype": "float32"}],
+              "steps": [{"op": "no-such-step", "args": [0], "attrs": {}, "shape": [2, 3]}],
+              "outputs": [1]}
+    outcome = fuzz_run.run_case(recipe, fuzz_run.combinations(0))
+    assert [(f.what, f.where) for f in outcome.failures] == [("error", "import")]
+    assert "no-such-step" in outcome.failures[0].detail and outcome.runs == 0
+
+
 def test_subgraphs_for_minimising_are_well_formed():
     recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(11), 11, 8)
     subs = fuzz._subrecipes(recipe)
