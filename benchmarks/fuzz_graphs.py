@@ -174,11 +174,10 @@ def recipe(draw: Draw, seed: int, max_steps: int = 6) -> Recipe:
         x = floats[-1] if draw.chance(0.6) else draw.choice(floats)
         try:
             _step(m, x)
-            # an epilogue on a product or convolution: what the vendor dispatch fuses into it
-            # (an activation, a per-channel affine, a residual add)
-            if m.steps[-1]["op"] in ("conv2d", "matmul", "linear") and draw.chance(0.6):
-                last = len(m.shapes) - 1
-                (_step_unary if draw.chance(0.7) else _step_binary)(m, last)
+            # epilogues on a product or convolution: what the vendor dispatch fuses into it
+            if m.steps[-1]["op"] in ("conv2d", "matmul", "linear"):
+                while draw.chance(0.6):
+                    _step_epilogue(m, len(m.shapes) - 1)
         except _Skip:
             continue
     if not m.steps:
@@ -277,6 +276,25 @@ def _step_binary(m: _Maker, x: int) -> None:
         const = [1, shape[1], 1, 1]
     m.add("binary", [x], np.broadcast_shapes(shape, tuple(const)), fn=fn, const=const,
           const_first=fn != "divide" and m.d.chance(0.2))
+
+
+def _step_epilogue(m: _Maker, x: int) -> None:
+    """After a convolution or product: an activation, a per-channel (or per-feature) affine
+    step with a constant (batch norm as exporters leave it), or a residual add."""
+    shape = m.shapes[x]
+    kind = m.d.choice(("unary", "unary", "affine", "affine", "residual"))
+    same = [i for i, (s, t) in enumerate(zip(m.shapes, m.dtypes, strict=True))
+            if t == "float32" and i != x and s == shape]
+    if kind == "residual" and same:
+        y = m.d.choice(same)
+        m.add("binary", [x, y] if m.d.chance(0.7) else [y, x], shape, fn="add")
+    elif kind == "affine":
+        const = [1, shape[1], 1, 1] if len(shape) == 4 else [shape[-1]]
+        fn = m.d.choice(BINARY)
+        m.add("binary", [x], shape, fn=fn, const=const,
+              const_first=fn != "divide" and m.d.chance(0.2))
+    else:
+        _step_unary(m, x)
 
 
 def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
