@@ -33,6 +33,18 @@ REGRESSIONS = {
                   count_include_pad=False),
         [fuzz_run.Combination("tvm", "none", ("sequential",)),
          fuzz_run.Combination("vendor", "none", ("critical-path",))]),
+    # a program of views alone (two reshapes of the input, both outputs) has no kernel, so
+    # IOS planned no stage, and its views' stage 0 did not exist: "stages must partition the
+    # kernels" (a ScheduleError) under every IOS schedule
+    "seed-1337-views-only-ios": (
+        {"seed": 0, "inputs": [{"shape": [13, 16, 3], "dtype": "float32"}],
+         "steps": [{"op": "reshape", "args": [0], "attrs": {"shape": [13, 4, 4, 3]},
+                    "shape": [13, 4, 4, 3]},
+                   {"op": "reshape", "args": [0], "attrs": {"shape": [13, 48]},
+                    "shape": [13, 48]}],
+         "outputs": [1, 2]},
+        [fuzz_run.Combination("vendor", "none", ("ios-parallel", "ios")),
+         fuzz_run.Combination("tvm", "none", ("ios-merge",))]),
 }
 
 
