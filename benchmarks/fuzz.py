@@ -46,6 +46,16 @@ FIXED = [{
                   "test": "tests/test_fuzz_regressions.py::seed-252-ceil-mode-pool"},
     "fixed_by": "a012865 ops: a ceil_mode pool drops a last window that would start past the "
                 "input and its leading padding, as Relax's inference does",
+}, {
+    "seed": 1337, "what": "error",
+    "where": "vendor/none/ios-parallel (plan), and every IOS schedule",
+    "detail": "ParagraphError ScheduleError: schedule 'ios-parallel': stages must partition "
+              "the kernels",
+    "minimised": {"graph": "inputs [('float32', [13, 16, 3])]\nv1 = reshape(v0) -> "
+                           "[13, 4, 4, 3]\nv2 = reshape(v0) -> [13, 48]\noutputs [v1, v2]",
+                  "test": "tests/test_fuzz_regressions.py::seed-1337-views-only-ios"},
+    "fixed_by": "4c6680b ios: a program of views alone gets the stage its views "
+                "are placed in",
 }]
 
 
