@@ -2,12 +2,16 @@
 # dependencies first (once; again whenever setup.py changes). `make corpus` adds the corpus's
 # packages (torchvision, timm, transformers, OpenVINO) and runs the public-model benchmark
 # (about two hours on 2 cores; CORPUS_ARGS passes options, e.g. CORPUS_ARGS=--no-search).
+# `make fuzz` runs the differential fuzzer (docs/fuzzing.md): CASES random graphs from seed SEED
+# through every search, schedule and kernel form against the numpy reference, at low priority;
+# FUZZ_ARGS passes more options (e.g. FUZZ_ARGS=--every), the report is
+# benchmarks/results/fuzz-cpu.json.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean corpus
+.PHONY: demo test lint clean corpus fuzz
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +39,12 @@ lint: $(STAMP)
 
 corpus: $(CORPUS_STAMP)
 	PYTHONPATH=.:benchmarks $(BIN)/python benchmarks/corpus.py $(CORPUS_ARGS)
+
+CASES ?= 1000
+SEED ?= 0
+
+fuzz: $(STAMP)
+	nice -n 10 $(BIN)/python benchmarks/fuzz.py --cases $(CASES) --seed $(SEED) $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -4,16 +4,22 @@ time (TASO section 2.8). No TVM."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
 from paragraph.graph import Graph, Node, TensorRef
 from paragraph.ops import SPECS, compute
 
+# a numpy reference for opaque nodes: the node and its argument arrays in, its outputs out
+OpaqueReference = Callable[[Node, list[np.ndarray]], Sequence[np.ndarray]]
 
-def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Execute ``graph`` with the numpy references (no TVM); opaque nodes cannot run."""
+
+def run_graph(graph: Graph, inputs: Sequence[np.ndarray],
+              opaque: OpaqueReference | None = None) -> list[np.ndarray]:
+    """Execute ``graph`` with the numpy references (no TVM); opaque nodes run with ``opaque``
+    where given (the caller knows the operators it put there: the differential fuzzer), else
+    raise."""
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
     values: dict[TensorRef, np.ndarray] = {}
@@ -26,6 +32,8 @@ def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
             outs = [n.value]
         elif n.kind in SPECS:
             outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
+        elif n.kind == "opaque" and opaque is not None:
+            outs = [np.asarray(v) for v in opaque(n, [values[r] for r in n.inputs])]
         else:
             raise NotImplementedError(f"no numpy reference for {n!r}")
         for i, v in enumerate(outs):

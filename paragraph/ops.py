@@ -117,10 +117,15 @@ def _norm_axis(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-def _pool_out(size: int, k: int, s: int, pad: int, d: int, ceil_mode: bool) -> int:
-    # Relax's Pool2D inference: no PyTorch-style "last window starts in padding" correction
-    num = size + pad - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+def _pool_out(size: int, k: int, s: int, pad_begin: int, pad_end: int, d: int,
+              ceil_mode: bool) -> int:
+    # Relax's Pool2D inference (TVM 0.27), PyTorch's rule: with ceil_mode a last window that
+    # would start past the input and its leading padding is dropped (a 1 x 1 pool of stride 2
+    # over 32 columns gives 16, not 17)
+    num = size + pad_begin + pad_end - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
     out = num // s + 1
+    if ceil_mode and (out - 1) * s >= size + pad_begin:
+        out -= 1
     if out < 1:
         raise ValueError(f"pooling window {k} does not fit a dimension of {size}")
     return out
@@ -389,8 +394,8 @@ def _pool_infer(types: list[TensorType], attrs: Mapping[str, Any]) -> list[Tenso
     (kh, kw), (sh, sw), (dh, dw) = (_pair(attrs[k]) for k in ("pool_size", "strides",
                                                                  "dilation"))
     pt, pl, pb, pr = _quad(attrs["padding"])
-    oh = _pool_out(x.shape[2], kh, sh, pt + pb, dh, attrs["ceil_mode"])
-    ow = _pool_out(x.shape[3], kw, sw, pl + pr, dw, attrs["ceil_mode"])
+    oh = _pool_out(x.shape[2], kh, sh, pt, pb, dh, attrs["ceil_mode"])
+    ow = _pool_out(x.shape[3], kw, sw, pl, pr, dw, attrs["ceil_mode"])
     return [TensorType(x.shape[:2] + (oh, ow), x.dtype)]
 
 

@@ -513,7 +513,9 @@ def to_schedule(graph: Graph, planned: Sequence[Planned], cores: int, options: I
     used = sorted({s for _, s in where.values()})
     streams = [sorted((k for k, (_, t) in where.items() if t == s),
                       key=lambda k: (where[k][0], position[k])) for s in used]
-    stage_lists = [[k for k, (j, _) in where.items() if j == i] for i in range(len(planned))]
+    # a program of views alone (reshapes of an input) plans no stage: its views take stage 0
+    count = max([len(planned)] + [j + 1 for j, _ in where.values()])
+    stage_lists = [[k for k, (j, _) in where.items() if j == i] for i in range(count)]
     threads = [cores if s == 0 else 1 for s in used]
     return Schedule.build(graph, streams, threads=threads, stages=stage_lists,
                           name=f"ios-{options.mode}",

@@ -29,6 +29,7 @@ import tvm_ffi
 from paragraph.errors import ParagraphError
 from paragraph.files import cache_dir
 from paragraph.timing import MARGIN
+from paragraph.tvm_interop.runtime.library import torch_kernels
 from paragraph.tvm_interop.runtime.library.names import POOLS, VendorOp, is_vendor_name
 from paragraph.tvm_interop.runtime.native import build_library
 
@@ -158,6 +159,32 @@ def timing_kernels() -> int | None:
     (the Python kernels' choices are not counted)."""
     m = module()
     return None if m is None else int(m["paragraph_vendor_timing_kernels"]())
+
+
+@contextmanager
+def forced_form(index: int) -> Iterator[int]:
+    """Inside the block, every vendor kernel that has not chosen its form yet (one bound
+    inside, or before and not called since) runs form ``index`` of its forms, in their order
+    of preference (its last where it has fewer), untimed: the C++ kernels' (`module`'s) and the
+    Python kernels' (`torch_kernels.forced_variant`). Yields how many forms the kernels bound
+    so far in this process have at most (1 without the C++ kernels): the differential fuzzer
+    (``benchmarks/fuzz.py``) runs each in turn against a reference."""
+    m = module()
+    if m is not None:
+        m["paragraph_vendor_force_form"](index)
+    try:
+        with torch_kernels.forced_variant(index):
+            yield int(m["paragraph_vendor_most_forms"]()) if m is not None else 1
+    finally:
+        if m is not None:
+            m["paragraph_vendor_force_form"](-1)
+
+
+def most_forms() -> int:
+    """The most forms of any C++ vendor kernel bound in this process (1 without them): the
+    indices `forced_form` can usefully take."""
+    m = module()
+    return 1 if m is None else int(m["paragraph_vendor_most_forms"]())
 
 
 def reason() -> str | None:

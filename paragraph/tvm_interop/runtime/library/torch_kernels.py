@@ -9,7 +9,7 @@ import ctypes
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache, partial
 
 import tvm
@@ -173,6 +173,9 @@ class _Fastest:
 
     def __call__(self) -> None:
         _use_schedule_threads(self.torch, self.threads)
+        if _FORCED:  # the differential fuzzer runs each variant in turn, untimed
+            self.variants[min(_FORCED[-1], len(self.variants) - 1)]()
+            return
         n = self.torch.get_num_threads()
         fn = self.chosen.get(n)
         if fn is None and (self.key, n) in _CHOSEN:  # chosen by an earlier binding
@@ -198,6 +201,20 @@ class _Fastest:
 # (kernel name, argument shapes), threads -> the variant `_Fastest` chose: executors built
 # later in the process (a planner builds several) start with it
 _CHOSEN: dict[tuple[tuple, int], int] = {}
+# the variant every `_Fastest` runs while this holds one (the innermost `forced_variant`)
+_FORCED: list[int] = []
+
+
+@contextlib.contextmanager
+def forced_variant(index: int) -> Iterator[None]:
+    """Inside the block every kernel with several variants runs variant ``index`` (its last
+    where it has fewer), untimed, whatever it chose (`paragraph.tvm_interop.runtime.library.
+    native.forced_form` forces the C++ kernels' forms with it)."""
+    _FORCED.append(max(0, index))
+    try:
+        yield
+    finally:
+        _FORCED.pop()
 
 
 def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] | None:

@@ -2,7 +2,9 @@
 // them in its first calls (`kTrials` each), then runs the fastest (a later form only where it wins
 // by `kMargin`), chosen once per key in the process (`chosen_forms`; `Fastest`, `fastest_of`); how
 // many calls and kernels are still timing (`TimingCalls`, `TimingKernels`), the choices made and
-// set (`ChosenForms`, `ChooseForm`), exported by kernels.cc.
+// set (`ChosenForms`, `ChooseForm`), and a form forced on every kernel that has not chosen yet
+// (`ForceForm`, `MostForms`: the differential fuzzer runs each form in turn), exported by
+// kernels.cc.
 //
 // Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -35,6 +37,10 @@ std::map<std::string, int> chosen_forms;
 // the kernels alive that have not chosen their form yet (see `TimingKernels`)
 std::atomic<int64_t> timing_kernels{0};
 
+// the form every kernel that has not chosen one runs while it is at least 0 (its last where it
+// has fewer), neither timed nor looked up in `chosen_forms` (see `ForceForm`)
+std::atomic<int64_t> forced_form{-1};
+
 // One kernel with several forms on the same buffers, in order of preference: the first calls
 // alternate between them, timed, then the fastest by median runs, a later form only where it
 // is 3% faster than the earlier ones (see `torch_kernels._Fastest`).
@@ -53,6 +59,11 @@ struct Fastest {
 
   void operator()() {
     use_threads(threads);
+    const int64_t forced = forced_form.load();
+    if (forced >= 0 && chosen < 0) {  // forms are released once chosen: only before then
+      forms[std::min(static_cast<size_t>(forced), forms.size() - 1)]();
+      return;
+    }
     if (chosen < 0) {
       {
         std::lock_guard<std::mutex> lock(chosen_mutex);
@@ -152,5 +163,13 @@ void ChooseForm(ffi::String key, int64_t index) {
   std::lock_guard<std::mutex> lock(chosen_mutex);
   chosen_forms[std::string(key)] = static_cast<int>(index);
 }
+
+// force form ``index`` (the last where a kernel has fewer) on every kernel that has not chosen
+// its form, from its next call until called with -1: each form runs, untimed, whatever the
+// timing would choose (the differential fuzzer compares every form with a reference)
+void ForceForm(int64_t index) { forced_form.store(index < 0 ? -1 : index); }
+
+// the most forms of any kernel bound in this process: the indices worth forcing
+int64_t MostForms() { return most_forms.load(); }
 
 }  // namespace

@@ -436,6 +436,8 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_bind_team, BindTeam);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_choose_form, ChooseForm);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_force_form, ForceForm);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_most_forms, MostForms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_chosen_forms, ChosenForms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_timing_calls, TimingCalls);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_timing_kernels, TimingKernels);
