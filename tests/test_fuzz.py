@@ -120,10 +120,11 @@ def test_a_forced_variant_of_the_python_kernels_runs_alone_and_untimed():
     assert ran[-1] == 0
 
 
-# the suite's fuzz: 120 cases of two graphs each (at most 4 steps), built and planned as one
+# the suite's fuzz: 60 cases of two graphs each (at most 4 steps), built and planned as one
 # (independent branches), each case through one combination of kernel source, search and
-# schedule, the combinations rotating so that every one is reached; about a minute
-CI_CASES, CI_GRAPHS = 120, 2
+# schedule drawn among all; about 30 s (the suite must stay under 20 minutes on 2 cores:
+# `make fuzz` runs thousands)
+CI_CASES, CI_GRAPHS = 60, 2
 _COMBOS = [fuzz_run.Combination(k, s, (sched,)) for k in ("tvm", "vendor")
            for s in fuzz_run.SEARCHES for sched in fuzz_run.SCHEDULES]
 
