@@ -69,3 +69,15 @@ def unwritable_dir(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_bytes(b"")
     yield blocker / "read-only"
+
+
+@pytest.fixture(params=["native", "python"])
+def stream_runner(request, monkeypatch):
+    """Run the test with the native stream runner, then with the Python one."""
+    from paragraph.tvm_interop.runtime import native
+
+    if request.param == "python":
+        monkeypatch.setenv("PARAGRAPH_NATIVE", "0")
+    elif native.runner() is None:
+        pytest.skip(f"no native stream runner: {native.unavailable_reason()}")
+    return request.param

@@ -237,26 +237,31 @@ def _artifact_truncated(artifact, folder):
     return paragraph.load(path)
 
 
-def _artifact_corrupt_member(artifact, folder):
-    path = folder / "corrupt.paragraph"
+def _rewritten(artifact, path, change):
+    """A copy of ``artifact`` at ``path`` with ``change(name, data) -> data`` applied to each
+    member (the manifest is one too)."""
     with zipfile.ZipFile(artifact) as zin, zipfile.ZipFile(path, "w") as zout:
         for item in zin.infolist():
-            data = zin.read(item.filename)
-            zout.writestr(item.filename, data[:-1] if item.filename == "lowered.json" else data)
-    return paragraph.load(path)
+            zout.writestr(item.filename, change(item.filename, zin.read(item.filename)))
+    return path
+
+
+def _artifact_corrupt_member(artifact, folder):
+    return paragraph.load(_rewritten(
+        artifact, folder / "corrupt.paragraph",
+        lambda name, data: data[:-1] if name == "lowered.json" else data))
+
+
+def _stale_manifest(name, data):
+    if name != "manifest.json":
+        return data
+    manifest = json.loads(data)
+    manifest["version"] = 0
+    return json.dumps(manifest).encode()
 
 
 def _artifact_stale(artifact, folder):
-    path = folder / "stale.paragraph"
-    with zipfile.ZipFile(artifact) as zin, zipfile.ZipFile(path, "w") as zout:
-        for item in zin.infolist():
-            data = zin.read(item.filename)
-            if item.filename == "manifest.json":
-                manifest = json.loads(data)
-                manifest["version"] = 0
-                data = json.dumps(manifest).encode()
-            zout.writestr(item.filename, data)
-    return paragraph.load(path)
+    return paragraph.load(_rewritten(artifact, folder / "stale.paragraph", _stale_manifest))
 
 
 def _artifact_directory(artifact, folder):

@@ -213,16 +213,6 @@ def packed_program(name: str):
     return build_program(bb.get(), "llvm")
 
 
-@pytest.fixture(params=["native", "python"])
-def stream_runner(request, monkeypatch):
-    """Run the test with the native stream runner, then with the Python one."""
-    if request.param == "python":
-        monkeypatch.setenv("PARAGRAPH_NATIVE", "0")
-    elif native.runner() is None:
-        pytest.skip(f"no native stream runner: {native.unavailable_reason()}")
-    return request.param
-
-
 def test_native_runner_builds_here():
     """With a C++ compiler (as on every machine the Makefile supports) the runner builds, and
     the CPU executor uses it; PARAGRAPH_NATIVE=0 switches it off with a clear reason."""

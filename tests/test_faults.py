@@ -367,18 +367,6 @@ def test_a_kernel_that_raises_is_one_line_and_the_executable_runs_again(stream_r
                                    rtol=1e-6)
 
 
-@pytest.fixture(params=["native", "python"])
-def stream_runner(request, monkeypatch):
-    """The test with the native stream runner, then with the Python one."""
-    from paragraph.tvm_interop.runtime import native
-
-    if request.param == "python":
-        monkeypatch.setenv("PARAGRAPH_NATIVE", "0")
-    elif native.runner() is None:
-        pytest.skip(f"no native stream runner: {native.unavailable_reason()}")
-    return request.param
-
-
 # ---------------------------------------------------------------------------- Ctrl+C
 def test_ctrl_c_in_a_search_is_one_line_and_keeps_the_finished_measurements(tmp_path):
     """``paragraph run --search`` interrupted (SIGINT) once it has stored measurements: exit
