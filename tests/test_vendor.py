@@ -140,6 +140,24 @@ def conv_branches_concat(bb, x):
     return bb.emit(relax.op.concat([wide, narrow], axis=1))
 
 
+def mixed_depthwise_bn_silu(bb, x):
+    """MixNet's mixed depthwise convolution: the channels split, each part a depthwise
+    convolution of its own kernel size, concatenated, then batch norm and SiLU: the affine ops
+    and the activation are spread over the parts' convolutions (one kernel each, and the
+    concat's copy), where they were TVM kernels of their own."""
+    parts = bb.emit(relax.op.split(x, 2, axis=1))
+    a, b = bb.emit(relax.TupleGetItem(parts, 0)), bb.emit(relax.TupleGetItem(parts, 1))
+    ya = bb.emit(relax.op.nn.conv2d(a, const(4, 1, 3, 3), padding=1, groups=4))
+    yb = bb.emit(relax.op.nn.conv2d(b, const(4, 1, 5, 5), padding=2, groups=4))
+    y = bb.emit(relax.op.concat([ya, yb], axis=1))
+    for op, c in ((relax.op.subtract, const(1, 8, 1, 1)),
+                  (relax.op.divide, relax.const(np.linspace(0.5, 2, 8, dtype="float32")
+                                                .reshape(1, 8, 1, 1))),
+                  (relax.op.multiply, const(1, 8, 1, 1)), (relax.op.add, const(1, 8, 1, 1))):
+        y = bb.emit(op(y, c))
+    return silu(bb, y)
+
+
 def conv_pools(bb, x):
     """A convolution (NHWC after dispatch, and its pools with it), then Inception's two
     average pools (padding counted and not) and a strided max pool."""
@@ -331,6 +349,9 @@ CONCATS = {
     "conv_branches_concat": (module((1, 8, 7, 7), conv_branches_concat),
                              ["conv2d.NHWC.s1x1.p1x1.d1x1.g1", "conv2d.NHWC.s1x1.p0x0.d1x1.g1",
                               "concat.a3"]),
+    "mixed_depthwise_bn_silu": (module((1, 8, 6, 6), mixed_depthwise_bn_silu),
+                                ["conv2d.NHWC.s1x1.p1x1.d1x1.g4.bias.silu",
+                                 "conv2d.NHWC.s1x1.p2x2.d1x1.g4.bias.silu", "concat.a3"]),
     "conv_pools": (module((1, 8, 9, 9), conv_pools),
                    ["conv2d.NHWC.s1x1.p1x1.d1x1.g1.relu", "avg_pool2d.NHWC.k3x3.s1x1.p1x1.incpad",
                     "avg_pool2d.NHWC.k3x3.s1x1.p1x1", "max_pool2d.NHWC.k3x3.s2x2.p0x0"]),
@@ -1610,6 +1631,12 @@ def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual,
     (10, 32, 3, 1, (2, 2), 2, "in place", ""),      # dilated, the residual written over
     (3, 8, 5, 1, (2, 2), 1, "", "relu"),            # narrower than four pixels: every tap checked
     (32, 64, 3, 1, (1, 1), 1, "", "relu"),          # 256 KB out: rows split over 2 threads
+    # eight pixels at a time (`eight_pixels`): each kernel width and stride compiled, rows
+    # with one block, two, and a rest of four and of single pixels
+    (21, 24, 5, 1, (2, 2), 1, "own", ""),
+    (29, 16, 3, 2, (1, 1), 1, "", "relu"),
+    (27, 20, 7, 2, (3, 3), 1, "", ""),
+    (26, 16, 9, 1, (4, 4), 1, "in place", "relu"),
 ])
 def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad, dilation,
                                                  residual, act):

@@ -27,6 +27,12 @@ struct Depthwise {
   float* out;
   int64_t n, h, wd, c, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw;
   Act act;
+  // up to this many channels a row goes eight pixels at a time, every channel of them (the
+  // input rows they read stay in L1, where a row per channel vector was read from L2 for each
+  // of them); beyond, a channel vector at a time along the row (the taps' weights stay in L1)
+  static constexpr int64_t kPixelsOuter = 128;
+  void (Depthwise::*eight)(const float*, int64_t, __mmask16, __m512, int64_t, int64_t, int64_t,
+                           float*, const float*) const;  // `eight_for`'s
 
   __attribute__((target("avx512f"))) void rows(int64_t r0, int64_t r1) const {
     const __m512 zero = _mm512_setzero_ps();
@@ -35,9 +41,24 @@ struct Depthwise {
       const float* image = x + img * h * wd * c;
       float* orow = out + r * ow * c;
       const float* rrow = res ? res + r * ow * c : nullptr;
+      if (eight != nullptr && c <= kPixelsOuter) {  // every channel of eight pixels at a time
+        for (int64_t j = 0; j < ow; j += 8)
+          for (int64_t k = 0; k < c; k += 16) {
+            const __mmask16 m = tail_mask(c - k);
+            const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + k) : zero;
+            (this->*eight)(image, k, m, b, ih0, j, std::min<int64_t>(8, ow - j), orow, rrow);
+          }
+        if (!in_registers(act)) act_rows(orow, 1, 0, ow * c, act);
+        continue;
+      }
       for (int64_t k = 0; k < c; k += 16) {
         const __mmask16 m = tail_mask(c - k);
         const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + k) : zero;
+        if (eight != nullptr) {  // the whole row eight pixels at a time
+          for (int64_t j = 0; j < ow; j += 8)
+            (this->*eight)(image, k, m, b, ih0, j, std::min<int64_t>(8, ow - j), orow, rrow);
+          continue;
+        }
         int64_t j = 0;
         // four pixels at a time where all their taps are inside the row (no checks per tap)
         for (; j + 4 <= ow; j += 4) {
@@ -70,6 +91,71 @@ struct Depthwise {
         for (; j < ow; ++j) finish(pixel(image, k, m, b, ih0, j), orow, rrow, j * c + k, m);
       }
       if (!in_registers(act)) act_rows(orow, 1, 0, ow * c, act);  // the row, still in L1
+    }
+  }
+
+  // eight output pixels j..j+7 of one channel vector (the first ``count`` stored), undilated
+  // along the row: each input vector of a kernel row is loaded once and kept in a register
+  // for the KW taps (and S-strided pixels) that read it, zero where it lies in the padding,
+  // and each tap's weight loaded once for the eight pixels. Eight independent FMA chains where
+  // the four of the general loop left the FMA pipes half idle, (P - 1) S + KW loads a kernel
+  // row instead of 5 KW, and no check per tap at the borders. MnasNet's 112 x 112 depthwise
+  // convolution: 0.32 ms in the general loop, oneDNN's 0.135, this 0.12 (one thread, alone)
+  template <int KW, int S>
+  __attribute__((target("avx512f"))) void eight_pixels(const float* image, int64_t k,
+                                                       __mmask16 m, __m512 b, int64_t ih0,
+                                                       int64_t j, int64_t count, float* orow,
+                                                       const float* rrow) const {
+    constexpr int P = 8, N = (P - 1) * S + KW;
+    __m512 acc[P];
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) acc[p] = b;
+    const int64_t iw0 = j * S - pl;
+    const bool inside = iw0 >= 0 && iw0 + N <= wd;
+    for (int64_t ky = 0; ky < kh; ++ky) {
+      const int64_t ih = ih0 + ky * dh;
+      if (ih < 0 || ih >= h) continue;
+      const float* xr = image + ih * wd * c + k;
+      const float* wr = w + ky * KW * c + k;
+      __m512 in[N];
+      if (inside) {
+#pragma GCC unroll 32
+        for (int t = 0; t < N; ++t) in[t] = _mm512_maskz_loadu_ps(m, xr + (iw0 + t) * c);
+      } else {  // a border: the taps in the padding read zeros
+#pragma GCC unroll 32
+        for (int t = 0; t < N; ++t) {
+          const int64_t iw = iw0 + t;
+          in[t] = iw >= 0 && iw < wd ? _mm512_maskz_loadu_ps(m, xr + iw * c)
+                                     : _mm512_setzero_ps();
+        }
+      }
+#pragma GCC unroll 16
+      for (int kx = 0; kx < KW; ++kx) {
+        const __m512 wv = _mm512_maskz_loadu_ps(m, wr + kx * c);
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) acc[p] = _mm512_fmadd_ps(in[p * S + kx], wv, acc[p]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p)
+      if (p < count) finish(acc[p], orow, rrow, (j + p) * c + k, m);
+  }
+
+  using Eight = void (Depthwise::*)(const float*, int64_t, __mmask16, __m512, int64_t, int64_t,
+                                    int64_t, float*, const float*) const;
+  // `eight_pixels` for this kernel width and stride, where one is compiled (its inputs,
+  // accumulators and weight fit the 32 vector registers), else null
+  static Eight eight_for(int64_t kw, int64_t sw, int64_t dw) {
+    if (dw != 1) return nullptr;
+    switch (kw * 10 + sw) {
+      case 31: return &Depthwise::eight_pixels<3, 1>;
+      case 32: return &Depthwise::eight_pixels<3, 2>;
+      case 51: return &Depthwise::eight_pixels<5, 1>;
+      case 52: return &Depthwise::eight_pixels<5, 2>;
+      case 71: return &Depthwise::eight_pixels<7, 1>;
+      case 72: return &Depthwise::eight_pixels<7, 2>;
+      case 91: return &Depthwise::eight_pixels<9, 1>;
+      default: return nullptr;
     }
   }
 
@@ -127,7 +213,8 @@ c10::optional<Form> own_depthwise(const at::Tensor& out_buffer, const at::Tensor
                  bias ? bias->data_ptr<float>() : nullptr,
                  res_buffer ? res_buffer->data_ptr<float>() : nullptr, out_buffer.data_ptr<float>(),
                  x_buffer.size(0), x_buffer.size(1), x_buffer.size(2), c, out_buffer.size(1),
-                 out_buffer.size(2), kh, kw, sh, sw, pt, pl, dh, dw, act};
+                 out_buffer.size(2), kh, kw, sh, sw, pt, pl, dh, dw, act,
+                 Depthwise::eight_for(kw, sw, dw)};
   // the captured tensors hold the buffers and the packed weight alive as long as the form
   return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() {
     conv(threads);
