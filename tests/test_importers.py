@@ -22,6 +22,7 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.script import ir as I  # noqa: N812 - TVMScript's own spelling
 from tvm.script import relax as R  # noqa: N812
 
@@ -623,6 +624,81 @@ def test_onnx_relu6_is_one_relax_clip(torch, onnx, tmp_path):
     assert "relax.call_tir" not in op_names(mod)
     x = 3 * np.random.default_rng(9).standard_normal((1, 3, 8, 8)).astype("float32")
     assert_builds_like_onnxruntime(path, x)
+
+
+def test_onnx_group_norm_needs_no_transposes(torch, onnx, tmp_path):
+    """PoolFormer's block: ``GroupNorm(1, C)`` (a reshape to (N, 1, C*H*W), an instance norm,
+    a reshape back, a (C, 1, 1) scale and shift), then its pooling token mixer. The norm's
+    statistics are taken over the 4-D tensor's axes 1..3 and the constants are at full rank
+    (`layout_free`), so the NHWC program has no transpose kernel but the output's (back to
+    NCHW); the outputs are ONNX Runtime's."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.norm = nn.GroupNorm(1, 8)
+            self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+            self.scale = nn.Parameter(torch.rand(8, 1, 1) + 0.5)
+            self.head = nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            z = self.norm(y)
+            return self.head(y + self.scale * (self.pool(z) - z))
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        block = Block()
+        block.norm.weight.uniform_(0.5, 1.5)
+        block.norm.bias.uniform_(-0.5, 0.5)
+    path = export_corpus_style(torch, block, (torch.zeros(1, 3, 10, 9),), tmp_path / "g.onnx",
+                               ["x"])
+    assert "InstanceNormalization" in onnx_ops(onnx, path)
+    mod = load(path)
+    assert "relax.reshape" not in op_names(mod)
+    reductions = [b.value for b in mod["main"].body.blocks[0].bindings
+                  if isinstance(b.value, relax.Call)
+                  and b.value.op.name in ("relax.mean", "relax.variance")]
+    assert [[int(a) for a in r.attrs.axis] for r in reductions] == [[1, 2, 3]] * 2
+    program = paragraph.build(str(path), schedule="sequential").program
+    names = [str(n.attrs.get("func", "")) for n in program.graph.nodes if n.kind == "kernel"]
+    assert [n for n in names if "transpose" in n] == [names[-1]], names
+    x = np.random.default_rng(3).standard_normal((1, 3, 10, 9)).astype("float32")
+    assert_builds_like_onnxruntime(path, x)
+
+
+def test_full_rank_constants_keep_values_and_leave_scalars():
+    """A (C, 1, 1) constant against an (N, C, H, W) tensor becomes (1, C, 1, 1), on either
+    side of the operator, and goes second in a commutative one; a 0-d constant stays 0-d; the
+    function computes the same."""
+    from paragraph.tvm_interop.frontend.layout_free import full_rank_constants
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3, 4, 5), "float32"))
+    c = np.arange(3, dtype="float32").reshape(3, 1, 1) + 1
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.multiply(relax.const(c), x))
+            y = bb.emit(relax.op.subtract(relax.const(c), y))
+            y = bb.emit(relax.op.add(y, relax.const(np.float32(2))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    new = full_rank_constants(mod)
+    shapes = [tuple(int(d) for d in a.ty.shape) for b in new["main"].body.blocks[0].bindings
+              if isinstance(b.value, relax.Call) for a in b.value.args
+              if isinstance(a, Constant)]
+    assert shapes == [(1, 3, 1, 1), (1, 3, 1, 1), ()]
+    first = new["main"].body.blocks[0].bindings[0].value
+    assert isinstance(first.args[0], relax.Var) and isinstance(first.args[1], Constant)
+    data = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype("float32")
+    want = c - data * c + 2
+    for m in (mod, new):
+        vm = relax.VirtualMachine(tvm.compile(m, "llvm"), tvm.cpu())
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(data)).numpy(), want,
+                                   rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- hand-made nodes

@@ -28,6 +28,7 @@ from tvm.ir.expr import Constant as _ConstBase
 from paragraph.errors import ModelLoadError, ModelTooLargeError, UnsupportedModelError
 from paragraph.machine import total_memory
 from paragraph.tvm_interop.frontend import onnx_converters
+from paragraph.tvm_interop.frontend.layout_free import full_rank_constants, unflatten_norms
 from paragraph.tvm_interop.frontend.onnx_shapes import fold_shape_computations
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
 
@@ -77,6 +78,7 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     mod = _SafeTake(mod).transform()
     mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = _fold_constants(mod)
+    mod = full_rank_constants(unflatten_norms(mod))
     mod = _SharedConstants(mod).transform()
     mod = relax.transform.CanonicalizeBindings()(mod)
     mod = relax.transform.DeadCodeElimination()(mod)
