@@ -2,7 +2,8 @@
 (`paragraph.tvm_interop.build.cpu_schedules`): each scheduled pool or data-movement kernel
 computes what LegalizeOps' unscheduled kernel computes,
 on shapes that break its assumptions (channels no vector width divides, padding, ceil mode,
-epilogues, transposes of odd sizes); other kernels are left alone."""
+epilogues, transposes of odd sizes), and so does each element-wise chain; other kernels are
+left alone."""
 
 import numpy as np
 import pytest
@@ -77,10 +78,32 @@ MOVES = {
         bb.emit(relax.op.multiply(x, relax.const(0.5, "float32"))))),
 }
 
+RNG = np.random.default_rng(5)
 
-@pytest.mark.parametrize("case", sorted(CASES) + sorted(MOVES))
+
+def batch_norm_relu(channels):
+    """DenseNet's batch norm and relu after a concatenation, NHWC: per-channel constants
+    broadcast against the tensor, one loop nest per operator before scheduling."""
+    def body(bb, x):
+        y = x
+        for op in (relax.op.subtract, relax.op.divide, relax.op.multiply, relax.op.add):
+            c = RNG.uniform(0.5, 1.5, (1, 1, 1, channels)).astype("float32")
+            y = bb.emit(op(y, relax.const(c)))
+        return NN.relu(y)
+    return body
+
+
+ELEMENTWISE = {
+    "batch_norm_relu": ((1, 6, 5, 48), batch_norm_relu(48)),
+    "batch_norm_relu_odd_channels": ((1, 3, 4, 13), batch_norm_relu(13)),
+    "two_tensors_broadcast": ((2, 4, 16), lambda bb, x: relax.op.multiply(
+        bb.emit(relax.op.add(x, x)), relax.const(RNG.standard_normal((4, 1), "float32")))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + sorted(MOVES) + sorted(ELEMENTWISE))
 def test_scheduled_kernels_compute_what_tvm_computes(case):
-    shape, body = {**CASES, **MOVES}[case]
+    shape, body = {**CASES, **MOVES, **ELEMENTWISE}[case]
     mod = legalized(shape, body)
     out, names = scheduled(mod)
     assert names, f"no kernel of {case} was scheduled"
