@@ -629,9 +629,10 @@ def test_onnx_relu6_is_one_relax_clip(torch, onnx, tmp_path):
 def test_onnx_group_norm_needs_no_transposes(torch, onnx, tmp_path):
     """PoolFormer's block: ``GroupNorm(1, C)`` (a reshape to (N, 1, C*H*W), an instance norm,
     a reshape back, a (C, 1, 1) scale and shift), then its pooling token mixer. The norm's
-    statistics are taken over the 4-D tensor's axes 1..3 and the constants are at full rank
-    (`layout_free`), so the NHWC program has no transpose kernel but the output's (back to
-    NCHW); the outputs are ONNX Runtime's."""
+    statistics are taken over the 4-D tensor's axes 1..3 (whole-image means, then over
+    channels) and the constants are at full rank (`layout_free`), so the NHWC program has no
+    transpose kernel but the output's (back to NCHW), and the whole-image means are vendor
+    pools; the outputs are ONNX Runtime's."""
     nn = torch.nn
 
     class Block(nn.Module):
@@ -661,10 +662,14 @@ def test_onnx_group_norm_needs_no_transposes(torch, onnx, tmp_path):
     reductions = [b.value for b in mod["main"].body.blocks[0].bindings
                   if isinstance(b.value, relax.Call)
                   and b.value.op.name in ("relax.mean", "relax.variance")]
-    assert [[int(a) for a in r.attrs.axis] for r in reductions] == [[1, 2, 3]] * 2
+    # mean and variance, each as a whole-image mean (the vendor's average pool) then a mean
+    # over channels; the variance's over (x - mean)^2, the mean taken once
+    assert [(r.op.name, [int(a) for a in r.attrs.axis]) for r in reductions] == [
+        ("relax.mean", [2, 3]), ("relax.mean", [1])] * 2
     program = paragraph.build(str(path), schedule="sequential").program
     names = [str(n.attrs.get("func", "")) for n in program.graph.nodes if n.kind == "kernel"]
     assert [n for n in names if "transpose" in n] == [names[-1]], names
+    assert sum("avg_pool2d.NHWC.k10x9" in n for n in names) == 2, names
     x = np.random.default_rng(3).standard_normal((1, 3, 10, 9)).astype("float32")
     assert_builds_like_onnxruntime(path, x)
 
