@@ -1692,17 +1692,20 @@ def test_native_conv_forms_agree_with_torch(threads, n, hw, cin, cout, k, stride
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize(("hw", "cin", "k", "stride", "pad"), [
-    ((37, 35), 3, (3, 3), 2, (0, 0)),    # Inception's stem: unpadded; 16-pixel blocks + a tail
-    ((12, 12), 3, (7, 7), 2, (3, 3)),    # ResNet's: padded
-    ((9, 7), 1, (3, 3), 1, (1, 2, 0, 1)),  # one channel, uneven padding, narrower than 16
-    ((6, 18), 4, (1, 1), 1, (0, 0)),     # a 1x1 (no GEMM form on a transposed input)
+@pytest.mark.parametrize(("hw", "cin", "k", "stride", "pad", "cout"), [
+    ((37, 35), 3, (3, 3), 2, (0, 0), 16),    # Inception's stem: unpadded; 16-pixel blocks + a tail
+    ((12, 12), 3, (7, 7), 2, (3, 3), 16),    # ResNet's: padded
+    ((9, 7), 1, (3, 3), 1, (1, 2, 0, 1), 16),  # one channel, uneven padding, narrower than 16
+    ((6, 18), 4, (1, 1), 1, (0, 0), 16),     # a 1x1 (no GEMM form on a transposed input)
+    ((21, 19), 3, (3, 3), 2, (1, 1), 40),    # the direct form: two vectors, then a tail of 8
+    ((11, 13), 2, (5, 5), 1, (2, 2), 24),    # the direct form for any width and stride
 ])
-def test_native_conv_reads_an_nchw_input(threads, hw, cin, k, stride, pad):
+def test_native_conv_reads_an_nchw_input(threads, hw, cin, k, stride, pad, cout):
     """``NCHW2NHWC``: a stem convolution given the model's NCHW input (its forms: oneDNN's,
-    which reorders it, and the own one, whose padded copy reorders it; the three-channel rows
-    16 pixels at a time by permutes) writes the NHWC output every call, as torch's
-    convolution of the same input."""
+    which reorders it; the own implicit GEMM, whose padded copy reorders it, the three-channel
+    rows 16 pixels at a time by permutes; the own direct form, `stem.h`, which reads the NCHW
+    rows in place) writes the NHWC output every call, as torch's convolution of the same
+    input."""
     from paragraph.tvm_interop.runtime.library import native
 
     module = native.module()
@@ -1710,8 +1713,8 @@ def test_native_conv_reads_an_nchw_input(threads, hw, cin, k, stride, pad):
         pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
     gen = torch.Generator().manual_seed(hw[0] * hw[1] + cin)
     x = torch.randn(2 if k == (1, 1) else 1, *hw, cin, generator=gen)
-    w = torch.randn(16, *k, cin, generator=gen) / (k[0] * k[1] * cin) ** 0.5
-    b = torch.randn(16, generator=gen)
+    w = torch.randn(cout, *k, cin, generator=gen) / (k[0] * k[1] * cin) ** 0.5
+    b = torch.randn(cout, generator=gen)
     _check_native_conv(module, x, w, b, stride, pad, 1, 1, "", "relu", threads, gen,
                        layout="NCHW2NHWC")
 

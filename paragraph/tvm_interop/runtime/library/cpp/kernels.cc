@@ -29,6 +29,7 @@
 #include "conv.h"
 #include "winograd.h"
 #include "depthwise.h"
+#include "stem.h"
 #include "products.h"
 #include "concat.h"
 #include "pools.h"
@@ -125,6 +126,11 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
               if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
                                    {pt, pl, pb, pr}, fused, threads, small_blocks))
                 forms.push_back(*form);
+        // a stem on the model's NCHW input: the direct form after all the others
+        if (nchw_in)
+          if (auto stem = own_stem(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
+                                   pt, pl, dilation[0], dilation[1], fused, threads))
+            forms.push_back(*stem);
         return fastest_of(forms, key("conv_kxk"), threads);
       }
     }
