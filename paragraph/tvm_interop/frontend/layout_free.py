@@ -203,7 +203,7 @@ class _Unflatten(relax.PyExprMutator):
                 if op in _UNARY:
                     new = _UNARY[op](args[0])
                 else:
-                    new = _BINARY[op](*args)
+                    new = _BINARY[str(op)](*args)
                 self.replace[binding.var] = self.builder_.emit(new, binding.var.name)
                 return
         super().visit_var_binding_(binding)
@@ -239,8 +239,9 @@ class _FullRank(relax.PyExprMutator):
         make = {**_BINARY, **_OTHER_BINARY}.get(_op(call) or "")
         if make is None or len(call.args) != 2:
             return call
-        shapes = [_shape(a) for a in call.args]
-        if any(s is None for s in shapes):
+        known = [_shape(a) for a in call.args]
+        shapes = [s for s in known if s is not None]
+        if len(shapes) != len(known):
             return call
         rank = max(len(s) for s in shapes)
         args = list(call.args)
