@@ -382,19 +382,22 @@ def test_ctrl_c_in_a_search_is_one_line_and_keeps_the_finished_measurements(tmp_
            "PYTHONPATH": os.pathsep.join(sys.path)}
     child = subprocess.Popen(
         [sys.executable, "-m", "paragraph", "run", "squeezenet1_1", "--reduced", "--search",
-         "taso", "--search-budget", "120", "--top-k", "4", "--threads", "2"],
+         "taso", "--search-budget", "120", "--top-k", "8", "--threads", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     path, seen = cache / "costs.sqlite", 0
     try:
         deadline = time.monotonic() + 120
-        while seen < 4 and child.poll() is None and time.monotonic() < deadline:
+        # interrupted at its first stored measurements: with a few, the search had finished
+        # before the signal once the builds got faster
+        while seen < 1 and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
             try:
                 with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
                     seen = conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
             except sqlite3.Error:
                 seen = 0  # not created yet
-        assert seen >= 4, "no measurements stored in time"
+        assert seen >= 1, "no measurements stored in time"
+        assert child.poll() is None, "the search ended before it could be interrupted"
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=60)
     finally:
