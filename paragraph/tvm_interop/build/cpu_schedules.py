@@ -20,6 +20,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
+from paragraph.errors import reraise_interrupt
+
 LANES = (16, 8, 4, 2)  # float32 lanes of an AVX-512 register, or fewer where C does not divide
 
 
@@ -40,6 +42,9 @@ def attempt(label: str, schedule: Callable[..., s_tir.Schedule | None], *args: o
     try:
         return schedule(*args)
     except refused as exc:
+        # a Ctrl+C that landed in TVM's C++ comes out as an empty RuntimeError: not a refusal
+        # (swallowed, the build went on and `paragraph run --search` exited 0)
+        reraise_interrupt(exc)
         if os.environ.get("PARAGRAPH_DEBUG_SCHEDULES"):
             print(f"{label} left a kernel as it is: "
                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

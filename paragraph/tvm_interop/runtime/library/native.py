@@ -26,7 +26,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 
-from paragraph.errors import ParagraphError
+from paragraph.errors import ParagraphError, reraise_interrupt
 from paragraph.files import cache_dir
 from paragraph.timing import MARGIN
 from paragraph.tvm_interop.runtime.library import torch_kernels
@@ -135,6 +135,7 @@ def module() -> Any:
                 _state["module"] = tvm_ffi.load_module(str(path))
                 _state["path"] = path  # where it was built: a subprocess can load it too
             except Exception as exc:  # the Python kernels work: warn once, go on
+                reraise_interrupt(exc)  # but a Ctrl+C TVM disguised stops (not a fallback)
                 _state["reason"] = f"{type(exc).__name__}: {exc}"
                 warnings.warn("paragraph's C++ vendor kernels are unavailable, so vendor calls "
                               f"run through Python (same results): {_state['reason']}",
