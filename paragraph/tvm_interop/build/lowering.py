@@ -29,12 +29,12 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from paragraph.errors import ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, Node, TensorRef
 from paragraph.tvm_interop.build.cpu_schedules import REFUSED, attempt, default_schedules
-from paragraph.tvm_interop.frontend.importers import prepare
-from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.build.tuning_db import applied_dir
+from paragraph.tvm_interop.frontend.importers import TE_LOCK, prepare
+from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
 from paragraph.tvm_interop.runtime.library.names import cost_name, is_vendor_name, vendor_flops
 from paragraph.tvm_interop.runtime.program import Once
-from paragraph.tvm_interop.runtime.target import default_device, is_cpu, is_gpu, resolve_target
+from paragraph.tvm_interop.runtime.target import is_cpu, is_gpu
 
 Dispatch = Callable[[tvm.IRModule], tvm.IRModule]  # chooses kernel sources (vendor calls)
 
@@ -177,7 +177,8 @@ def lower_tracked(mod: tvm.IRModule | Graph, target: tvm.target.Target,
     rest += [relax.transform.RewriteDataflowReshape(), relax.transform.DeadCodeElimination()]
     constants: dict[int, object] = {}
     with target:
-        legal = tvm.transform.Sequential(legalize)(to_relax(opgraph, constants=constants))
+        with TE_LOCK:  # TOPI's tag scope is process-wide (importers.TE_LOCK)
+            legal = tvm.transform.Sequential(legalize)(to_relax(opgraph, constants=constants))
         fused = relax.transform.FuseOps()(legal)
         groups = _fusion_groups(fused, opgraph, {c: TensorRef(i) for i, c in constants.items()},
                                 _callees(legal))

@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,13 @@ Shape = Sequence[int]
 InputShapes = Mapping[str, Shape] | Sequence[Shape] | None
 
 
+# TVM's TOPI operators are tagged through a process-wide scope (``te.tag.TagScope._current``, a
+# class attribute): two threads that build TE computations at once (a frontend's converters,
+# LegalizeOps, FoldConstant) fail with "nested op_tag is not allowed". Importing, preparing
+# and legalizing hold this lock; the rest of a build runs in parallel.
+TE_LOCK = threading.RLock()
+
+
 # ---------------------------------------------------------------------------- public API
 def load(source: Any, input_shapes: InputShapes = None, *,
          example_inputs: Sequence[Any] | None = None) -> tvm.IRModule:
@@ -56,7 +64,8 @@ def load(source: Any, input_shapes: InputShapes = None, *,
     random float32 tensors of those shapes). Raises `ModelLoadError` when the source cannot be
     read and `UnsupportedModelError` when it holds something paragraph or TVM cannot represent.
     """
-    return prepare(_import(source, input_shapes, example_inputs))
+    with TE_LOCK:
+        return prepare(_import(source, input_shapes, example_inputs))
 
 
 def prepare(mod: tvm.IRModule) -> tvm.IRModule:
@@ -72,6 +81,11 @@ def prepare(mod: tvm.IRModule) -> tvm.IRModule:
     one dataflow block over static tensor shapes (symbolic dimensions, control flow, several
     blocks).
     """
+    with TE_LOCK:
+        return _prepare(mod)
+
+
+def _prepare(mod: tvm.IRModule) -> tvm.IRModule:
     _require_main(mod)
     _check_memory(mod)  # before folding makes the constants the model declares
     mod = _bind_weight_params(mod)
