@@ -209,12 +209,44 @@ def _alternative_tasks(ms, mod: tvm.IRModule, target: tvm.target.Target) -> list
         lower(probe, target), target)
 
 
+def import_tensor_intrinsics() -> None:
+    """Import TVM's tensor intrinsics (``tvm.s_tir.tensor_intrin``, which every
+    ``TuneContext`` imports) in a tenth of the time. They are TVMScript functions parsed at
+    import, each calling ``inspect.stack()``; for a frame of a file no module owns (the
+    import machinery's), ``inspect.getmodule`` scans all of ``sys.modules`` on every call, and
+    with PyTorch loaded (``tvm_ffi`` imports it) that is 2,000 modules: 24 s on this machine
+    before a first trial, 2.6 s with the answer kept per file name. Only frames and code
+    objects (no ``__module__`` to go by) are kept, and only during this import."""
+    import inspect
+    import sys
+    import types
+
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    original = inspect.getmodule
+    by_file: dict[str, types.ModuleType | None] = {}
+
+    def getmodule(object: object, _filename: str | None = None) -> types.ModuleType | None:
+        if _filename is None or hasattr(object, "__module__"):
+            return original(object, _filename)
+        if _filename not in by_file:
+            by_file[_filename] = original(object, _filename)
+        return by_file[_filename]
+
+    inspect.getmodule = getmodule
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    finally:
+        inspect.getmodule = original
+
+
 def _tune_one(ms, task, func_mod, target, work: Path, database, trials: int, cores, seed: int,
               tools: tuple) -> None:
     """One task through MetaSchedule's own tuner: evolutionary search with an XGBoost cost
     model, its population scaled down for small budgets (512 candidates per round would cost
     more than the few trials they choose)."""
     population = max(64, min(512, 8 * trials))
+    import_tensor_intrinsics()
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population, init_min_unmeasured=min(50, population // 4))
     context = ms.TuneContext(mod=func_mod, target=target, space_generator="post-order-apply",
