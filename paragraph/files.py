@@ -7,17 +7,25 @@ import json
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from paragraph.errors import FileWriteError
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over. The
-    file gets the permissions a plain write would (0666 less the umask). A failure to write
-    (permission, read-only file system, disk full) raises `FileWriteError`, one line naming
-    the path, and leaves the old file as it was."""
+    """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over
+    (`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, fsync it, then rename it over: a
+    large file is streamed, never held in memory whole. The file gets the permissions a
+    plain write would (0666 less the umask). A failure to write (permission, read-only file
+    system, disk full) raises `FileWriteError`, one line naming the path, and leaves the old
+    file as it was; so does any exception ``write`` raises (re-raised)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,7 +35,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         os.fchmod(fd, 0o666 & ~current_umask(path.parent))  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

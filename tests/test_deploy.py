@@ -4,6 +4,7 @@ and the same schedule; foreign, truncated, altered and stale files are refused b
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import subprocess
@@ -89,18 +90,25 @@ def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_pa
         import json
         import numpy as np
         import paragraph
+        from paragraph.tvm_interop.runtime.library import native
         d = {str(tmp_path)!r}
         for name in {list(cases)!r}:
             exe = paragraph.load(f"{{d}}/{{name}}.paragraph")
             x = np.load(f"{{d}}/{{name}}-in.npy", allow_pickle=False)
             np.save(f"{{d}}/{{name}}-out.npy", exe.run(x)[0], allow_pickle=False)
             print(name, json.dumps(exe.schedule.to_json()))
+            print("timing", name, native.timing_kernels())
             exe.close()
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    schedules = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    lines = run.stdout.splitlines()
+    schedules = dict(line.split(" ", 1) for line in lines if not line.startswith("timing "))
+    # the vendor program's kernels start with the forms its build chose (in its manifest):
+    # none times its forms, and none packs a weight for a form it will not run
+    assert read_manifest(tmp_path / "searched.paragraph")["forms"]
+    assert "timing searched 0" in lines, lines
     for name, (exe, _, want) in cases.items():
         got = np.load(tmp_path / f"{name}-out.npy", allow_pickle=False)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
@@ -194,6 +202,44 @@ def test_foreign_truncated_altered_and_stale_files_are_refused(plain, tmp_path):
     with pytest.raises(ArtifactError, match="compiled for the CPU 'cortex-a72'"):
         paragraph.load(_rewrite(path, tmp_path / "arm.paragraph", _manifest_change(
             target={**target, "mcpu": "cortex-a72"})))
+
+
+def test_an_artifact_holds_its_weights_once_and_a_load_holds_them_once(plain, tmp_path):
+    """The weights are ``weights.bin``'s raw bytes only (neither the kernel library nor the
+    lowered module carries a copy); a loaded program's kernels, graph and VM read the same
+    tensors; an altered weight byte is refused by the manifest's checksum."""
+    exe, path = plain
+    weights = [n.value for n in exe.program.graph.nodes if n.kind == "weight"]
+    total = sum(w.nbytes for w in weights)
+    biggest = max(weights, key=lambda w: w.nbytes).tobytes()
+    with zipfile.ZipFile(path) as z:
+        members = {i.filename: z.read(i.filename) for i in z.infolist()}
+    assert total * 0.95 <= len(members["weights.bin"]) <= total
+    probe = biggest[len(biggest) // 2:len(biggest) // 2 + 96]  # 24 floats from a weight
+    assert probe in members["weights.bin"]
+    for name in ("kernels.so", "lowered.json"):
+        assert probe not in members[name], name
+        assert base64.b64encode(biggest[:96]) not in members[name], name
+    loaded = paragraph.load(path)
+    x = random_inputs(models.get("squeezenet1_1", reduced=True))
+    np.testing.assert_allclose(loaded.run(*x)[0], exe.run(*x)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run_vm(loaded.vm(), x)[0], exe.run(*x)[0], rtol=1e-5,
+                               atol=1e-6)
+    executor = loaded.executor
+    shared = [np.shares_memory(np.from_dlpack(executor.tensors[n.out]), n.value)
+              for n in loaded.program.graph.nodes if n.kind == "weight"]
+    assert shared and all(shared), "each weight held once: the executor reads the graph's"
+    loaded.close()
+
+    def flip(name, data):
+        if name != "weights.bin":
+            return data
+        data = bytearray(data)
+        data[len(data) // 2] ^= 0x40
+        return bytes(data)
+
+    with pytest.raises(ArtifactError, match="weights.bin does not match its checksum"):
+        paragraph.load(_rewrite(path, tmp_path / "weights.paragraph", flip))
 
 
 def test_a_schedule_that_does_not_fit_the_program_is_refused(plain, squeezenet, tmp_path):

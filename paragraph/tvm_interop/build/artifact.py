@@ -5,9 +5,14 @@ A zip archive (nothing in it is pickled) of
 * ``manifest.json``: format and version, the paragraph and TVM versions that wrote it, target,
   machine, kernel sources, library rules applied (with their content hashes), the search and
   schedule reports, the model's inputs and outputs, and a SHA-256 of every other member;
-* ``kernels.so``: every kernel and the VM code (``relax.VMExecutable.export_library``);
-* ``lowered.json``: the lowered module with its weights and `program_info` on ``main``, from
-  which the kernel graph is rebuilt (``tvm.ir.save_json``);
+* ``kernels.so``: every kernel and the VM code (``relax.VMExecutable.export_library``), whose
+  ``main`` takes the weights after the inputs (`weights.lifted`);
+* ``lowered.json``: the lowered module with `program_info` on ``main``, from which the kernel
+  graph is rebuilt (``tvm.ir.save_json``), its weights replaced by placeholders
+  (`weights.stripped`);
+* ``weights.bin``: the weights, once, as raw bytes in the placeholders' order (their dtypes
+  and shapes in the manifest), stored uncompressed and streamed: written from the program's
+  tensors and read into the loaded program's, never held twice;
 * ``schedule.json`` (`paragraph.schedule.Schedule`) and ``memory.json`` (the block of every
   tensor, `MemoryPlan`);
 * ``signature.json``, only in a signed artifact: an HMAC-SHA256 of the manifest's bytes.
@@ -36,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import io
 import json
 import os
 import tempfile
@@ -47,11 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
 from paragraph.errors import ParagraphError
-from paragraph.files import atomic_write_bytes
+from paragraph.files import atomic_write
 from paragraph.graph import TensorRef
 from paragraph.machine import describe_machine
 from paragraph.rules.library import default_library
@@ -59,16 +64,20 @@ from paragraph.schedule import Schedule, ScheduleError
 from paragraph.tvm_interop.build.program import (
     program_from_lowered,
     program_info,
+    vm_executable,
     with_program_info,
 )
+from paragraph.tvm_interop.build.weights import lifted, restored, stripped
+from paragraph.tvm_interop.runtime.library import native
 from paragraph.tvm_interop.runtime.memory import Block, MemoryPlan, check_memory_plan
 from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.target import default_device, is_gpu, local_cpu_target
 from paragraph.version import __version__
 
-FORMAT, VERSION = "paragraph-artifact", 1
+FORMAT, VERSION = "paragraph-artifact", 2  # 2: weights once, raw (weights.bin)
 MANIFEST = "manifest.json"
-MEMBERS = ("kernels.so", "lowered.json", "schedule.json", "memory.json")
+MEMBERS = ("kernels.so", "lowered.json", "schedule.json", "memory.json")  # read whole
+WEIGHTS = "weights.bin"  # streamed
 SIGNATURE = "signature.json"  # {"algorithm": "hmac-sha256", "mac": hex}: of the manifest's bytes
 KEY_ENV = "PARAGRAPH_ARTIFACT_KEY"  # the path of a key file
 MIN_KEY_BYTES = 16  # HMAC's strength is its key's: refuse a password-sized one
@@ -202,15 +211,59 @@ def write_artifact(path: str | os.PathLike, program: KernelProgram, schedule: Sc
     key = artifact_key(key)
     schedule.validate(program.graph)
     check_memory_plan(program.graph, schedule, memory)
+    lowered = with_program_info(program)
+    bare, weights = stripped(lowered)
+    weightless, lifted_weights = lifted(lowered)
+    if len(lifted_weights) != len(weights) or not all(
+            a.same_as(b) for a, b in zip(weights, lifted_weights, strict=True)):
+        raise ArtifactError("internal error: the stripped and lifted weights differ")
     with tempfile.TemporaryDirectory(prefix="paragraph-artifact-") as tmp:
         lib = Path(tmp) / "kernels.so"
-        program.executable.export_library(str(lib))
+        vm_executable(weightless, program.target).get().export_library(str(lib))
         members = {
             "kernels.so": lib.read_bytes(),
-            "lowered.json": tvm.ir.save_json(with_program_info(program)).encode(),
+            "lowered.json": tvm.ir.save_json(bare).encode(),
             "schedule.json": schedule.dumps().encode(),
             "memory.json": json.dumps(memory_to_json(memory)).encode(),
         }
+    sums = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+            for name, data in members.items()}
+    total = sum(_nbytes(w) for w in weights)
+
+    def write(f: Any) -> None:
+        with zipfile.ZipFile(f, "w") as z:
+            digest = hashlib.sha256()
+            with z.open(zipfile.ZipInfo(WEIGHTS), "w", force_zip64=total >= 2**31) as out:
+                for w in weights:  # the tensors' own bytes (DLPack), no copy
+                    data = _bytes_of(w)
+                    digest.update(data)
+                    out.write(data)
+            sums[WEIGHTS] = {"sha256": digest.hexdigest(), "bytes": total}
+            for name, data in members.items():  # the library stored as is; JSON compressed
+                z.writestr(name, data, compress_type=zipfile.ZIP_STORED
+                           if name.endswith(".so") else zipfile.ZIP_DEFLATED)
+            manifest_bytes = _manifest(program, schedule, memory, info, weights, sums)
+            z.writestr(MANIFEST, manifest_bytes, compress_type=zipfile.ZIP_DEFLATED)
+            if key is not None:
+                z.writestr(SIGNATURE, json.dumps({"algorithm": "hmac-sha256",
+                                                  "mac": _mac(key, manifest_bytes)}))
+
+    atomic_write(path, write)
+    return Path(path)
+
+
+def _bytes_of(t: tvm.runtime.Tensor) -> memoryview:
+    """A host tensor's bytes, without a copy."""
+    return np.from_dlpack(t).reshape(-1).view(np.uint8).data
+
+
+def _nbytes(t: tvm.runtime.Tensor) -> int:
+    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(str(t.dtype)).itemsize
+
+
+def _manifest(program: KernelProgram, schedule: Schedule, memory: MemoryPlan,
+              info: Mapping[str, Any] | None, weights: list[tvm.runtime.Tensor],
+              sums: dict[str, dict[str, Any]]) -> bytes:
     manifest = {
         "format": FORMAT, "version": VERSION,
         "paragraph": __version__, "tvm": tvm.__version__,
@@ -224,21 +277,14 @@ def write_artifact(path: str | os.PathLike, program: KernelProgram, schedule: Sc
         **_signature(program),
         "program": program_info(program),
         "info": dict(info or {}),
-        "members": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-                    for name, data in members.items()},
+        "weights": [{"dtype": str(w.dtype), "shape": [int(d) for d in w.shape]}
+                    for w in weights],
+        # the C++ kernels' forms chosen by timing in this process (this program's among
+        # them): a loaded program's kernels start with them (`_chosen_forms`)
+        "forms": native.chosen_forms() if program.sources().get("vendor") else {},
+        "members": sums,
     }
-    manifest_bytes = json.dumps(manifest, indent=1, default=str).encode()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as z:
-        z.writestr(MANIFEST, manifest_bytes, compress_type=zipfile.ZIP_DEFLATED)
-        if key is not None:
-            z.writestr(SIGNATURE, json.dumps({"algorithm": "hmac-sha256",
-                                              "mac": _mac(key, manifest_bytes)}))
-        for name, data in members.items():  # the library stored as is; JSON compressed
-            z.writestr(name, data, compress_type=zipfile.ZIP_STORED if name.endswith(".so")
-                       else zipfile.ZIP_DEFLATED)
-    atomic_write_bytes(path, buffer.getvalue())
-    return Path(path)
+    return json.dumps(manifest, indent=1, default=str).encode()
 
 
 # ---------------------------------------------------------------------------- read
@@ -260,9 +306,11 @@ def read_manifest(path: str | os.PathLike, *, key: bytes | None = None) -> dict[
     return _open(Path(path), artifact_key(key))[0]
 
 
-def _open(path: Path, key: bytes | None) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest and the members of the artifact at ``path``, read into memory and
-    checked (the signature first, with ``key``); nothing is written or loaded."""
+def _open(path: Path, key: bytes | None, *, weights: bool = False
+          ) -> tuple[dict[str, Any], dict[str, bytes], list[tvm.runtime.Tensor]]:
+    """The manifest, the members and (with ``weights``) the weights of the artifact at
+    ``path``, read into memory and checked (the signature first, with ``key``); nothing is
+    written or loaded. The weights are read straight into the tensors the program keeps."""
     what = f"{path}"
     try:
         with zipfile.ZipFile(path) as z:
@@ -280,6 +328,7 @@ def _open(path: Path, key: bytes | None) -> tuple[dict[str, Any], dict[str, byte
                 if name not in names:
                     raise ArtifactError(f"{what} is incomplete: {name} is missing")
                 members[name] = z.read(name)
+            tensors = _read_weights(z, manifest, what) if weights else []
     except FileNotFoundError:
         raise ArtifactError(f"{what}: no such file") from None
     except IsADirectoryError:
@@ -296,7 +345,52 @@ def _open(path: Path, key: bytes | None) -> tuple[dict[str, Any], dict[str, byte
                 hashlib.sha256(data).hexdigest().encode(), want.encode()):
             raise ArtifactError(f"{what} is corrupt: {name} does not match its checksum in the "
                                 "manifest (the file was altered after it was written)")
-    return manifest, members
+    return manifest, members, tensors
+
+
+def _read_weights(z: zipfile.ZipFile, manifest: dict[str, Any], what: str
+                  ) -> list[tvm.runtime.Tensor]:
+    """The weights member read into new tensors of the manifest's dtypes and shapes, its
+    checksum checked on the way."""
+    specs, entry = manifest.get("weights"), manifest["members"].get(WEIGHTS)
+    if not isinstance(specs, list) or not isinstance(entry, dict):
+        raise ArtifactError(f"{what}: the manifest does not describe its weights")
+    if WEIGHTS not in z.namelist():
+        raise ArtifactError(f"{what} is incomplete: {WEIGHTS} is missing")
+    shapes = []
+    for i, spec in enumerate(specs):
+        try:
+            dtype = np.dtype(str(spec["dtype"]))
+            shape = tuple(spec["shape"])
+            if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                       for d in shape):
+                raise ValueError(shape)
+        except (TypeError, KeyError, ValueError):
+            raise ArtifactError(f"{what}: the manifest's weight {i} is not "
+                                "{'dtype', 'shape'}") from None
+        shapes.append((shape, dtype))
+    total = sum(int(np.prod(s, dtype=object)) * d.itemsize for s, d in shapes)
+    if total != entry.get("bytes") or total != z.getinfo(WEIGHTS).file_size:
+        raise ArtifactError(f"{what} is corrupt: its weights take {total} bytes, "
+                            f"{WEIGHTS} holds {z.getinfo(WEIGHTS).file_size}")
+    digest, tensors = hashlib.sha256(), []
+    with z.open(WEIGHTS) as f:
+        for shape, dtype in shapes:
+            t = tvm.runtime.empty(shape, str(dtype))
+            view = _bytes_of(t)
+            for start in range(0, len(view), 1 << 24):  # 16 MiB at a time
+                chunk = f.read(min(1 << 24, len(view) - start))
+                if len(chunk) != min(1 << 24, len(view) - start):
+                    raise ArtifactError(f"{what} is truncated: {WEIGHTS} ends early")
+                view[start:start + len(chunk)] = chunk
+            digest.update(view)
+            tensors.append(t)
+    want = entry.get("sha256")
+    if not isinstance(want, str) or not hmac.compare_digest(digest.hexdigest().encode(),
+                                                            want.encode()):
+        raise ArtifactError(f"{what} is corrupt: {WEIGHTS} does not match its checksum in the "
+                            "manifest (the file was altered after it was written)")
+    return tensors
 
 
 def _check_signature(manifest: bytes, signature: bytes | None, key: bytes, what: str) -> None:
@@ -362,7 +456,7 @@ def read_artifact(path: str | os.PathLike, device: tvm.runtime.Device | None = N
     its signature and every member are checked before the library is written to disk or
     loaded; without one, only sums any editor can recompute."""
     path = Path(path)
-    manifest, members = _open(path, artifact_key(key))
+    manifest, members, weights = _open(path, artifact_key(key), weights=True)
     what = str(path)
     try:
         target = tvm.target.Target(manifest["target"])
@@ -374,11 +468,14 @@ def read_artifact(path: str | os.PathLike, device: tvm.runtime.Device | None = N
         memory = memory_from_json(json.loads(members["memory.json"]))
     except (ScheduleError, ValueError) as e:
         raise ArtifactError(f"{what}: unreadable memory plan ({e})") from None
+    forms = _chosen_forms(manifest, what)
     library = _load_library(members["kernels.so"], what)
+    native.choose_forms(forms)  # before the kernels bind: each packs its chosen form only
     try:
-        lowered = tvm.ir.load_json(members["lowered.json"].decode())
+        lowered = restored(tvm.ir.load_json(members["lowered.json"].decode()), weights)
         program = program_from_lowered(lowered, target, device=device,
-                                       executable=relax.VMExecutable(library))
+                                       executable=relax.VMExecutable(library),
+                                       vm_weights=weights)
         schedule = Schedule.from_json(members["schedule.json"].decode(), program.graph)
         _check_memory(program, schedule, memory)
     except ScheduleError as e:
@@ -414,6 +511,16 @@ def _load_library(data: bytes, what: str) -> tvm.runtime.Module:
                                     ) from None
         _LIBRARIES[key] = library
         return library
+
+
+def _chosen_forms(manifest: Mapping[str, Any], what: str) -> dict[str, int]:
+    """The manifest's chosen forms (key -> non-negative index), checked as data."""
+    forms = manifest.get("forms", {})
+    if not isinstance(forms, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in forms.items()):
+        raise ArtifactError(f"{what}: the manifest's forms are not {{key: index}}")
+    return forms
 
 
 def _check_memory(program: KernelProgram, schedule: Schedule, memory: MemoryPlan) -> None:

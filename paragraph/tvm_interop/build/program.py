@@ -19,14 +19,19 @@ from paragraph.graph import Graph
 from paragraph.inputs import IndexRange, index_ranges
 from paragraph.schedule import Schedule
 from paragraph.tvm_interop.build.compiled import compiled_kernels
-from paragraph.tvm_interop.build.lowering import Dispatch, build_pipeline, kernel_graph, lower_tracked, slices_as_views
-from paragraph.tvm_interop.runtime.target import default_device, is_gpu, resolve_target
 from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor
+from paragraph.tvm_interop.build.lowering import (
+    Dispatch,
+    build_pipeline,
+    kernel_graph,
+    lower_tracked,
+    slices_as_views,
+)
+from paragraph.tvm_interop.build.select import choose_fastest
 from paragraph.tvm_interop.runtime.library.names import check_kernel_source, is_vendor_name
 from paragraph.tvm_interop.runtime.library.torch_kernels import ensure_registered
-from paragraph.tvm_interop.build.select import choose_fastest
 from paragraph.tvm_interop.runtime.program import KernelProgram, Once
-from paragraph.tvm_interop.runtime.target import is_cpu
+from paragraph.tvm_interop.runtime.target import default_device, is_cpu, is_gpu, resolve_target
 
 
 def build_program(mod: tvm.IRModule | Graph, target: tvm.target.Target | str | None = None, *,
@@ -50,7 +55,7 @@ def build_program(mod: tvm.IRModule | Graph, target: tvm.target.Target | str | N
     device = device or default_device(target)
     opgraph, lowered, graph, kernel_operators, model = _lower(mod, target, device, tuning_db,
                                                               kernels)
-    compiled = _vm_executable(lowered, target)
+    compiled = vm_executable(lowered, target)
     return KernelProgram(lowered, graph, target, device, _link(graph, lowered, target, compiled),
                          compiled, model=model, operator_graph=opgraph,
                          kernel_operators=kernel_operators, kernel_source=kernels,
@@ -60,10 +65,12 @@ def build_program(mod: tvm.IRModule | Graph, target: tvm.target.Target | str | N
 
 def program_from_lowered(lowered: tvm.IRModule, target: tvm.target.Target | str | None = None,
                          *, device: tvm.runtime.Device | None = None,
-                         executable: relax.VMExecutable | None = None) -> KernelProgram:
+                         executable: relax.VMExecutable | None = None,
+                         vm_weights: Sequence[tvm.runtime.Tensor] = ()) -> KernelProgram:
     """The program of a module that `with_program_info` wrote (a lowered module with its
     metadata on ``main``), compiled (or linked to ``executable``, e.g. one loaded from an
-    artifact) without lowering it again. Raises `ParagraphError` for any other module."""
+    artifact, whose ``main`` takes ``vm_weights`` after the inputs) without lowering it
+    again. Raises `ParagraphError` for any other module."""
     info = lowered_info(lowered)
     if info is None:
         raise ParagraphError(f"the module is not a lowered paragraph program (main has no "
@@ -88,18 +95,18 @@ def program_from_lowered(lowered: tvm.IRModule, target: tvm.target.Target | str 
                                                      "func": n.attrs["func"]})
                        if n.id in views else n for n in graph.nodes], graph.outputs,
                       graph.meta)
-    compiled = (_vm_executable(lowered, target) if executable is None
+    compiled = (vm_executable(lowered, target) if executable is None
                 else Once.of(executable))
     # a program given its executable links to it, as a GPU program does
     functions = _link(graph, lowered, target, compiled, shared=executable is None)
     return KernelProgram(lowered, graph, target, device or default_device(target), functions,
                          compiled, kernel_source=kernels,
                          rewrites=tuple(str(r) for r in info.get("rewrites", ())),
-                         input_ranges=ranges)
+                         input_ranges=ranges, vm_weights=tuple(vm_weights))
 
 
-def _vm_executable(lowered: tvm.IRModule, target: tvm.target.Target
-                   ) -> Once[relax.VMExecutable]:
+def vm_executable(lowered: tvm.IRModule, target: tvm.target.Target
+                  ) -> Once[relax.VMExecutable]:
     """The TVM VM's executable of ``lowered``, compiled on first use."""
     return Once(lambda: tvm.compile(lowered, target=target,
                                     relax_pipeline=build_pipeline(target)))

@@ -118,6 +118,20 @@ def _view(base: tvm.runtime.Tensor, t, offset: int) -> tvm.runtime.Tensor:
     return tvm.runtime.from_dlpack(window)
 
 
+def _weight(value: np.ndarray, device: tvm.runtime.Device) -> tvm.runtime.Tensor:
+    """A weight on ``device``: on a CPU the array's own bytes where they suit TVM's kernels
+    (C-contiguous, 64-byte aligned: a module constant's, `relax_graph.host_array`), so that
+    every executor of a program reads the one copy; otherwise a copy."""
+    if (device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
+            and value.flags.c_contiguous and value.flags.writeable
+            and value.ctypes.data % 64 == 0 and value.dtype != np.bool_):
+        try:
+            return tvm.runtime.from_dlpack(value)
+        except (BufferError, TypeError, RuntimeError):
+            pass
+    return tvm.runtime.tensor(value, device)
+
+
 class _Base:
     """What both executors share: validation, the memory plan, bound buffers, input checks."""
 
@@ -195,7 +209,8 @@ class _Base:
                 self.inputs.append(t)
                 self.tensors[n.out] = t
             elif n.kind in ("weight", "constant"):
-                self.tensors[n.out] = tvm.runtime.tensor(n.value, dev)
+                assert n.value is not None  # a weight node holds its value
+                self.tensors[n.out] = _weight(n.value, dev)
             elif n.kind == "view":  # a reshape, or a contiguous slice (byte offset)
                 self.tensors[n.out] = _view(self.tensors[n.inputs[0]], n.type,
                                             n.attrs.get("offset", 0))

@@ -70,6 +70,9 @@ class KernelProgram:
     # input position -> the values it may hold (an embedding's ids), `paragraph.inputs`
     input_ranges: Mapping[int, IndexRange] = field(default_factory=dict)
     build_seconds: float = 0.0  # what the build took: lowering, dispatch and compilation
+    # what the executable's ``main`` takes after the inputs: an artifact's weights (its
+    # library holds none, `paragraph.tvm_interop.build.weights`); empty when built here
+    vm_weights: tuple[tvm.runtime.Tensor, ...] = ()
 
     @property
     def executable(self) -> relax.VMExecutable:
@@ -87,8 +90,11 @@ class KernelProgram:
         return self.functions[node.attrs["func"]]
 
     def vm(self) -> relax.VirtualMachine:
-        """The TVM VM over the same lowered module and compiled kernels (the baseline)."""
-        return relax.VirtualMachine(self.executable, self.device)
+        """The TVM VM over the same lowered module and compiled kernels (the baseline);
+        ``vm["main"](*inputs)`` runs the model, with `vm_weights` passed after the inputs."""
+        if not self.vm_weights:
+            return relax.VirtualMachine(self.executable, self.device)
+        return _WeightedVM(self.executable, self.device, self.vm_weights)
 
     def sources(self) -> dict[str, int]:
         """How many kernels come from each source ("tvm", "vendor")."""
@@ -97,3 +103,19 @@ class KernelProgram:
             if n.kind == "kernel":
                 counts[n.attrs["source"]] = counts.get(n.attrs["source"], 0) + 1
         return counts
+
+
+class _WeightedVM(relax.VirtualMachine):
+    """A VM whose executable's ``main`` takes the weights after the inputs: ``main`` is
+    given them, so it is called with the inputs alone like any model's."""
+
+    def __init__(self, executable: relax.VMExecutable, device: tvm.runtime.Device,
+                 weights: tuple[tvm.runtime.Tensor, ...]) -> None:
+        super().__init__(executable, device)
+        self._weights = weights
+
+    def __getitem__(self, name: str) -> Callable[..., object]:
+        f = super().__getitem__(name)
+        if name != "main":
+            return f
+        return lambda *inputs: f(*inputs, *self._weights)

@@ -188,6 +188,29 @@ def most_forms() -> int:
     return 1 if m is None else int(m["paragraph_vendor_most_forms"]())
 
 
+def chosen_forms() -> dict[str, int]:
+    """The form each C++ kernel key of this process has chosen (`Fastest` in forms.h); empty
+    where the kernels are not loaded (nothing is built or loaded to ask)."""
+    m = _state.get("module")
+    if m is None:
+        return {}
+    pairs = (str(c).rsplit("=", 1) for c in m["paragraph_vendor_chosen_forms"]())
+    return {key: int(index) for key, index in pairs}
+
+
+def choose_forms(forms: Mapping[str, int]) -> None:
+    """Choose ``forms`` (key -> form index, as `chosen_forms` gives them: an artifact's, chosen
+    when it was built) for the C++ kernels of those keys bound from now on: each then runs and
+    packs that form only, untimed (an index past a kernel's forms is ignored). Nothing where
+    the C++ kernels are unavailable."""
+    m = module() if forms else None
+    if m is None:
+        return
+    choose = m["paragraph_vendor_choose_form"]
+    for key, index in forms.items():
+        choose(key, index)
+
+
 def reason() -> str | None:
     """Why `module` returned None (None when it is available or not tried yet)."""
     return _state.get("reason")

@@ -25,7 +25,8 @@ const c10::OperatorHandle& in_place_conv() {
 
 // out = act(conv(x, w) + bias + out), in place: out starts as zero or the residual. oneDNN
 // fuses relu; any other activation is PyTorch's, after it, on out_buffer (out's storage)
-Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<at::Tensor> bias,
+Form onednn_conv(at::Tensor out, at::Tensor x, std::shared_ptr<LazyPacked> packed,
+                 c10::optional<at::Tensor> bias,
                  c10::optional<at::Tensor> res, std::vector<int64_t> padding,
                  std::vector<int64_t> stride, std::vector<int64_t> dilation, int64_t groups,
                  std::vector<int64_t> pre_pad, Act act, at::Tensor out_buffer) {
@@ -41,7 +42,7 @@ Form onednn_conv(at::Tensor out, at::Tensor x, at::Tensor packed, c10::optional<
     stack.reserve(13);
     stack.emplace_back(out);
     stack.emplace_back(xp);
-    stack.emplace_back(packed);
+    stack.emplace_back(packed->tensor());
     stack.emplace_back(bias ? c10::IValue(*bias) : c10::IValue());
     stack.emplace_back(padding);
     stack.emplace_back(stride);
@@ -251,13 +252,13 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
   // (cout, kh, kw, cin) is W's (n, k) at n * k + k: one packing shared with the 1x1 GEMM's
-  at::Tensor packed = shared_packed(w_buffer, "panels",
-                                    [&]() { return pack_panels(w_buffer, cout, k, k, 1); });
+  auto packed = lazy_packed(w_buffer, "panels",
+                            [w_buffer, cout, k]() { return pack_panels(w_buffer, cout, k, k, 1); });
   const auto [pt, pl, pb, pr] = pads;
   // an NCHW input is reordered as it is copied, padding or not
   const bool padded = pt || pl || pb || pr || !x_buffer.is_contiguous();
   const int64_t hp = x_buffer.size(1) + pt + pb, wp = x_buffer.size(2) + pl + pr;
-  ImplicitConv conv{nullptr, packed.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
+  ImplicitConv conv{nullptr, nullptr, bias ? bias->data_ptr<float>() : nullptr,
                     res_buffer ? res_buffer->data_ptr<float>() : nullptr,
                     out_buffer.data_ptr<float>(), x_buffer.size(0), hp, wp, cin,
                     out_buffer.size(1), out_buffer.size(2), cout, sh, sw, cin, {}, act};
@@ -269,6 +270,7 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
       conv.taps.push_back((ky * dh * wp + kx * dw) * cin);
   return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded,
                threads]() mutable {
+    conv.packed = packed->data();
     conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
                     : x_buffer.data_ptr<float>();
     conv(threads);

@@ -200,17 +200,18 @@ c10::optional<Form> own_depthwise(const at::Tensor& out_buffer, const at::Tensor
       (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)))
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
-  at::Tensor packed = shared_packed(w_buffer, "depthwise", [&]() {
+  auto packed = lazy_packed(w_buffer, "depthwise", [w_buffer, c, kh, kw]() {
     return w_buffer.reshape({c, kh * kw}).t().contiguous();  // [kh * kw][c]
   });
-  Depthwise conv{x_buffer.data_ptr<float>(), packed.data_ptr<float>(),
+  Depthwise conv{x_buffer.data_ptr<float>(), nullptr,
                  bias ? bias->data_ptr<float>() : nullptr,
                  res_buffer ? res_buffer->data_ptr<float>() : nullptr, out_buffer.data_ptr<float>(),
                  x_buffer.size(0), x_buffer.size(1), x_buffer.size(2), c, out_buffer.size(1),
                  out_buffer.size(2), kh, kw, sh, sw, pt, pl, dh, dw, act,
                  Depthwise::eight_for(kw, sw, dw)};
   // the captured tensors hold the buffers and the packed weight alive as long as the form
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() {
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() mutable {
+    conv.w = packed->data();
     conv(threads);
   });
 }

@@ -287,9 +287,9 @@ c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tens
       w.scalar_type() != at::kFloat || (bias && !plain_float(*bias)) ||
       (res2 && !plain_float(*res2)) || m == 0 || k == 0)
     return c10::nullopt;
-  at::Tensor packed = shared_packed(w, "panels", [&]() { return pack_panels(w, n, k, sn, sk); });
+  auto packed = lazy_packed(w, "panels", [w, n, k, sn, sk]() { return pack_panels(w, n, k, sn, sk); });
   return Form([=]() {
-    PackedGemm{rows.data_ptr<float>(), packed.data_ptr<float>(),
+    PackedGemm{rows.data_ptr<float>(), packed->data(),
                bias ? bias->data_ptr<float>() : nullptr, res2 ? res2->data_ptr<float>() : nullptr,
                out2.data_ptr<float>(), m, k, n, act}(threads);
   });

@@ -83,10 +83,10 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     input_size[3] += pre_pad[0] + pre_pad[1];
   }
   // the weight in oneDNN's blocked format for this input shape and thread count, once
-  at::Tensor packed = shared_packed(
+  auto packed = lazy_packed(
       w, "conv" + ints(padding) + ints(stride) + ints(dilation) + ints({groups}) +
              ints(input_size),
-      [&]() {
+      [w, padding, stride, dilation, groups, input_size]() {
         return at::mkldnn_reorder_conv2d_weight(w.to_mkldnn(), padding, stride, dilation,
                                                 groups, input_size);
       });
@@ -177,7 +177,7 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   const Act fused = act_of(act_s);
   use_threads(threads);
   // oneDNN's form: a 1x1 convolution over m pixels in NHWC, the weight packed once
-  at::Tensor packed = shared_packed(w, "linear" + ints({m}), [&]() {
+  auto packed = lazy_packed(w, "linear" + ints({m}), [w, n, k, m]() {
     at::Tensor w4 = w.t().contiguous().view({n, k, 1, 1});
     return at::mkldnn_reorder_conv2d_weight(w4.to_mkldnn(), {0, 0}, {1, 1}, {1, 1}, 1,
                                             {1, k, 1, m});

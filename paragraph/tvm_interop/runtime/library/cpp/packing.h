@@ -48,6 +48,37 @@ at::Tensor shared_packed(const at::Tensor& w, const std::string& packing, Make m
   return packed;
 }
 
+// A weight packed on its form's first call (`shared_packed` then): a form that never runs packs
+// nothing. A kernel's forms each pack their own copy (oneDNN's blocks, the own panels, up to
+// seven Winograd transforms, 4x a 3x3 weight each): packed at binding, ResNet-18's 45 MB of
+// weights took 360 MB before the first run; a kernel bound with its form already chosen (an
+// artifact's choices, `ChooseForm`) runs and packs that one only.
+struct LazyPacked {
+  std::function<at::Tensor()> make;
+  at::Tensor packed;
+  std::once_flag once;
+
+  const at::Tensor& tensor() {
+    std::call_once(once, [this]() {
+      packed = make();
+      make = nullptr;  // drops the source weight it held
+    });
+    return packed;
+  }
+  float* data() { return tensor().data_ptr<float>(); }
+};
+
+// the weight ``w`` packed as ``make`` does, shared (`shared_packed`), made on first use; ``make``
+// must own what it reads (captured by value)
+template <typename Make>
+std::shared_ptr<LazyPacked> lazy_packed(const at::Tensor& w, std::string packing, Make make) {
+  auto lazy = std::make_shared<LazyPacked>();
+  lazy->make = [w, packing = std::move(packing), make]() {
+    return shared_packed(w, packing, make);
+  };
+  return lazy;
+}
+
 // the keys of the packed weights held now (address, packing, shape, strides, @threads): for
 // tests of what is shared
 ffi::Array<ffi::String> PackedKeys() {

@@ -145,18 +145,19 @@ c10::optional<Form> own_stem(const at::Tensor& out_buffer, const at::Tensor& x_b
       (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)))
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), cpad = (cout + 15) / 16 * 16;
-  at::Tensor packed = shared_packed(w_buffer, "stem", [&]() {
+  auto packed = lazy_packed(w_buffer, "stem", [w_buffer, kh, kw, cin, cout, cpad]() {
     // OHWI -> [ky][kx][ci][cout], the output channels zero-padded to whole vectors
     at::Tensor p = at::zeros({kh, kw, cin, cpad}, w_buffer.options());
     p.narrow(3, 0, cout).copy_(w_buffer.permute({1, 2, 3, 0}));
     return p;
   });
-  Stem conv{x_buffer.data_ptr<float>(), packed.data_ptr<float>(),
+  Stem conv{x_buffer.data_ptr<float>(), nullptr,
             bias ? bias->data_ptr<float>() : nullptr,
             res_buffer ? res_buffer->data_ptr<float>() : nullptr, out_buffer.data_ptr<float>(),
             x_buffer.size(0), cin, x_buffer.size(1), x_buffer.size(2), cout, cpad,
             out_buffer.size(1), out_buffer.size(2), kh, kw, sh, sw, pt, pl, act};
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() {
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() mutable {
+    conv.w = packed->data();
     conv(threads);
   });
 }

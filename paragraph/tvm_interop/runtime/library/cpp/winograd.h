@@ -402,6 +402,13 @@ struct Winograd {
 // the weight transformed and packed as GEMM operands of cin x cout in the GEMM's panels,
 // [position][panel][cin][32], zero-padded: D = 2, (cout, r, r, cin) by G g G^T per output and
 // input channel; D = 1, (cout, r, 1, cin) or (cout, 1, r, cin) by G g
+// the bytes `pack_winograd` makes, known before it runs
+template <typename F, int D>
+int64_t winograd_packed_bytes(int64_t cout, int64_t cin) {
+  constexpr int64_t kP = D == 2 ? F::a * F::a : F::a;
+  return kP * ((cout + kNR - 1) / kNR) * cin * kNR * 4;
+}
+
 template <typename F, int D>
 at::Tensor pack_winograd(const at::Tensor& w, int64_t cout, int64_t cin) {
   constexpr int kA = F::a, kR = F::r, kP = D == 2 ? kA * kA : kA;
@@ -477,13 +484,13 @@ c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor&
       out_buffer.numel() == 0 || cin == 0 || oh != x_buffer.size(1) + pads[0] + pads[2] - kh + 1 ||
       ow != x_buffer.size(2) + pads[1] + pads[3] - kw + 1)
     return c10::nullopt;
-  at::Tensor packed = shared_packed(w_buffer, F::name + std::string(D == 1 ? "/1d" : ""),
-                                    [&]() { return pack_winograd<F, D>(w_buffer, cout, cin); });
+  auto packed = lazy_packed(w_buffer, F::name + std::string(D == 1 ? "/1d" : ""),
+                            [w_buffer, cout, cin]() { return pack_winograd<F, D>(w_buffer, cout, cin); });
   const bool across = D == 2 || !down, along = D == 2 || down;  // tiled across, down
   const int64_t th = along ? (oh + kM - 1) / kM : oh, tw = across ? (ow + kM - 1) / kM : ow;
   // U larger than L2 is read once per block, so blocks are as large as L2 allows (all the
   // tiles of a small image: the threads then split U)
-  const bool streamed = packed.numel() * 4 > kWinogradStreamed;
+  const bool streamed = winograd_packed_bytes<F, D>(cout, cin) > kWinogradStreamed;
   const int64_t per_tile = Winograd<F, D>::kP * 4 * (cin + cout);
   auto block_of = [&](int64_t bytes) { return std::max(kMR, bytes / per_tile / kMR * kMR); };
   int64_t block = block_of(streamed ? kWinogradStreamedBlock : kWinogradBlock);
@@ -493,13 +500,14 @@ c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor&
       return c10::nullopt;
     block = small;
   }
-  Winograd<F, D> conv{x_buffer.data_ptr<float>(), packed.data_ptr<float>(),
+  Winograd<F, D> conv{x_buffer.data_ptr<float>(), nullptr,
                       bias ? bias->data_ptr<float>() : nullptr,
                       res_buffer ? res_buffer->data_ptr<float>() : nullptr,
                       out_buffer.data_ptr<float>(), x_buffer.size(0), x_buffer.size(1),
                       x_buffer.size(2), pads[0], pads[1], cin, oh, ow, cout, th, tw, block,
                       act, streamed, down};
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() {
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() mutable {
+    conv.u = packed->data();
     conv(threads);
   });
 }
