@@ -328,3 +328,39 @@ def test_one_executable_run_from_eight_threads_gives_each_its_own_outputs(squeez
     assert not _hammer(exe, inputs, refs, runs, closer=False)
     assert not _hammer(exe, inputs, refs, 100, closer=True)
     exe.close()
+
+
+def test_weights_taken_out_and_put_back_keep_the_module():
+    """`build.weights`: a weight used twice is stored once and comes back as one constant (the
+    kernel graph, whose hash a schedule is checked against, has the same nodes: DistilBERT's
+    artifact was refused before), small constants stay inline, the VM's form takes the weights
+    as parameters, and weights that do not fit the placeholders are refused."""
+    import tvm_ffi
+    from tvm import relax
+
+    from paragraph.errors import ParagraphError
+    from paragraph.tvm_interop.build.weights import lifted, restored, stripped
+    from paragraph.tvm_interop.frontend.relax_graph import from_relax
+
+    w = relax.const(np.arange(32, dtype="float32").reshape(4, 8))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.add(x, w))
+            b = bb.emit(relax.op.multiply(a, w))
+            out = bb.emit_output(relax.op.multiply(b, relax.const(np.float32(2))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    bare, weights = stripped(mod)
+    assert len(weights) == 1  # the shared weight once; the scalar stays in the module
+    back = restored(tvm.ir.load_json(tvm.ir.save_json(bare)), weights)
+    assert tvm_ffi.structural_equal(back, mod)
+    assert [n.kind for n in from_relax(back).nodes] == [n.kind for n in from_relax(mod).nodes]
+    vm_form, lifted_weights = lifted(mod)
+    assert len(vm_form["main"].params) == 2 and lifted_weights[0].same_as(weights[0])
+    with pytest.raises(ParagraphError, match="have no place in the module"):
+        restored(tvm.ir.load_json(tvm.ir.save_json(bare)), weights * 2)
+    wrong = [tvm.runtime.tensor(np.zeros((8, 4), "float32"))]
+    with pytest.raises(ParagraphError, match=r"weight 0 is float32\(8, 4\)"):
+        restored(tvm.ir.load_json(tvm.ir.save_json(bare)), wrong)

@@ -76,12 +76,16 @@ class _Replace(relax.PyExprMutator):
         self.index: dict[Constant, int] = {}
         self.params: list[relax.Var] = []
         self.restored: set[int] = set()
+        self.problem: str | None = None
+        self.made: dict[int, relax.Expr] = {}  # weight index -> the expression put in its place
 
     def main(self) -> relax.Function:
         main = self.mod_["main"]
         if not isinstance(main, relax.Function):
             raise ParagraphError("the lowered module's main is not a Relax function")
         body = self.visit_expr(main.body)
+        if self.problem:
+            raise ParagraphError(self.problem)
         return relax.Function(list(main.params) + self.params, body, main.ret_ty,
                               main.is_pure, main.attrs)
 
@@ -90,17 +94,23 @@ class _Replace(relax.PyExprMutator):
             i = _placeholder_index(const)
             if i is None:
                 return const
+            # a problem is kept, not raised: an exception inside a visit comes back through
+            # TVM's FFI as a RuntimeError
             if not 0 <= i < len(self.weights):
-                raise ParagraphError(f"weight placeholder {i} is out of range: "
-                                     f"{len(self.weights)} weights")
+                self.problem = self.problem or (f"weight placeholder {i} is out of range: "
+                                                f"{len(self.weights)} weights")
+                return const
             w = self.weights[i]
             ty = const.ty
             if tuple(w.shape) != tuple(int(d) for d in ty.shape) or str(w.dtype) != str(
                     ty.dtype):
-                raise ParagraphError(f"weight {i} is {w.dtype}{tuple(w.shape)}; its place in "
-                                     f"the module holds {ty}")
+                self.problem = self.problem or (f"weight {i} is {w.dtype}{tuple(w.shape)}; "
+                                                f"its place in the module holds {ty}")
+                return const
+            if i not in self.made:  # one constant object per weight: shared stays shared
+                self.made[i] = _ffi_api.MakeTensorConst(w, ty, None)
             self.restored.add(i)
-            return _ffi_api.MakeTensorConst(w, ty, None)
+            return self.made[i]
         if not _is_weight(const):
             return const
         if const not in self.index:
@@ -109,7 +119,11 @@ class _Replace(relax.PyExprMutator):
             if self.mode == "lift":
                 self.params.append(relax.Var(f"weight{self.index[const]}", const.ty))
         i = self.index[const]
-        return self.params[i] if self.mode == "lift" else _placeholder(i, const.ty)
+        if self.mode == "lift":
+            return self.params[i]
+        if i not in self.made:  # one placeholder per weight, however often it is used
+            self.made[i] = _placeholder(i, const.ty)
+        return self.made[i]
 
 
 def stripped(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[tvm.runtime.Tensor]]:
