@@ -37,6 +37,16 @@ saying so and the run goes on). In that process, on one set of seeded inputs
 A configuration that fails (a peer that cannot load the model, paragraph's import or build)
 leaves its error in the row's ``errors`` and the rest is still measured.
 
+Under ``PARAGRAPH_CPU_ISA=avx2`` (the file's ``isa``) paragraph runs as on an AVX2-only CPU
+(`paragraph.machine.forced_isa`: no own AVX-512 kernels, TVM compiled for a Haswell) and
+oneDNN and MKL are held to AVX2 in the whole process (``ONEDNN_MAX_CPU_ISA``,
+``MKL_ENABLE_INSTRUCTIONS``): PyTorch's, and OpenVINO is given the same variable (whether its
+own oneDNN build honours it is not checked); ONNX Runtime's MLAS has no such limit and runs
+with this CPU's AVX-512 (an unfair peer, reported as such)::
+
+    PARAGRAPH_CPU_ISA=avx2 python benchmarks/corpus.py --no-search \\
+        --json benchmarks/results/corpus-cpu-avx2.json
+
 The results file (written atomically after each model, `paragraph.bench.bench_models`)::
 
     {"benchmark": "corpus", "blocks", "block", "tolerance", "timeout_s",
@@ -622,8 +632,10 @@ def main(argv: list[str] | None = None) -> None:
 
     search = None if args.no_search else {"method": args.search_method,
                                           "budget_s": args.search_budget}
+    from paragraph.machine import forced_isa
+
     bench_models(names, one, str(out), {
-        "benchmark": "corpus", "blocks": args.blocks, "block": args.block,
+        "benchmark": "corpus", "isa": forced_isa(), "blocks": args.blocks, "block": args.block,
         "tolerance": TOLERANCE, "timeout_s": args.timeout, "search": search,
         "versions": versions(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")},

@@ -11,21 +11,21 @@ from tvm import relax
 
 from paragraph.errors import ParagraphError
 from paragraph.machine import cpu_count
+from paragraph.progress import Log
 from paragraph.schedule import Schedule, kernel_ids
-from paragraph.tvm_interop.runtime.executor import make_executor
-from paragraph.tvm_interop.build.lowering import kernel_graph, lower
-from paragraph.tvm_interop.measure.device import kernel_key, time_kernel
-from paragraph.tvm_interop.measure.costdb import CostDB
-from paragraph.tvm_interop.runtime.memory import no_reuse_plan
-from paragraph.tvm_interop.build.tuning_db import tuning_id
 from paragraph.tvm_interop.build.dispatch import (
     probe_module,
     signature,
     undispatch,
     vendor_calls,
 )
+from paragraph.tvm_interop.build.lowering import kernel_graph, lower
+from paragraph.tvm_interop.build.tuning_db import tuning_id
+from paragraph.tvm_interop.measure.costdb import CostDB
+from paragraph.tvm_interop.measure.device import kernel_key, time_kernel
+from paragraph.tvm_interop.runtime.executor import make_executor
+from paragraph.tvm_interop.runtime.memory import no_reuse_plan
 from paragraph.tvm_interop.runtime.target import is_cpu
-from paragraph.progress import Log
 
 if TYPE_CHECKING:  # programs are built above this module (see `choose_fastest`)
     from paragraph.tvm_interop.runtime.program import KernelProgram

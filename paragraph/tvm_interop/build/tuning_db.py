@@ -3,8 +3,8 @@
 ``paragraph tune`` writes MetaSchedule's JSON database (``database_workload.json``,
 ``database_tuning_record.json``) and, beside it, ``applied/``: the same workloads with the
 records of only those kernels whose tuned form measured faster than the untuned one alone and
-that the model check kept (`paragraph.tvm_interop.tune.metaschedule.check_models`: the model run end to end
-with them against the model untuned, side by side). Lowering applies ``applied/`` where it
+that the model check kept (`paragraph.planner.model_check.check_models`: the model run end to
+end with them against the model untuned, side by side). Lowering applies ``applied/`` where it
 exists (`applied_dir`), so a tuning database applies neither a kernel that measured slower
 alone (MetaSchedule's best record of a small kernel, a reshape, a pool, a concatenation, is
 often slower than TVM's default code) nor a set of kernels that made the checked model slower
