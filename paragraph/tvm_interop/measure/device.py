@@ -172,30 +172,41 @@ def time_kernel(step: Step, *, threads: int = 1, repeat: int = 10, warmup: int =
 
 
 def time_in_sequence(steps: Sequence[Step], *, threads: int = 1, repeat: int = 10,
-                     warmup: int = 2) -> list[Timing]:
+                     warmup: int = 2, until_settled: bool = False) -> list[Timing]:
     """Seconds of each of ``steps`` where it runs on a CPU: all of them in order on one
     worker, ``repeat`` times, each step timed on its own (a GPU's kernels are timed by
     `CUDAExecutor.kernel_seconds`). This is what a kernel costs inside its model, with its
     weights as cold and its inputs as warm as in a run: on inception_v3 the same kernels
     repeated alone added up to 8% less than the sequence took (hot caches), timed one
-    dispatch each 5% more."""
+    dispatch each 5% more. With ``until_settled``, the warm-up stops once no C++ vendor kernel
+    is still timing its forms (at least two runs, at most ``warmup``): kernels whose forms an
+    earlier measurement chose start with them (ViT-B/16's four measurements of a build ran
+    31 warm-ups each, 20 s of its 127)."""
     if repeat < 1:
         raise ParagraphError(f"repeat must be at least 1, got {repeat}")
-    samples = np.zeros((warmup + repeat, len(steps)))
+    samples = np.zeros((repeat, len(steps)))
+    clock = time.perf_counter
+
+    def sequence(row: np.ndarray | None) -> None:
+        for i, st in enumerate(steps):
+            if st.fn is None:
+                continue
+            start = clock()
+            st.fn(*st.args)
+            if row is not None:
+                row[i] = clock() - start
 
     def run() -> None:
         config_threads(threads)
-        clock = time.perf_counter
+        for done in range(1, warmup + 1):
+            sequence(None)
+            if until_settled and done >= 2 and timing_kernels() == 0:
+                break
         for row in samples:
-            for i, st in enumerate(steps):
-                if st.fn is None:
-                    continue
-                start = clock()
-                st.fn(*st.args)
-                row[i] = clock() - start
+            sequence(row)
 
     on_workers([run], [threads])
-    return [Timing(tuple(map(float, col))) for col in samples[warmup:].T]
+    return [Timing(tuple(map(float, col))) for col in samples.T]
 
 
 def measure_handoff(db: CostDB | None = None, target: str = "cpu", rounds: int = 300) -> float:
@@ -331,7 +342,8 @@ def kernel_costs(executor, *, db: CostDB | None = None, measure: bool = True,
             if on_cpu:  # vendor kernels bound for ``threads``: the executor's may be for another
                 steps = executor.steps_at(threads)
                 timings = time_in_sequence([steps[k] for k in order], threads=threads,
-                                           repeat=repeat, warmup=warmup)
+                                           repeat=repeat, warmup=warmup,
+                                           until_settled=warmup == SETTLE_RUNS)
             else:  # GPU time under a graph replay, not the host's launch and sync
                 timings = executor.kernel_seconds(order, repeat=repeat, warmup=warmup)
         pooled: dict[CostKey, list[float]] = {}  # a kernel used twice: one cost, both runs
