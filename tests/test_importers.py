@@ -900,7 +900,7 @@ def test_static_shape_and_index_arithmetic_fold_with_numpy():
             out = bb.emit_output(relax.op.take(x, fixed, axis=0))
         bb.emit_func_output(out)
     raw = bb.get()
-    text = _NumpyFolder(raw).fold().script(show_meta=False)  # before FoldConstant
+    text = _NumpyFolder(raw).transform().script(show_meta=False)  # before FoldConstant
     for op in ("shape_of", "shape_to_tensor", "R.where", "R.less", "R.add"):
         assert op not in text, (op, text)
     mod = prepare(raw)

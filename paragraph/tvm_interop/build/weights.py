@@ -31,6 +31,7 @@ from tvm.relax import _ffi_api
 
 from paragraph.errors import ParagraphError
 from paragraph.tvm_interop.build.program import replace_main
+from paragraph.tvm_interop.frontend.mutator import ModuleMutator
 
 MIN_BYTES = 64  # a placeholder's data (8 bytes) must differ from any weight's type
 
@@ -64,14 +65,14 @@ def _placeholder_index(const: Constant) -> int | None:
 
 
 @relax.expr_functor.mutator
-class _Replace(relax.PyExprMutator):
+class _Replace(ModuleMutator):
     """``main``'s weights replaced by placeholders (``mode="strip"``), parameters
     (``"lift"``), or, given the weights, placeholders by them (``"restore"``)."""
 
     def __init__(self, mod: tvm.IRModule, mode: str,
                  weights: Sequence[tvm.runtime.Tensor] = ()) -> None:
         super().__init__(mod)
-        self.mod_, self.mode = mod, mode
+        self.mode = mode
         self.weights: list[tvm.runtime.Tensor] = list(weights)
         self.index: dict[Constant, int] = {}
         self.params: list[relax.Var] = []

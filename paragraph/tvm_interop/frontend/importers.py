@@ -30,6 +30,7 @@ from paragraph.errors import ModelLoadError, ModelTooLargeError, UnsupportedMode
 from paragraph.machine import total_memory
 from paragraph.tvm_interop.frontend import onnx_converters
 from paragraph.tvm_interop.frontend.layout_free import full_rank_constants, unflatten_norms
+from paragraph.tvm_interop.frontend.mutator import ModuleMutator
 from paragraph.tvm_interop.frontend.onnx_shapes import fold_shape_computations
 from paragraph.tvm_interop.frontend.relax_graph import from_relax
 
@@ -431,7 +432,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 @relax.expr_functor.mutator
-class _SharedConstants(relax.PyExprMutator):
+class _SharedConstants(ModuleMutator):
     """Tensor constants of equal dtype, shape and bytes made one object. Exporters write a
     weight used in several places once per use (the zoo SRU's ONNX export: 30 matrices of
     4 MB, 3 distinct, unrolled over its time steps); as one constant it is one buffer in
@@ -440,14 +441,7 @@ class _SharedConstants(relax.PyExprMutator):
 
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
-        self.mod_ = mod
         self.seen: dict[tuple, _ConstBase] = {}
-
-    def transform(self) -> tvm.IRModule:
-        for gv, func in self.mod_.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
 
     def visit_generic_const_(self, const: _ConstBase) -> relax.Expr:  # noqa: D102
         if not isinstance(const.ty, relax.TensorType):
@@ -460,7 +454,7 @@ class _SharedConstants(relax.PyExprMutator):
 
 
 @relax.expr_functor.mutator
-class _SafeTake(relax.PyExprMutator):
+class _SafeTake(ModuleMutator):
     """``relax.take`` in a mode that never reads out of bounds: TVM's "fast" mode reads an
     index out of range without a check (a segfault or a wrong answer, and a warning from TVM
     for every such kernel it builds, constant folding's included). paragraph refuses such
@@ -469,16 +463,6 @@ class _SafeTake(relax.PyExprMutator):
     ``where(i < 0, i + n, i)`` of the axis's ``n`` entries: "wrap" reads the same entry for
     every i in [-n, n) and takes i as it is, so the normalisation, a kernel of its own in
     every run (the token-id encoder's only element-wise kernel), goes."""
-
-    def __init__(self, mod: tvm.IRModule) -> None:
-        super().__init__(mod)
-        self.mod_ = mod
-
-    def transform(self) -> tvm.IRModule:
-        for gv, func in self.mod_.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
         call = self.visit_expr_post_order(call)
@@ -541,7 +525,7 @@ def _fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     weights are folded with numpy first, and FoldConstant folds what remains.
     """
     folder = _NumpyFolder(mod)
-    mod = folder.fold()
+    mod = folder.transform()
     # FoldConstant also turns static shape computations into constants, which the numpy
     # folder leaves; with nothing left to compile it costs milliseconds
     return relax.transform.FoldConstant()(mod)
@@ -630,7 +614,7 @@ def _static_dims(ty: Any) -> tuple[int, ...] | None:
 
 
 @relax.expr_functor.mutator
-class _NumpyFolder(relax.PyExprMutator):
+class _NumpyFolder(ModuleMutator):
     """Replaces calls of `_NUMPY_FOLDERS` ops on constants by their value, computed with numpy.
 
     Counts the constant calls it could not fold in ``left_over`` (for FoldConstant).
@@ -638,14 +622,7 @@ class _NumpyFolder(relax.PyExprMutator):
 
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
-        self.source = mod
         self.left_over = 0
-
-    def fold(self) -> tvm.IRModule:
-        for gv, func in self.source.functions.items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = self.visit_expr_post_order(call)

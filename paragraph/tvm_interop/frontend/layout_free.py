@@ -24,6 +24,8 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import Constant
 
+from paragraph.tvm_interop.frontend.mutator import ModuleMutator
+
 _REDUCE = ("relax.mean", "relax.variance")
 _BINARY = {"relax.add": relax.op.add, "relax.subtract": relax.op.subtract,
            "relax.multiply": relax.op.multiply, "relax.divide": relax.op.divide}
@@ -138,19 +140,12 @@ def _escapes(func: relax.Function, chain: _Chain) -> bool:
 
 
 @relax.expr_functor.mutator
-class _Unflatten(relax.PyExprMutator):
+class _Unflatten(ModuleMutator):
     def __init__(self, mod: tvm.IRModule, chains: list[_Chain]) -> None:
         super().__init__(mod)
-        self.mod_ = mod
         self.chains = chains
         self.replace: dict[relax.Var, relax.Expr] = {}
         self.means: dict[relax.Expr, relax.Var] = {}
-
-    def transform(self) -> tvm.IRModule:
-        for gv, func in self.mod_.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
 
     def _arg(self, a: relax.Expr) -> relax.Expr:
         if isinstance(a, relax.Var) and a in self.replace:
@@ -223,17 +218,7 @@ def unflatten_norms(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 @relax.expr_functor.mutator
-class _FullRank(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule) -> None:
-        super().__init__(mod)
-        self.mod_ = mod
-
-    def transform(self) -> tvm.IRModule:
-        for gv, func in self.mod_.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
-
+class _FullRank(ModuleMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102
         call = self.visit_expr_post_order(call)
         make = {**_BINARY, **_OTHER_BINARY}.get(_op(call) or "")
