@@ -432,6 +432,61 @@ def corpus_models_table(r: dict) -> list[str]:
     return lines
 
 
+def corpus_avx2_table(avx2: dict, native: dict | None) -> list[str]:
+    """The corpus with ``PARAGRAPH_CPU_ISA=avx2`` (``corpus-cpu-avx2.json``): paragraph as on
+    an AVX2-only CPU against the peers held to AVX2 where their libraries read the limit
+    (PyTorch's oneDNN and MKL; OpenVINO given the same variable) and ONNX Runtime, whose MLAS
+    has no limit and runs with AVX-512; beside it, paragraph's native time from
+    ``corpus-cpu.json`` (what AVX-512 is worth to it). Per kind, geometric means."""
+    by_name = {m["model"]: m for m in (native or {}).get("models", [])}
+    rows = avx2["models"]
+    lines = [f"With `PARAGRAPH_CPU_ISA=avx2` ({len(rows)} models, {_dates(avx2)}; "
+             f"{avx2['blocks']} alternating blocks, medians, "
+             f"{avx2['machine']['cores']}-core {avx2['machine']['cpu']}): paragraph's own "
+             "kernels are AVX-512 only, so every vendor kernel is oneDNN's or MKL's through "
+             "PyTorch, held to AVX2, and TVM compiles for a Haswell. OpenVINO and PyTorch run "
+             "in the same process under `ONEDNN_MAX_CPU_ISA=AVX2` and "
+             "`MKL_ENABLE_INSTRUCTIONS=AVX2` (whether OpenVINO's own oneDNN honours it is not "
+             "checked); ONNX Runtime cannot be held to AVX2 and used AVX-512 (an unfair peer). "
+             "Ratios are speed ratios (peer ms / paragraph ms); native: paragraph's AVX-512 "
+             "time in `corpus-cpu.json` over its AVX2 time.", "",
+             "| kind | models | equal | vs ORT (AVX-512) | vs OpenVINO | vs PyTorch | "
+             "AVX2 / native |", "|---|---|---|---|---|---|---|"]
+
+    def ratio(m: dict, peer: str) -> float | None:
+        ours, theirs = m.get("paragraph_ms"), m.get(peer)
+        return theirs / ours if ours and theirs else None
+
+    def native_ratio(m: dict) -> float | None:
+        n = by_name.get(m["model"], {}).get("paragraph_ms")
+        return n / m["paragraph_ms"] if n and m.get("paragraph_ms") else None
+
+    kinds = list(dict.fromkeys(m["kind"] for m in rows))
+    for kind in [*kinds, "all"]:
+        of = [m for m in rows if kind in ("all", m["kind"])]
+        cells = []
+        for get in (lambda m: ratio(m, "onnxruntime_ms"), lambda m: ratio(m, "openvino_ms"),
+                    lambda m: ratio(m, "pytorch_ms"), native_ratio):
+            xs = [x for x in map(get, of) if x is not None]
+            cells.append(_x(_geo(xs)) if xs else "-")
+        lines.append(f"| {kind} | {len(of)} | {sum(bool(m.get('equal')) for m in of)} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "| model | paragraph AVX2 | native | ONNX Runtime | OpenVINO | PyTorch |",
+              "|---|---|---|---|---|---|"]
+    for m in rows:
+        n = by_name.get(m["model"], {}).get("paragraph_ms")
+        flag = " (contended)" if m.get("contended") else ""
+        lines.append(f"| {m['model']}{flag} | {_cell(m.get('paragraph_ms'))} | {_cell(n)} | "
+                     f"{_cell(m.get('onnxruntime_ms'))} | {_cell(m.get('openvino_ms'))} | "
+                     f"{_cell(m.get('pytorch_ms'))} |")
+    return lines
+
+
+def _corpus_avx2(folder: Path) -> list[str] | None:
+    avx2 = _load(folder, "corpus-cpu-avx2.json")
+    return None if avx2 is None else corpus_avx2_table(avx2, _load(folder, "corpus-cpu.json"))
+
+
 def kernel_classes_table(r: dict) -> list[str]:
     """paragraph's kernel time by class against ONNX Runtime's profiler
     (`benchmarks/kernel_classes.py`)."""
@@ -651,6 +706,7 @@ BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
     "corpus": _corpus(corpus_table, _NO_CORPUS),
     "corpus-models": _corpus(corpus_models_table, "Every public model's row comes with "
                              "`benchmarks/results/corpus-cpu.json` (`benchmarks/corpus.py`)."),
+    "corpus-avx2": _corpus_avx2,
     "peers": _file("peers-cpu.json", peers_table),
     "peers-xeon": _file("peers-cpu-xeon.json", _xeon_peers),
     "kernel-classes": _file("kernel-classes-cpu.json", kernel_classes_table),
