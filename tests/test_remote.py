@@ -125,3 +125,23 @@ def test_a_wrong_address_is_refused():
         parse_address("localhost:x:key")
     with pytest.raises(ParagraphError, match="no tracker at 127.0.0.1:1"):
         Remote("127.0.0.1:1:k", timeout=2)
+
+
+def test_a_server_killed_mid_session_is_one_clear_error(address):
+    """A worker killed mid-run: the device's RPC server (and the worker serving the session)
+    is killed while a session holds it; the next measurement ends at once with one
+    `ParagraphError` naming the device and what was being done, not TVM's internal check."""
+    tracker = address.rpartition(":")[0]
+    server = serve(tracker, "paragraph-killed", host="127.0.0.1", port=9400, port_end=9500)
+    try:
+        with Remote(f"{tracker}:paragraph-killed", timeout=30) as remote:
+            program = build_program(models.get("squeezenet1_1", reduced=True), remote.target)
+            seq = make_schedule("sequential", program.graph, cores=remote.cores)
+            seconds, _ = remote.time([(program, seq)], blocks=1, block=2)
+            assert seconds[0] > 0
+            server.terminate()  # SIGKILL to the server's process tree
+            with pytest.raises(ParagraphError, match=r"paragraph-killed: (uploading|running)"
+                               r".*server stopped or the connection to it was lost"):
+                remote.time([(program, seq)], blocks=1, block=2)
+    finally:
+        server.terminate()

@@ -29,7 +29,7 @@ import socket
 import statistics
 import struct
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -40,7 +40,7 @@ import tvm
 import tvm_ffi
 from tvm import rpc
 
-from paragraph.errors import ParagraphError, exit_status
+from paragraph.errors import ParagraphError, exit_status, reraise_interrupt
 from paragraph.inputs import sample_inputs
 from paragraph.machine import cpu_count, describe_machine
 from paragraph.outputs import max_difference
@@ -275,13 +275,35 @@ class Remote:
             return remote.target
 
     def _call(self, name: str, *args: Any) -> Any:
-        return self.session.get_function(PREFIX + name)(*args)
+        return self._on_device(f"running {name!r}",
+                               lambda: self.session.get_function(PREFIX + name)(*args))
 
     def _upload(self, program: KernelProgram, schedule: Schedule, name: str) -> None:
         with tempfile.TemporaryDirectory(prefix="paragraph-rpc-") as tmp:
             path = Path(tmp) / name
             write_artifact(path, program, schedule, plan_memory(program.graph, schedule))
-            self.session.upload(str(path), target=name)
+            self._on_device(f"uploading {name}",
+                            lambda: self.session.upload(str(path), target=name))
+
+    def _on_device(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` on the session, where its failure (the device's server killed or gone,
+        the connection lost, an error raised there) is one `ParagraphError` naming the device
+        and what was being done, not TVM's internal check ("code == RPCCode::kReturn")."""
+        if self.session is None:
+            raise ParagraphError(f"--rpc {self.address}: the session is closed")
+        try:
+            return call()
+        except ParagraphError:
+            raise
+        except Exception as e:  # noqa: BLE001 - TVM's RPC raises its own error types
+            reraise_interrupt(e)
+            text = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()
+            lost = isinstance(e, OSError) or any(
+                w in str(e) for w in ("kShutdown", "onnection", "ocket", "Broken pipe"))
+            why = ("the device's server stopped or the connection to it was lost" if lost
+                   else "it failed on the device")
+            raise ParagraphError(f"--rpc {self.address}: {what}: {why} ({text[:200]})"
+                                 ) from None
 
     def time(self, candidates: Sequence[tuple[KernelProgram, Schedule]], *, blocks: int = 5,
              block: int = 10) -> tuple[list[float], list[float]]:
