@@ -122,31 +122,26 @@ def describe_machine() -> dict[str, Any]:
     }
 
 
-def _proc_ticks(exclude: int) -> int:
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == exclude:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended meanwhile
-    return total
-
-
-def _steal_ticks() -> int:
+def _ticks() -> tuple[int, int]:
+    """CPU ticks that other processes used (all processes' user, nice and system time from
+    ``/proc/stat``, less this process's from ``/proc/self/stat``) and steal ticks. Two reads:
+    summing ``/proc/PID/stat`` over every process took 1-7 ms a reading, and IOS's stage
+    measurement takes a reading around every stage it times."""
     with open("/proc/stat", encoding="ascii") as f:
         fields = f.readline().split()
-    return int(fields[8]) if len(fields) > 8 else 0
+    with open("/proc/self/stat", encoding="ascii") as f:
+        own = f.read().rsplit(")", 1)[1].split()
+    busy = int(fields[1]) + int(fields[2]) + int(fields[3])  # user, nice, system
+    steal = int(fields[8]) if len(fields) > 8 else 0
+    return max(0, busy - int(own[11]) - int(own[12])), steal  # own utime, stime
 
 
 Reading = tuple[int, int, float]  # other processes' CPU ticks, steal ticks, monotonic time
 
 
 def _reading() -> Reading:
-    return _proc_ticks(os.getpid()), _steal_ticks(), time.monotonic()
+    other, steal = _ticks()
+    return other, steal, time.monotonic()
 
 
 def _contention(start: Reading, end: Reading, stray: int = 0) -> dict[str, float]:
