@@ -228,7 +228,7 @@ def write_artifact(path: str | os.PathLike, program: KernelProgram, schedule: Sc
         }
     sums = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
             for name, data in members.items()}
-    total = sum(_nbytes(w) for w in weights)
+    total = sum(len(_bytes_of(w)) for w in weights)
 
     def write(f: Any) -> None:
         with zipfile.ZipFile(f, "w") as z:
@@ -255,10 +255,6 @@ def write_artifact(path: str | os.PathLike, program: KernelProgram, schedule: Sc
 def _bytes_of(t: tvm.runtime.Tensor) -> memoryview:
     """A host tensor's bytes, without a copy."""
     return np.from_dlpack(t).reshape(-1).view(np.uint8).data
-
-
-def _nbytes(t: tvm.runtime.Tensor) -> int:
-    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(str(t.dtype)).itemsize
 
 
 def _manifest(program: KernelProgram, schedule: Schedule, memory: MemoryPlan,

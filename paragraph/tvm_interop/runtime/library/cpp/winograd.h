@@ -413,7 +413,8 @@ template <typename F, int D>
 at::Tensor pack_winograd(const at::Tensor& w, int64_t cout, int64_t cin) {
   constexpr int kA = F::a, kR = F::r, kP = D == 2 ? kA * kA : kA;
   const int64_t panels = (cout + kNR - 1) / kNR;
-  at::Tensor packed = at::zeros({kP * panels * cin * kNR}, w.options().dtype(at::kFloat));
+  at::Tensor packed = at::zeros({winograd_packed_bytes<F, D>(cout, cin) / 4},
+                                w.options().dtype(at::kFloat));
   const at::Tensor wc = w.contiguous();
   const float* src = wc.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
