@@ -14,6 +14,11 @@ combination, each try in a worker of its own. The report (`benchmarks/results/fu
 by default) holds the cases and seeds, the combinations, the machine, versions, date and load,
 the cases a minute, and per failure its seed, what it was, where, its minimised graph (a
 recipe `fuzz_graphs.module` builds again) and what fixed it (``fixed_by``, filled in by hand).
+
+A run longer than one sitting goes in segments: ``--resume`` continues the report's run from the
+seed after its last, until the report holds ``--cases`` cases in all. Each segment is recorded
+with its seeds, counts, seconds, load and the commit it ran (``segments``); the report's totals
+are the sums over its segments. A report written before segments existed is read as one.
 """
 
 from __future__ import annotations
@@ -319,6 +324,29 @@ def _load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _commit() -> str | None:
+    """The commit this checkout is at (None outside git): each segment of a run says which
+    code it checked."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=HERE.parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _as_segment(report: dict[str, Any]) -> dict[str, Any]:
+    """A report written before segments existed, as the first segment of its run."""
+    keys = ("command", "commit", "date", "finished", "load_average_before", "load_average",
+            "cases", "seeds", "programs_compared", "executor_runs", "checked_by_onnxruntime",
+            "seconds", "failing_cases", "steps_drawn", "note")
+    return {k: report.get(k) for k in keys}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=int, default=200)
@@ -333,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--no-minimise", action="store_true")
     p.add_argument("--report", default=str(REPORT))
+    p.add_argument("--resume", action="store_true",
+                   help="continue the report's run (from the seed after its last) until it "
+                        "holds --cases cases in all")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--seeds", help=argparse.SUPPRESS)
     p.add_argument("--jobs", action="store_true", help=argparse.SUPPRESS)
@@ -353,39 +384,78 @@ def main(argv: list[str] | None = None) -> None:
 
     load_before = _load_average()
     started = time.perf_counter()
-    seeds = list(range(args.seed, args.seed + args.cases))
     command = "python benchmarks/fuzz.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    earlier: list[dict[str, Any]] = []  # the segments of the run this one continues
+    earlier_failures: list[dict[str, Any]] = []
+    first, count = args.seed, args.cases
+    if args.resume and Path(args.report).exists():
+        previous = json.loads(Path(args.report).read_text())
+        earlier = previous.get("segments") or [_as_segment(previous)]
+        earlier_failures = list(previous.get("failures", []))
+        first = max(s["seeds"][1] for s in earlier if s["seeds"]) + 1
+        count = args.cases - sum(s["cases"] for s in earlier)
+        if count <= 0:
+            log(f"{args.report} already holds {args.cases - count} cases: nothing to run")
+            return
+        log(f"resuming {args.report}: {args.cases - count} cases done, {count} to run from "
+            f"seed {first}")
+    seeds = list(range(first, first + count))
 
     def write(results: list[dict[str, Any]], failures: list[dict[str, Any]],
               finished: bool) -> dict[str, Any]:
         seconds = time.perf_counter() - started
-        ops = Counter(op for r in results for op in r.get("ops", ()))
         done = sorted(r["seed"] for r in results)
+        found = failures or [{"seed": r["seed"], **r["failures"][0], "fixed_by": None}
+                             for r in results if r["failures"]]
+        segment = {
+            "command": command, "commit": _commit(), "date": _now(),
+            "finished": finished,  # False: stopped early, these are its cases so far
+            "load_average_before": load_before, "load_average": _load_average(),
+            "cases": len(results), "seeds": [done[0], done[-1]] if done else [],
+            "programs_compared": sum(r["combos"] for r in results),
+            "executor_runs": sum(r["runs"] for r in results),
+            "checked_by_onnxruntime": sum(bool(r.get("onnx")) for r in results),
+            "seconds": round(seconds, 1),
+            "failing_cases": sum(bool(r["failures"]) for r in results),
+            "steps_drawn": dict(sorted(Counter(
+                op for r in results for op in r.get("ops", ())).items())),
+        }
+        segments = [*earlier, segment]
+
+        def total(key: str) -> Any:
+            return sum(s.get(key) or 0 for s in segments)
+
+        steps = Counter[str]()
+        for s in segments:
+            steps.update(s.get("steps_drawn") or {})
+        cases, all_seconds = total("cases"), total("seconds")
         report = {
             "benchmark": "fuzz",
             "command": command,
-            "finished": finished,  # False: the run stopped early, these are its cases so far
+            # False: the run stopped early (or has fewer cases than asked), these are its cases
+            "finished": finished and cases >= args.cases,
             "machine": describe_machine(),
             "load_average_before": load_before,
             "load_average": _load_average(),
-            "cases": len(results),
-            "seeds": [done[0], done[-1]] if done else [],
+            "cases": cases,
+            "seeds": [min(s["seeds"][0] for s in segments if s["seeds"]),
+                      max(s["seeds"][1] for s in segments if s["seeds"])] if cases else [],
             "max_steps": args.steps,
             "mode": "every" if args.every else "shared",
             "kernels": args.kernels.split(","),
             "meter": args.meter,
             "forms_forced": not args.no_forms,
             "schedules": list(SCHEDULES),
-            "programs_compared": sum(r["combos"] for r in results),
-            "executor_runs": sum(r["runs"] for r in results),
-            "checked_by_onnxruntime": sum(bool(r.get("onnx")) for r in results),
-            "seconds": round(seconds, 1),
-            "cases_per_minute": round(len(results) / (seconds / 60), 1),
-            "failing_cases": sum(bool(r["failures"]) for r in results),
-            "failures": failures or [{"seed": r["seed"], **r["failures"][0], "fixed_by": None}
-                                     for r in results if r["failures"]],
-            "steps_drawn": dict(sorted(ops.items())),
+            "programs_compared": total("programs_compared"),
+            "executor_runs": total("executor_runs"),
+            "checked_by_onnxruntime": total("checked_by_onnxruntime"),
+            "seconds": round(all_seconds, 1),
+            "cases_per_minute": round(cases / (all_seconds / 60), 1) if all_seconds else 0.0,
+            "failing_cases": total("failing_cases"),
+            "failures": earlier_failures + found,
+            "steps_drawn": dict(sorted(steps.items())),
             "fixed": FIXED,
+            "segments": segments,
         }
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.report, report)
@@ -400,9 +470,11 @@ def main(argv: list[str] | None = None) -> None:
                 entry["minimised"] = minimise(args, r["seed"], f, log)
             failures.append(entry)
     report = write(results, failures, True)
-    log(f"{len(results)} cases in {report['seconds']:.0f} s ({report['cases_per_minute']} "
-        f"cases/min), {report['programs_compared']} programs compared, {len(failures)} "
-        f"failing; wrote {args.report}")
+    segment = report["segments"][-1]
+    log(f"{len(results)} cases in {segment['seconds']:.0f} s, {segment['programs_compared']} "
+        f"programs compared, {len(failures)} failing; the report: {report['cases']} cases "
+        f"({report['cases_per_minute']} cases/min), {report['failing_cases']} failing; wrote "
+        f"{args.report}")
     if failures:
         sys.exit(1)
 

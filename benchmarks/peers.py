@@ -316,7 +316,14 @@ def torch_module_runner(module) -> Callable[..., list]:
 
 # ---------------------------------------------------------------------------- one model
 def model_and_onnx(name: str, reduced: bool, workdir: Path):
-    """(Relax module, ONNX bytes, torch eager runner) for a zoo model or the encoder."""
+    """(Relax module, ONNX bytes, torch eager runner) for a zoo model, the encoder, or a public
+    corpus model named ``corpus:NAME`` (`corpus_models`, its cached export; no torch runner:
+    None)."""
+    if name.startswith("corpus:"):
+        import corpus_models
+
+        path = corpus_models.export(corpus_models.BY_NAME[name.removeprefix("corpus:")])
+        return load(path), path.read_bytes(), None
     if name == "encoder":
         from paragraph.models.encoder import encoder_module, export_encoder
 

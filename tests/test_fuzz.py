@@ -175,6 +175,42 @@ def test_the_driver_reports_a_crash_and_a_hang_with_their_seeds(tmp_path, monkey
     assert not any(results[s]["failures"] for s in (0, 1, 3, 5))
 
 
+def test_a_resumed_run_goes_on_from_the_seed_after_the_last_and_sums_its_segments(
+        tmp_path, monkeypatch):
+    """``--resume``: a run in segments (one sitting each) continues the report's seeds and
+    ends at ``--cases`` in all; the totals are the sums over the segments, and a report
+    written before segments existed is read as the first."""
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import json, sys\n"
+        "seeds = [int(s) for s in sys.argv[sys.argv.index('--seeds') + 1].split(',')]\n"
+        "for s in seeds:\n"
+        "    print(json.dumps({'start': s}), flush=True)\n"
+        "    fails = [{'what': 'mismatch', 'where': 'x', 'detail': 'd'}] if s == 5 else []\n"
+        "    print(json.dumps({'done': s, 'runs': 2, 'combos': 1, 'failures': fails,"
+        " 'ops': ['relu']}), flush=True)\n")
+    monkeypatch.setattr(fuzz, "_worker_command",
+                        lambda args, extra: [sys.executable, str(script), *extra])
+    report = tmp_path / "fuzz.json"
+    report.write_text(json.dumps({  # the old form: one run, no segments
+        "cases": 3, "seeds": [0, 2], "programs_compared": 3, "executor_runs": 6,
+        "checked_by_onnxruntime": 0, "seconds": 60.0, "failing_cases": 0, "failures": [],
+        "steps_drawn": {"relu": 3}, "finished": False}))
+    common = ["--report", str(report), "--no-minimise", "--batch", "2", "--resume"]
+    fuzz.main(["--cases", "5", *common])
+    got = json.loads(report.read_text())
+    assert [s["seeds"] for s in got["segments"]] == [[0, 2], [3, 4]]
+    assert (got["cases"], got["seeds"], got["executor_runs"]) == (5, [0, 4], 10)
+    assert got["finished"] and got["steps_drawn"] == {"relu": 5}
+    with pytest.raises(SystemExit):  # the new failure (seed 5) ends the run with status 1
+        fuzz.main(["--cases", "7", *common])
+    got = json.loads(report.read_text())
+    assert [s["seeds"] for s in got["segments"]] == [[0, 2], [3, 4], [5, 6]]
+    assert got["failing_cases"] == 1 and [f["seed"] for f in got["failures"]] == [5]
+    fuzz.main(["--cases", "7", *common])  # already there: nothing runs, nothing changes
+    assert json.loads(report.read_text()) == got
+
+
 def test_a_graph_that_cannot_be_imported_is_an_error_of_the_case_not_a_crash():
     recipe = {"seed": 0, "inputs": [{"shape": [2, 3], "dtype": "float32"}],
               "steps": [{"op": "no-such-step", "args": [0], "attrs": {}, "shape": [2, 3]}],
