@@ -255,11 +255,13 @@ class _LSTM(_Recurrent):
         for t in (reversed(range(seq)) if reverse else range(seq)):
             gates = xs[t] if h is None else bb.emit(
                 relax.op.add(xs[t], bb.emit(relax.op.matmul(h, rt))))
-            parts = bb.emit(relax.op.split(gates, [3 * hidden], axis=1))
-            sig = bb.emit(relax.op.sigmoid(relax.TupleGetItem(parts, 0)))
-            cand = bb.emit(relax.op.tanh(relax.TupleGetItem(parts, 1)))
-            iof = bb.emit(relax.op.split(sig, 3, axis=1))
-            i, o, f = (relax.TupleGetItem(iof, k) for k in range(3))
+            # each gate a slice, not a split: TVM fuses a step's slices, activations and
+            # products into one kernel, where a split's tuple ended a fused group (five
+            # kernels a step: the LSTM LM's 128 steps ran 1.3 ms of them)
+            i, o, f, cand = (bb.emit(relax.op.strided_slice(
+                gates, [1], [k * hidden], [(k + 1) * hidden])) for k in range(4))
+            i, o, f = (bb.emit(relax.op.sigmoid(g)) for g in (i, o, f))
+            cand = bb.emit(relax.op.tanh(cand))
             new = bb.emit(relax.op.multiply(i, cand))
             c = new if c is None else bb.emit(
                 relax.op.add(bb.emit(relax.op.multiply(f, c)), new))
@@ -286,21 +288,29 @@ class _GRU(_Recurrent):
         bias = wb + np.concatenate([rb[:two], np.zeros_like(rb[two:]) if before_reset
                                     else rb[two:]])
         xs = self.projected(bb, x, w, bias, seq, batch)
-        r_zr = relax.const(np.ascontiguousarray(r[:two].T))
-        r_h = relax.const(np.ascontiguousarray(r[two:].T))
+        # with linear_before_reset every gate's recurrent product takes h: one product of h
+        # with all three (PyTorch's GRU exports so: one kernel a step fewer)
+        r_all = relax.const(np.ascontiguousarray(r.T)) if before_reset else None
+        r_zr = None if before_reset else relax.const(np.ascontiguousarray(r[:two].T))
+        r_h = None if before_reset else relax.const(np.ascontiguousarray(r[two:].T))
         rb_h = relax.const(np.ascontiguousarray(rb[two:]))
         (h,) = states
         outs: list[relax.Expr] = [relax.const(0.0)] * seq
         for t in (reversed(range(seq)) if reverse else range(seq)):
             parts = bb.emit(relax.op.split(xs[t], [two], axis=1))
             x_zr, x_h = relax.TupleGetItem(parts, 0), relax.TupleGetItem(parts, 1)
-            if h is not None:
+            h_all = None
+            if h is not None and r_all is not None:
+                h_all = bb.emit(relax.op.matmul(h, r_all))
+                x_zr = bb.emit(relax.op.add(x_zr, bb.emit(
+                    relax.op.strided_slice(h_all, [1], [0], [two]))))
+            elif h is not None:
                 x_zr = bb.emit(relax.op.add(x_zr, bb.emit(relax.op.matmul(h, r_zr))))
             zr = bb.emit(relax.op.split(bb.emit(relax.op.sigmoid(x_zr)), 2, axis=1))
             z, reset = relax.TupleGetItem(zr, 0), relax.TupleGetItem(zr, 1)
             if before_reset:  # r * (h @ R_h.T + Rb_h)
-                hh = rb_h if h is None else bb.emit(
-                    relax.op.add(bb.emit(relax.op.matmul(h, r_h)), rb_h))
+                hh = rb_h if h_all is None else bb.emit(relax.op.add(bb.emit(
+                    relax.op.strided_slice(h_all, [1], [two], [three])), rb_h))
                 recurrent: relax.Expr | None = bb.emit(relax.op.multiply(reset, hh))
             else:  # (r * h) @ R_h.T
                 recurrent = None if h is None else bb.emit(
