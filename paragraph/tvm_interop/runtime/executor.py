@@ -229,6 +229,15 @@ class _Base:
                 self._host_inputs = [np.from_dlpack(t) for t in self.inputs]
             except (BufferError, TypeError, ValueError):  # a dtype numpy lacks (bfloat16)
                 self._host_inputs = None
+        # and of the outputs, which `outputs` copies: TVM's Tensor.numpy() took 55 us a run
+        # on cold caches (MobileNetV3-small runs in 1.1 ms), a view's copy 8 us
+        self._host_outputs: list[np.ndarray] | None = None
+        if self._host_inputs is not None:
+            try:
+                self._host_outputs = [np.from_dlpack(self.tensors[r])
+                                      for r in self.graph.outputs]
+            except (BufferError, TypeError, ValueError):
+                self._host_outputs = None
 
     def check_inputs(self, inputs: Sequence[object]) -> None:
         """Raise `InputError` unless ``inputs`` match the graph's inputs in count, shape, dtype,
@@ -265,6 +274,8 @@ class _Base:
 
     def outputs(self, copy: bool = True) -> list:
         """The graph outputs of the last run: numpy copies, or the static device tensors."""
+        if copy and self._host_outputs is not None:
+            return [v.copy() for v in self._host_outputs]
         outs = [self.tensors[r] for r in self.graph.outputs]
         return [t.numpy() for t in outs] if copy else outs
 
