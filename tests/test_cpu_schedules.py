@@ -93,7 +93,19 @@ def batch_norm_relu(channels):
     return body
 
 
+def lstm_cell(hidden):
+    """An LSTM step's cell update from its four gates' one product (each gate a slice)."""
+    def body(bb, x):
+        gate = [bb.emit(relax.op.strided_slice(x, [1], [k * hidden], [(k + 1) * hidden]))
+                for k in range(4)]
+        c = relax.const(RNG.standard_normal((1, hidden), "float32"))
+        return relax.op.add(bb.emit(relax.op.multiply(gate[2], c)),
+                            bb.emit(relax.op.multiply(gate[0], gate[3])))
+    return body
+
+
 ELEMENTWISE = {
+    "lstm_cell_sliced_gates": ((1, 4 * 40), lstm_cell(40)),
     "batch_norm_relu": ((1, 6, 5, 48), batch_norm_relu(48)),
     "batch_norm_relu_odd_channels": ((1, 3, 4, 13), batch_norm_relu(13)),
     "two_tensors_broadcast": ((2, 4, 16), lambda bb, x: relax.op.multiply(
@@ -133,3 +145,37 @@ def test_every_pool_of_the_zoo_is_scheduled():
                  for gv in program.lowered.functions
                  if isinstance(program.lowered[gv], tirx.PrimFunc) and "pool" in gv.name_hint}
         assert pools and all(pools.values()), (name, pools)
+
+
+@pytest.mark.parametrize("op", ["sigmoid", "tanh"])
+def test_fast_sigmoid_and_tanh_are_within_a_few_ulp_and_keep_nans_and_tails(op):
+    """A float32 sigmoid or tanh left to TVM on a CPU is legalized in its fast form
+    (`lowering.EXTRA_LEGALIZE`): within 4e-7 of numpy's in float64 over [-30, 30], exact
+    at the tails (+-inf, +-100), NaN kept; what is not float32 keeps TVM's exact form."""
+    from paragraph.tvm_interop.build.lowering import EXTRA_LEGALIZE
+
+    def built(dtype):
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((1, 4099), dtype))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(getattr(relax.op, op)(x))
+            bb.emit_func_output(out)
+        with TARGET:
+            mod = relax.transform.LegalizeOps(EXTRA_LEGALIZE)(bb.get())
+        return mod
+
+    mod = built("float32")
+    text = mod.script()
+    assert "T.exp(" not in text and "T.tanh(" not in text and "T.sigmoid(" not in text
+    x = np.linspace(-30, 30, 4099, dtype="float32")[None]
+    x[0, :6] = [np.nan, np.inf, -np.inf, 100.0, -100.0, 0.0]
+    got = run(mod, x)
+    want = (1 / (1 + np.exp(-x.astype("float64"))) if op == "sigmoid"
+            else np.tanh(x.astype("float64")))
+    assert np.isnan(got[0, 0])
+    np.testing.assert_allclose(got[0, 1:], want[0, 1:], rtol=0, atol=4e-7)
+    assert got[0, 1] == got[0, 3] == 1.0  # +inf, +100
+    assert got[0, 2] == got[0, 4] == want[0, 2]  # -inf, -100: 0 (sigmoid), -1 (tanh)
+    exact = built("float64").script()
+    assert any(f in exact for f in ("T.tanh(", "T.exp(", "T.sigmoid("))

@@ -166,8 +166,10 @@ class Injective(_Rule):
 
 def _elementwise(block: tirx.SBlock) -> bool:
     """Whether every read of ``block`` is at the output's position, broadcast NumPy's way
-    (axes aligned from the right, where each either follows the block's axis or is 0): not
-    a transpose or a reshape, which `Injective` takes."""
+    (axes aligned from the right, where each either follows the block's axis or is 0), or
+    shifted by a constant along an axis (a slice: an LSTM step's gates, read at
+    ``j + k * hidden`` of the one product): not a transpose or a reshape, which `Injective`
+    takes."""
     axes = [iv.var for iv in block.iter_vars]
     for read in block.reads:
         offset = len(axes) - len(read.region)
@@ -177,6 +179,8 @@ def _elementwise(block: tirx.SBlock) -> bool:
             lo = r.min
             if isinstance(lo, tirx.IntImm) and int(lo) == 0 and int(r.extent) == 1:
                 continue
+            if isinstance(lo, tirx.Add) and isinstance(lo.b, tirx.IntImm):
+                lo = lo.a  # x[j + c]: the same walk, shifted
             if not (isinstance(lo, tirx.Var) and lo.same_as(axes[d + offset])):
                 return False
     return True
