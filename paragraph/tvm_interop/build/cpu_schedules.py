@@ -51,6 +51,52 @@ def attempt(label: str, schedule: Callable[..., s_tir.Schedule | None], *args: o
         return None
 
 
+# the most nodes a scheduled kernel's expression may have with its let-bound values written out
+# at each use (what TVM's simplifier does): past it a rule leaves the kernel unscheduled. The
+# fast sigmoid and tanh (`lowering.EXTRA_LEGALIZE`) read their argument ~60 times through
+# lets; inlined into each other, a chain of five took 20 s to compile, six never finished
+EXPANDED_LIMIT = 20_000
+_CHILDREN = ("a", "b", "condition", "true_value", "false_value", "value", "args", "indices",
+             "base", "stride")
+
+
+def _expanded_size(expr: tirx.Expr, limit: int = EXPANDED_LIMIT) -> int:
+    """The size of ``expr`` with every let-bound value written out at each use (counted, not
+    built; at most about ``limit``)."""
+    bound: dict[int, int] = {}  # let variable -> its value's expanded size
+    seen: dict[int, int] = {}
+
+    def size(e: object) -> int:
+        if not isinstance(e, tirx.Expr):
+            return 0
+        key = e.__chandle__()
+        if key in seen:
+            return seen[key]
+        if isinstance(e, tirx.Let):
+            bound[e.var.__chandle__()] = size(e.value)
+            n = size(e.body)
+        elif isinstance(e, tirx.Var):
+            n = bound.get(key, 1)
+        else:
+            n = 1
+            for name in _CHILDREN:
+                child = getattr(e, name, None)
+                for c in (child if isinstance(child, (list, tvm.ir.Array)) else [child]):
+                    n += size(c)
+                    if n > limit:
+                        break
+        seen[key] = n = min(n, limit + 1)
+        return n
+
+    return size(expr)
+
+
+def _too_large(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
+    """Whether ``block``'s value, its producers inlined, is past `EXPANDED_LIMIT`."""
+    body = sch.get(block).body
+    return isinstance(body, tirx.BufferStore) and _expanded_size(body.value) > EXPANDED_LIMIT
+
+
 def _dom_kind(block: tirx.SBlock) -> str:
     return "".join("R" if iv.iter_type == tirx.IterVar.CommReduce else "S"
                    for iv in block.iter_vars)
@@ -133,6 +179,8 @@ class Injective(_Rule):
         for b in blocks[:-1]:
             sch.compute_inline(b)
         last = blocks[-1]
+        if _too_large(sch, last):
+            return None
         block = sch.get(last)
         loops = sch.get_loops(last)
         if len(loops) < 2 or len(block.reads) != 1 or len(block.iter_vars) != len(loops):
@@ -202,6 +250,8 @@ class Elementwise(_Rule):
         for b in blocks[:-1]:
             sch.compute_inline(b)
         last = blocks[-1]
+        if _too_large(sch, last):
+            return None
         loops = sch.get_loops(last)
         block = sch.get(last)
         if len(loops) < 2 or len(block.iter_vars) != len(loops) or not _elementwise(block):
