@@ -722,9 +722,22 @@ def opaque_reference(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
     raise NotImplementedError(f"no fuzzer reference for {op}")
 
 
-def reference(graph: Graph, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """What the imported graph computes on ``arrays``, by the numpy references alone."""
-    return run_graph(graph, arrays, opaque=opaque_reference)
+def reference(graph: Graph, arrays: Sequence[np.ndarray],
+              nudge: int | None = None) -> list[np.ndarray]:
+    """What the imported graph computes on ``arrays``, by the numpy references alone; with
+    ``nudge`` (a seed), in float64, every floating value (inputs, weights, each operator's
+    outputs) multiplied by 1 + u 2^-24 as it is made, u uniform in [-1, 1] (a float32
+    rounding): how far that moves an output is how much it amplifies rounding
+    (`fuzz_run.Expected`)."""
+    if nudge is None:
+        return run_graph(graph, arrays, opaque=opaque_reference)
+    rng = np.random.default_rng(nudge)
+
+    def leaf(v: np.ndarray) -> np.ndarray:
+        if v.dtype.kind != "f":
+            return v
+        return v.astype(np.float64) * (1 + rng.uniform(-1, 1, v.shape) * 2.0 ** -24)
+    return run_graph(graph, arrays, opaque=opaque_reference, each=leaf)
 
 
 def imported(recipe: Recipe) -> tuple[tvm.IRModule, Graph]:

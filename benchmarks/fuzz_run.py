@@ -51,6 +51,12 @@ from paragraph.tvm_interop.runtime.program import KernelProgram
 # convolutions) differ from numpy's by a few 1e-6 of the scale; 1e-4 leaves room for the
 # amplification of a normalisation over a nearly constant row
 TOLERANCE = 1e-4
+# an output further than TOLERANCE from the float32 reference is still equal when it is within
+# CONDITIONED x the distance between two float64 references whose inputs and weights were
+# nudged by a float32 rounding: an output made of rounding (a layer norm over values equal
+# but for it, seeds 3401 and 4027: no digits to compare) moves that far whatever sums it;
+# the kernels sum in a row where numpy sums pairwise, up to n / log n times the rounding
+CONDITIONED = 100.0
 KERNELS = ("tvm", "vendor", "auto")
 SEARCHES = METHODS  # none, greedy, taso, autograph
 
@@ -201,10 +207,12 @@ def run_case(recipe: fuzz_graphs.Recipe, combos: Sequence[Combination], *,
     try:  # a valid graph the import refuses is a finding too (a GraphError: seed 252)
         mod, graph = fuzz_graphs.imported(recipe)
         arrays = fuzz_graphs.inputs(recipe)
-        expected = fuzz_graphs.reference(graph, arrays)
+        in_float32 = fuzz_graphs.reference(graph, arrays)
+        nudged = [fuzz_graphs.reference(graph, arrays, nudge=k) for k in range(2)]
     except Exception as exc:  # noqa: BLE001 (any exception is a finding)
         out.failures.append(Failure("error", "import", _error(exc)))
         return out
+    expected = Expected(in_float32, nudged)
     if onnx:
         _check_onnxruntime(recipe, arrays, expected, out)
     remote = DrawnMeter(int(recipe["seed"])) if meter == "drawn" else None
@@ -217,8 +225,37 @@ def run_case(recipe: fuzz_graphs.Recipe, combos: Sequence[Combination], *,
     return out
 
 
+class Expected(list):
+    """The float32 reference's outputs, with the same graph computed twice in float64 from
+    inputs and weights nudged by a float32 rounding (``nudged``, `fuzz_graphs.reference`):
+    how far apart those two are is how much the output amplifies rounding (see
+    `CONDITIONED`)."""
+
+    def __init__(self, outputs: list[np.ndarray], nudged: list[list[np.ndarray]]) -> None:
+        super().__init__(outputs)
+        self.nudged = nudged
+
+    def difference(self, got: list[np.ndarray]) -> float:
+        """`max_difference` from the float32 reference, an output's counted as 0 where it is
+        within `CONDITIONED` times the spread of the nudged references (and theirs of the
+        float32 one) from them (all agreeing on which values are NaN or infinite)."""
+        if len(got) != len(self):
+            return max_difference(list(self), got)
+        worst = 0.0
+        for k, (e, g) in enumerate(zip(self, got, strict=True)):
+            diff = max_difference([e], [g])
+            a, b = (n[k] for n in self.nudged)
+            if diff > TOLERANCE and e.shape == a.shape == g.shape:
+                rounding = max(max_difference([a], [b]), max_difference([a], [e]))
+                if rounding < float("inf") and max_difference([a], [g]) <= max(
+                        TOLERANCE, CONDITIONED * rounding):
+                    diff = 0.0
+            worst = max(worst, diff)
+        return worst
+
+
 def _check_onnxruntime(recipe: fuzz_graphs.Recipe, arrays: list[np.ndarray],
-                       expected: list[np.ndarray], out: Outcome) -> None:
+                       expected: Expected, out: Outcome) -> None:
     """The numpy reference against ONNX Runtime's outputs of the same graph (`fuzz_onnx`)."""
     try:
         model = fuzz_onnx.to_onnx(recipe)
@@ -229,7 +266,7 @@ def _check_onnxruntime(recipe: fuzz_graphs.Recipe, arrays: list[np.ndarray],
         out.failures.append(Failure("error", "onnxruntime", _error(exc)))
         return
     out.onnx = True
-    diff = max_difference(expected, got)
+    diff = expected.difference(got)
     if not diff <= TOLERANCE:
         out.failures.append(Failure("references-differ", "onnxruntime",
                                     f"max difference {diff:.3g} of the scale"))
@@ -259,7 +296,7 @@ def _plans(mod: tvm.IRModule, combo: Combination, session: Session,
 
 
 def _check_plan(plan: Plan, recipe: fuzz_graphs.Recipe, arrays: list[np.ndarray],
-                expected: list[np.ndarray], where: str, forms: bool, out: Outcome) -> None:
+                expected: Expected, where: str, forms: bool, out: Outcome) -> None:
     """Run ``plan`` on a fresh executor (twice: buffers reused) and compare with ``expected``;
     with ``forms``, once per vendor form forced (the kernels' first binding tells how many
     forms there are); then ids out of range, which must raise `InputError`."""
@@ -274,7 +311,7 @@ def _check_plan(plan: Plan, recipe: fuzz_graphs.Recipe, arrays: list[np.ndarray]
             return
         out.runs += 1
         for run, outputs in enumerate(got):
-            diff = max_difference(expected, outputs)
+            diff = expected.difference(outputs)
             if not diff <= TOLERANCE:
                 out.failures.append(Failure("mismatch", label + (" (run 2)" if run else ""),
                                             f"max difference {diff:.3g} of the scale"))

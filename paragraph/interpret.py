@@ -16,20 +16,27 @@ OpaqueReference = Callable[[Node, list[np.ndarray]], Sequence[np.ndarray]]
 
 
 def run_graph(graph: Graph, inputs: Sequence[np.ndarray],
-              opaque: OpaqueReference | None = None) -> list[np.ndarray]:
+              opaque: OpaqueReference | None = None,
+              each: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
     """Execute ``graph`` with the numpy references (no TVM); opaque nodes run with ``opaque``
     where given (the caller knows the operators it put there: the differential fuzzer), else
-    raise."""
+    raise. ``each`` (where given) is applied to every value as it is made (inputs, weights,
+    every operator's outputs): the fuzzer computes in float64 with each value widened and
+    nudged as a float32 rounding would, to tell how much an output amplifies rounding."""
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
+
+    def widened(v: np.ndarray) -> np.ndarray:
+        return np.asarray(v) if each is None else each(np.asarray(v))
+
     values: dict[TensorRef, np.ndarray] = {}
     feed = dict(zip(graph.inputs, inputs, strict=True))
     for n in graph.nodes:
         if n.kind == "input":
-            outs = [np.asarray(feed[n.id])]
+            outs = [widened(feed[n.id])]
         elif n.kind in ("weight", "constant"):
             assert n.value is not None  # `Graph.validate` checks that weights hold arrays
-            outs = [n.value]
+            outs = [widened(n.value)]
         elif n.kind in SPECS:
             outs = compute(n.kind, [values[r] for r in n.inputs], n.attrs)
         elif n.kind == "opaque" and opaque is not None:
@@ -37,7 +44,8 @@ def run_graph(graph: Graph, inputs: Sequence[np.ndarray],
         else:
             raise NotImplementedError(f"no numpy reference for {n!r}")
         for i, v in enumerate(outs):
-            values[TensorRef(n.id, i)] = v
+            values[TensorRef(n.id, i)] = v if n.kind in ("input", "weight", "constant") \
+                else widened(v)
     return [values[r] for r in graph.outputs]
 
 
