@@ -74,6 +74,19 @@ REGRESSIONS = {
                     "shape": [1, 8]}],
          "outputs": [4]},
         [fuzz_run.Combination("vendor", "none", ("critical-path",))]),
+    # an adaptive pool (windows that vary with the output position: a loop extent that is an
+    # expression) fused with a fast tanh (a let): the FLOP count of a kernel with lets took
+    # every loop extent for a number (TypeError at compile)
+    "seed-5240-adaptive-pool-with-fast-tanh": (
+        {"seed": 5240, "inputs": [{"shape": [3, 31, 3, 11], "dtype": "float32"}] * 2,
+         "steps": [{"op": "adaptive_avg_pool2d", "args": [1], "attrs": {"output_size": [1, 3]},
+                    "shape": [3, 31, 1, 3]},
+                   {"op": "unary", "args": [2], "attrs": {"fn": "gelu_tanh_chain"},
+                    "shape": [3, 31, 1, 3]},
+                   {"op": "softmax", "args": [3], "attrs": {"axis": -1},
+                    "shape": [3, 31, 1, 3]}],
+         "outputs": [4]},
+        [fuzz_run.Combination("tvm", "none", ("sequential",))]),
 }
 
 

@@ -414,7 +414,11 @@ def _tir_flops(func: tirx.PrimFunc) -> float:
 
 def _store_flops(stmt: object, trips: int) -> int:
     if isinstance(stmt, tirx.For):
-        return _store_flops(stmt.body, trips * int(stmt.extent))
+        # an extent that varies with an outer loop (an adaptive pool's window) counted once:
+        # an estimate for the cost model, which measures what it relies on
+        extent = stmt.extent
+        return _store_flops(stmt.body,
+                            trips * (int(extent) if isinstance(extent, tirx.IntImm) else 1))
     if isinstance(stmt, tirx.BufferStore):
         seen: set[int] = set()
 
