@@ -1652,8 +1652,9 @@ def _check_native_conv(module, x, w, b, stride, pad, dilation, groups, residual,
 ])
 def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad, dilation,
                                                  residual, act):
-    """A depthwise convolution's two C++ forms (oneDNN's, paragraph's own with taps in the
-    padding skipped) each run in the first calls, which time them: every call equals torch's,
+    """A depthwise convolution's C++ forms (paragraph's own eight-pixel form alone where its
+    width and stride have one; else oneDNN's and the own general loop, each run in the first
+    calls, which time them): every call equals torch's,
     for channels that fill no whole vector, strides, dilation, TF-style uneven padding, a
     residual in its own buffer or in the output's, a NaN in the input, 1 and 2 threads."""
 
