@@ -152,20 +152,28 @@ def test_a_union_of_graphs_computes_each_of_them():
     assert [g.shape for g in got] == shapes
 
 
-def test_the_driver_reports_a_crash_and_a_hang_with_their_seeds(tmp_path, monkeypatch):
-    """A worker that dies or stops answering costs its case only: the batch goes on."""
+def _fake_worker(tmp_path, monkeypatch, body: str) -> None:
+    """The driver's workers replaced by a script that announces each of its ``--seeds`` and
+    then runs ``body`` for seed ``s`` (json, os, sys and time imported), which prints the
+    case's result line or does not."""
     script = tmp_path / "worker.py"
     script.write_text(
         "import json, os, sys, time\n"
         "seeds = [int(s) for s in sys.argv[sys.argv.index('--seeds') + 1].split(',')]\n"
         "for s in seeds:\n"
         "    print(json.dumps({'start': s}), flush=True)\n"
-        "    if s == 2: os.abort()\n"
-        "    if s == 4: time.sleep(60)\n"
-        "    print(json.dumps({'done': s, 'runs': 1, 'combos': 1, 'failures': []}),"
-        " flush=True)\n")
+        + "".join(f"    {line}\n" for line in body.strip().splitlines()))
     monkeypatch.setattr(fuzz, "_worker_command",
                         lambda args, extra: [sys.executable, str(script), *extra])
+
+
+def test_the_driver_reports_a_crash_and_a_hang_with_their_seeds(tmp_path, monkeypatch):
+    """A worker that dies or stops answering costs its case only: the batch goes on."""
+    _fake_worker(tmp_path, monkeypatch, """
+if s == 2: os.abort()
+if s == 4: time.sleep(60)
+print(json.dumps({'done': s, 'runs': 1, 'combos': 1, 'failures': []}), flush=True)
+""")
     args = fuzz.main.__globals__["argparse"].Namespace(batch=10, timeout=3.0)
     results = {r["seed"]: r for r in fuzz.run_cases(args, list(range(6)), lambda _: None)}
     assert sorted(results) == list(range(6))
@@ -180,17 +188,11 @@ def test_a_resumed_run_goes_on_from_the_seed_after_the_last_and_sums_its_segment
     """``--resume``: a run in segments (one sitting each) continues the report's seeds and
     ends at ``--cases`` in all; the totals are the sums over the segments, and a report
     written before segments existed is read as the first."""
-    script = tmp_path / "worker.py"
-    script.write_text(
-        "import json, sys\n"
-        "seeds = [int(s) for s in sys.argv[sys.argv.index('--seeds') + 1].split(',')]\n"
-        "for s in seeds:\n"
-        "    print(json.dumps({'start': s}), flush=True)\n"
-        "    fails = [{'what': 'mismatch', 'where': 'x', 'detail': 'd'}] if s == 5 else []\n"
-        "    print(json.dumps({'done': s, 'runs': 2, 'combos': 1, 'failures': fails,"
-        " 'ops': ['relu']}), flush=True)\n")
-    monkeypatch.setattr(fuzz, "_worker_command",
-                        lambda args, extra: [sys.executable, str(script), *extra])
+    _fake_worker(tmp_path, monkeypatch, """
+fails = [{'what': 'mismatch', 'where': 'x', 'detail': 'd'}] if s == 5 else []
+print(json.dumps({'done': s, 'runs': 2, 'combos': 1, 'failures': fails, 'ops': ['relu']}),
+      flush=True)
+""")
     report = tmp_path / "fuzz.json"
     report.write_text(json.dumps({  # the old form: one run, no segments
         "cases": 3, "seeds": [0, 2], "programs_compared": 3, "executor_runs": 6,

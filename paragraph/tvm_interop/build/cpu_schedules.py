@@ -14,7 +14,7 @@ scheduled already; a function the rule does not recognise is left as it is.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import tvm
 from tvm import s_tir, tirx
@@ -56,8 +56,21 @@ def attempt(label: str, schedule: Callable[..., s_tir.Schedule | None], *args: o
 # fast sigmoid and tanh (`lowering.EXTRA_LEGALIZE`) read their argument ~60 times through
 # lets; inlined into each other, a chain of five took 20 s to compile, six never finished
 EXPANDED_LIMIT = 20_000
-_CHILDREN = ("a", "b", "condition", "true_value", "false_value", "value", "args", "indices",
-             "base", "stride")
+# the fields of TIR expressions that hold sub-expressions: those of a value (`VALUE_FIELDS`:
+# what it computes) and those of an address (a load's indices, a ramp's base and stride)
+VALUE_FIELDS = ("a", "b", "condition", "true_value", "false_value", "value", "body", "args")
+EXPR_FIELDS = (*VALUE_FIELDS, "indices", "base", "stride")
+
+
+def sub_exprs(e: object, fields: tuple[str, ...] = EXPR_FIELDS) -> Iterator[object]:
+    """The sub-expressions of TIR expression ``e`` held in ``fields`` (arrays flattened; no
+    TIR expression-visitor is exposed to Python here)."""
+    for name in fields:
+        child = getattr(e, name, None)
+        if isinstance(child, (list, tvm.ir.Array)):
+            yield from child
+        elif child is not None:
+            yield child
 
 
 def _expanded_size(expr: tirx.Expr, limit: int = EXPANDED_LIMIT) -> int:
@@ -79,12 +92,10 @@ def _expanded_size(expr: tirx.Expr, limit: int = EXPANDED_LIMIT) -> int:
             n = bound.get(key, 1)
         else:
             n = 1
-            for name in _CHILDREN:
-                child = getattr(e, name, None)
-                for c in (child if isinstance(child, (list, tvm.ir.Array)) else [child]):
-                    n += size(c)
-                    if n > limit:
-                        break
+            for c in sub_exprs(e):
+                n += size(c)
+                if n > limit:
+                    break
         seen[key] = n = min(n, limit + 1)
         return n
 

@@ -28,7 +28,13 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from paragraph.errors import ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, Node, TensorRef
-from paragraph.tvm_interop.build.cpu_schedules import REFUSED, attempt, default_schedules
+from paragraph.tvm_interop.build.cpu_schedules import (
+    REFUSED,
+    VALUE_FIELDS,
+    attempt,
+    default_schedules,
+    sub_exprs,
+)
 from paragraph.tvm_interop.build.tuning_db import applied_dir
 from paragraph.tvm_interop.frontend.importers import TE_LOCK, prepare
 from paragraph.tvm_interop.frontend.relax_graph import from_relax, to_relax
@@ -426,13 +432,8 @@ def _store_flops(stmt: object, trips: int) -> int:
             if not isinstance(e, tirx.Expr) or e.__chandle__() in seen:
                 return 0
             seen.add(e.__chandle__())
-            n = int(isinstance(e, _ARITHMETIC))
-            for name in ("a", "b", "condition", "true_value", "false_value", "value", "body",
-                         "args"):
-                child = getattr(e, name, None)
-                n += sum(ops(c) for c in (child if isinstance(child, tvm.ir.Array)
-                                          else [child]))
-            return n
+            return int(isinstance(e, _ARITHMETIC)) + sum(ops(c) for c in
+                                                         sub_exprs(e, VALUE_FIELDS))
         return trips * ops(stmt.value)
     total = 0
     for name in ("body", "block", "then_case", "else_case", "seq"):
