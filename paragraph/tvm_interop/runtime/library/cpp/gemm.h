@@ -263,12 +263,13 @@ struct PackedGemm {
   void operator()(int64_t threads) const {
     const int64_t panels = (n + kNR - 1) / kNR;
     // each thread reads all of what is not split: split W where it is the larger operand and
-    // does not stay in L2. Split by rows, each thread reads the rows its core wrote in the
-    // kernel before (a model's kernels split rows alike) and writes those the next reads;
-    // split by panels, half of each comes from the other core, about 3x slower than from its
-    // own (MnasNet's 14 x 14 80 -> 480 and 96 -> 576 expansions: 125 -> 110 us in the model)
-    const bool by_panel = n > m && k * n * 4 > kWeightInL2;
+    // does not stay in L2, or where the rows are too few to share. Split by rows, each thread
+    // reads the rows its core wrote in the kernel before (a model's kernels split rows alike)
+    // and writes those the next reads; split by panels, half of each comes from the other
+    // core, about 3x slower than from its own (MnasNet's 14 x 14 80 -> 480 and 96 -> 576
+    // expansions: 125 -> 110 us in the model)
     const int64_t blocks = (m + kMR - 1) / kMR;
+    const bool by_panel = n > m && (k * n * 4 > kWeightInL2 || blocks < threads);
     parallel(threads, [&](int64_t t, int64_t nt) {
       if (by_panel) {
         panel_share(panels, blocks, t, nt, [&](int64_t q0, int64_t q1, int64_t p0, int64_t p1) {
