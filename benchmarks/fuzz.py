@@ -38,6 +38,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE / "results" / "fuzz-cpu.json"
+GPU_REPORT = HERE / "results" / "gpu-fuzz.json"  # --target cuda (tools/gpu/checks.sh fuzz)
 # failures found and fixed while the fuzzer was written (their graphs are regression tests in
 # tests/test_fuzz_regressions.py); every report carries them. Seeds are those of the generator
 # of the day: it has drawn other graphs since (epilogue chains), the minimised graph stays
@@ -84,7 +85,7 @@ def worker(args: argparse.Namespace) -> None:
             combo = fuzz_run.Combination(*job["combo"][:2], tuple(job["combo"][2]))
             emit(start=job["id"])
             outcome = fuzz_run.run_case(job["recipe"], [combo], meter=args.meter,
-                                        forms=not args.no_forms)
+                                        forms=not args.no_forms, target=args.target)
             emit(done=job["id"], runs=outcome.runs, combos=len(outcome.combos),
                  failures=[f.as_json() for f in outcome.failures])
         return
@@ -92,7 +93,8 @@ def worker(args: argparse.Namespace) -> None:
         emit(start=seed)
         recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(seed), seed, args.steps)
         outcome = fuzz_run.run_case(recipe, fuzz_run.combinations(seed, args.every, kernels),
-                                    meter=args.meter, forms=not args.no_forms)
+                                    meter=args.meter, forms=not args.no_forms,
+                                    target=args.target)
         emit(done=seed, runs=outcome.runs, combos=len(outcome.combos), onnx=outcome.onnx,
              failures=[f.as_json() for f in outcome.failures],
              ops=[s["op"] + (f".{s['attrs']['fn']}" if "fn" in s["attrs"] else "")
@@ -103,6 +105,7 @@ def worker(args: argparse.Namespace) -> None:
 def _worker_command(args: argparse.Namespace, extra: list[str]) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps",
             str(args.steps), "--kernels", args.kernels, "--meter", args.meter,
+            *(["--target", args.target] if args.target else []),
             *(["--every"] if args.every else []), *(["--no-forms"] if args.no_forms else []),
             *extra]
 
@@ -360,7 +363,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=50, help="cases per worker process")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--no-minimise", action="store_true")
-    p.add_argument("--report", default=str(REPORT))
+    p.add_argument("--target", default=None,
+                   help="where the programs run: this CPU (default), or cuda (the CUDA pass, "
+                        "on a GPU; its report gpu-fuzz.json)")
+    p.add_argument("--report", default=None,
+                   help=f"the report (default {REPORT.name}, {GPU_REPORT.name} for cuda)")
     p.add_argument("--resume", action="store_true",
                    help="continue the report's run (from the seed after its last) until it "
                         "holds --cases cases in all")
@@ -373,6 +380,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     sys.path.insert(0, str(HERE))  # the driver minimises with the worker's modules
     sys.path.insert(0, str(HERE.parent))
+    gpu = bool(args.target) and args.target.split()[0] == "cuda"
+    if args.report is None:
+        args.report = str(GPU_REPORT if gpu else REPORT)
+    if gpu:
+        import tvm
+
+        if not tvm.cuda(0).exist:
+            sys.exit("fuzz.py --target cuda: no CUDA device on this machine; the CUDA pass "
+                     "runs where a GPU is lent (tools/gpu/checks.sh fuzz)")
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -442,6 +458,7 @@ def main(argv: list[str] | None = None) -> None:
                       max(s["seeds"][1] for s in segments if s["seeds"])] if cases else [],
             "max_steps": args.steps,
             "mode": "every" if args.every else "shared",
+            "target": args.target or "this CPU",
             "kernels": args.kernels.split(","),
             "meter": args.meter,
             "forms_forced": not args.no_forms,

@@ -199,11 +199,13 @@ def _quiet(_line: str) -> None:
 
 
 def run_case(recipe: fuzz_graphs.Recipe, combos: Sequence[Combination], *,
-             meter: str = "drawn", forms: bool = True, onnx: bool = True) -> Outcome:
+             meter: str = "drawn", forms: bool = True, onnx: bool = True,
+             target: str | None = None) -> Outcome:
     """Compile, plan and run ``recipe`` under each of ``combos`` (module docstring); each
     program's outputs compared with the reference, under each vendor form with ``forms``;
     with ``onnx``, the reference first compared with ONNX Runtime's outputs of the recipe
-    written as ONNX (`fuzz_onnx`), where it can be."""
+    written as ONNX (`fuzz_onnx`), where it can be. ``target``: where the programs run (None:
+    this CPU; "cuda" for the CUDA pass, without forced forms)."""
     out = Outcome()
     try:  # a valid graph the import refuses is a finding too (a GraphError: seed 252)
         mod, graph = fuzz_graphs.imported(recipe)
@@ -217,7 +219,8 @@ def run_case(recipe: fuzz_graphs.Recipe, combos: Sequence[Combination], *,
     if onnx:
         _check_onnxruntime(recipe, arrays, expected, out)
     remote = DrawnMeter(int(recipe["seed"])) if meter == "drawn" else None
-    with Session(remote=remote, log=_quiet) as session:
+    with Session(target, remote=remote, log=_quiet) as session:
+        forms = forms and session.on_cpu  # the forced forms are the C++ CPU kernels'
         for combo in combos:
             for schedule, plan in _plans(mod, combo, session, out):
                 where = combo.name(schedule)

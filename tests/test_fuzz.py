@@ -213,6 +213,32 @@ print(json.dumps({'done': s, 'runs': 2, 'combos': 1, 'failures': fails, 'ops': [
     assert json.loads(report.read_text()) == got
 
 
+def test_the_cuda_pass_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
+    """``--target cuda`` (issue 53's CUDA pass, run where a GPU is lent) refuses a machine
+    without one before any worker starts."""
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("a CUDA device is here: test_a_case_runs_on_cuda runs the pass")
+    report = tmp_path / "gpu-fuzz.json"
+    with pytest.raises(SystemExit, match="no CUDA device on this machine"):
+        fuzz.main(["--target", "cuda", "--cases", "1", "--report", str(report)])
+    assert not report.exists()
+
+
+def test_a_case_runs_on_cuda():
+    """One drawn graph through TVM's kernels on the GPU under each schedule, against the
+    reference (no forced forms: they are the CPU's C++ kernels)."""
+    import tvm
+
+    if not tvm.cuda(0).exist:
+        pytest.skip("no CUDA device here: the CUDA pass is unmeasured on this machine")
+    recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(3), 3, 4)
+    combos = [fuzz_run.Combination("tvm", "none", tuple(fuzz_run.SCHEDULES))]
+    outcome = fuzz_run.run_case(recipe, combos, target="cuda")
+    assert outcome.runs >= 1 and not outcome.failures, [f.as_json() for f in outcome.failures]
+
+
 def test_a_graph_that_cannot_be_imported_is_an_error_of_the_case_not_a_crash():
     recipe = {"seed": 0, "inputs": [{"shape": [2, 3], "dtype": "float32"}],
               "steps": [{"op": "no-such-step", "args": [0], "attrs": {}, "shape": [2, 3]}],

@@ -2,7 +2,8 @@
 # On the GPU machine after install.sh 2: `checks.sh gpu [SECONDS MODELS]` runs the CUDA tests and
 # the GPU executor and search benchmarks (the search limited to SECONDS, over MODELS);
 # `checks.sh search SECONDS MODELS` more of the search table; `checks.sh cpu` the peers benchmark
-# on the machine's 16 cores. Each step has its own time limit and goes on after a failure; the log
+# on the machine's 16 cores; `checks.sh fuzz SECONDS CASES` the fuzzer's CUDA pass (its report is
+# written as cases finish, so a time limit keeps what ran). Each step has its own time limit and goes on after a failure; the log
 # and JSON results land in $OUT.
 set -u
 cd "$(dirname "$0")/../.."
@@ -35,6 +36,9 @@ onnxruntime.__version__, torch.cuda.is_available())"; } >> "$log" 2>&1
     step "${2:-300}" search python3 benchmarks/search.py --target cuda --models "$3" \
       --budget 20 --top-k 2 --blocks 5 --time-limit $(( ${2:-300} - 25 )) \
       --json "$out/gpu-search-more.json" ;;
+  fuzz)  # the differential fuzzer on the GPU: checks.sh fuzz SECONDS CASES
+    step "${2:-240}" fuzz python3 benchmarks/fuzz.py --target cuda --cases "${3:-300}" \
+      --kernels tvm,vendor --timeout 120 --report "$out/gpu-fuzz.json" ;;
   cpu)
     step "${2:-240}" peers python3 benchmarks/peers.py --models inception_v3,nasnet_a_mobile,randwire \
       --blocks 5 --json "$out/peers-cpu-16core.json" ;;
