@@ -87,6 +87,21 @@ REGRESSIONS = {
                     "shape": [3, 31, 1, 3]}],
          "outputs": [4]},
         [fuzz_run.Combination("tvm", "none", ("sequential",))]),
+    # a tensor concatenated with itself (one read region spanning both positions), sliced and
+    # gated by a fast sigmoid (a let): the CPU rules vectorised the select between the two
+    # reads two lanes wide, across the seam at 9, and TVM's vectorizer bound the let twice
+    # ("Let cannot bind the same var to two different values", an InternalError at compile)
+    "seed-9115-self-concat-with-fast-sigmoid": (
+        {"seed": 9115, "inputs": [{"shape": [1, 16, 4, 9], "dtype": "float32"}],
+         "steps": [{"op": "concat", "args": [0, 0], "attrs": {"axis": -1},
+                    "shape": [1, 16, 4, 18]},
+                   {"op": "strided_slice", "args": [1],
+                    "attrs": {"axes": [1], "begin": [10], "end": [16], "strides": [1]},
+                    "shape": [1, 6, 4, 18]},
+                   {"op": "unary", "args": [2], "attrs": {"fn": "silu_gate"},
+                    "shape": [1, 6, 4, 18]}],
+         "outputs": [3]},
+        [fuzz_run.Combination("tvm", "none", ("sequential",))]),
 }
 
 

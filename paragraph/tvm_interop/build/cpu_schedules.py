@@ -103,9 +103,37 @@ def _expanded_size(expr: tirx.Expr, limit: int = EXPANDED_LIMIT) -> int:
 
 
 def _too_large(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
-    """Whether ``block``'s value, its producers inlined, is past `EXPANDED_LIMIT`."""
+    """Whether ``block``'s value, its producers inlined, is past `EXPANDED_LIMIT`, or holds a
+    let and an ``if_then_else`` (see `_let_and_branch`): not to be vectorised."""
     body = sch.get(block).body
-    return isinstance(body, tirx.BufferStore) and _expanded_size(body.value) > EXPANDED_LIMIT
+    return isinstance(body, tirx.BufferStore) and (
+        _expanded_size(body.value) > EXPANDED_LIMIT or _let_and_branch(body.value))
+
+
+def _let_and_branch(expr: tirx.Expr) -> bool:
+    """Whether ``expr`` holds both a let (the fast sigmoid's and tanh's) and an
+    ``if_then_else`` (a concatenation's choice of input). Vectorised, an ``if_then_else``
+    whose condition differs between lanes makes TVM's vectorizer start over on scalar lanes,
+    and it then meets each let again with another value: "Let cannot bind the same var to two
+    different values", an InternalError at compile (a tensor concatenated with itself, sliced
+    and gated by a sigmoid: fuzz seed 9115)."""
+    found: set[str] = set()
+    seen: set[int] = set()
+
+    def walk(e: object) -> None:
+        if not isinstance(e, tirx.Expr) or e.__chandle__() in seen or len(found) == 2:
+            return
+        seen.add(e.__chandle__())
+        if isinstance(e, tirx.Let):
+            found.add("let")
+        elif isinstance(e, tvm.ir.expr.Call) and str(getattr(e.op, "name", "")).endswith(
+                "if_then_else"):  # prim.if_then_else here
+            found.add("if")
+        for c in sub_exprs(e):
+            walk(c)
+
+    walk(expr)
+    return len(found) == 2
 
 
 def _dom_kind(block: tirx.SBlock) -> str:
