@@ -380,23 +380,22 @@ def main(argv: list[str] | None = None) -> None:
         return
     sys.path.insert(0, str(HERE))  # the driver minimises with the worker's modules
     sys.path.insert(0, str(HERE.parent))
-    gpu = bool(args.target) and args.target.split()[0] == "cuda"
-    if args.report is None:
-        args.report = str(GPU_REPORT if gpu else REPORT)
-    if gpu:
-        import tvm
-
-        if not tvm.cuda(0).exist:
-            sys.exit("fuzz.py --target cuda: no CUDA device on this machine; the CUDA pass "
-                     "runs where a GPU is lent (tools/gpu/checks.sh fuzz)")
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
     # after the path above: this checkout's paragraph, the one the workers run
     from paragraph.files import atomic_write_json
     from paragraph.machine import describe_machine
     from paragraph.planner import SCHEDULES
+    from paragraph.tvm_interop.runtime.executor import gpu_available
+    from paragraph.tvm_interop.runtime.target import is_gpu, resolve_target
+
+    gpu = is_gpu(resolve_target(args.target))
+    if args.report is None:
+        args.report = str(GPU_REPORT if gpu else REPORT)
+    if gpu and not gpu_available():
+        sys.exit(f"fuzz.py --target {args.target}: no CUDA device on this machine; the CUDA "
+                 "pass runs where a GPU is lent (tools/gpu/checks.sh fuzz)")
+
+    def log(line: str) -> None:
+        print(line, flush=True)
 
     load_before = _load_average()
     started = time.perf_counter()

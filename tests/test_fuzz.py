@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from paragraph import ops
 from paragraph.outputs import max_difference
+from paragraph.tvm_interop.runtime.executor import gpu_available
 from paragraph.tvm_interop.runtime.library import native
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -216,9 +217,7 @@ print(json.dumps({'done': s, 'runs': 2, 'combos': 1, 'failures': fails, 'ops': [
 def test_the_cuda_pass_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
     """``--target cuda`` (issue 53's CUDA pass, run where a GPU is lent) refuses a machine
     without one before any worker starts."""
-    import tvm
-
-    if tvm.cuda(0).exist:
+    if gpu_available():
         pytest.skip("a CUDA device is here: test_a_case_runs_on_cuda runs the pass")
     report = tmp_path / "gpu-fuzz.json"
     with pytest.raises(SystemExit, match="no CUDA device on this machine"):
@@ -229,9 +228,7 @@ def test_the_cuda_pass_without_a_gpu_is_one_line_and_writes_nothing(tmp_path):
 def test_a_case_runs_on_cuda():
     """One drawn graph through TVM's kernels on the GPU under each schedule, against the
     reference (no forced forms: they are the CPU's C++ kernels)."""
-    import tvm
-
-    if not tvm.cuda(0).exist:
+    if not gpu_available():
         pytest.skip("no CUDA device here: the CUDA pass is unmeasured on this machine")
     recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(3), 3, 4)
     combos = [fuzz_run.Combination("tvm", "none", tuple(fuzz_run.SCHEDULES))]

@@ -45,20 +45,20 @@ struct Depthwise {
         // us in the model (ONNX Runtime's 151); its 56 x 56 x 144: 188 -> 169
         const int64_t nh0 = ih0 + kh, nh1 = std::min(ih0 + kh + sh, h);
         const bool pfx = r + 1 < r1;
-        for (int64_t j = 0; j < ow; j += 8)
+        for (int64_t j = 0; j < ow; j += 8) {
+          const int64_t w0 = std::max<int64_t>(j * sw - pl, 0),
+                        w1 = std::min<int64_t>((j + 8) * sw - pl, wd);  // its columns
           for (int64_t k = 0; k < c; k += 16) {
             const __mmask16 m = tail_mask(c - k);
             const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + k) : zero;
             if (pfx)
-              for (int64_t ih = std::max<int64_t>(nh0, 0); ih < nh1; ++ih) {
-                const int64_t w0 = std::max<int64_t>(j * sw - pl, 0),
-                              w1 = std::min<int64_t>((j + 8) * sw - pl, wd);
+              for (int64_t ih = std::max<int64_t>(nh0, 0); ih < nh1; ++ih)
                 for (int64_t iw = w0; iw < w1; ++iw)
                   _mm_prefetch(reinterpret_cast<const char*>(image + (ih * wd + iw) * c + k),
                                _MM_HINT_T1);
-              }
             (this->*eight)(image, k, m, b, ih0, j, std::min<int64_t>(8, ow - j), orow, rrow);
           }
+        }
         if (!in_registers(act)) act_rows(orow, 1, 0, ow * c, act);
         continue;
       }

@@ -136,6 +136,14 @@ ffi::Function fastest_of(std::vector<Form> forms, std::string key, int64_t threa
   return wrap([fastest]() { (*fastest)(); });
 }
 
+// a kernel with one form, run on ``threads`` threads
+ffi::Function single_form(Form form, int64_t threads) {
+  return wrap([form = std::move(form), threads]() {
+    use_threads(threads);
+    form();
+  });
+}
+
 // the calls the kernels bound so far in this process may spend timing their forms before
 // each runs only its chosen one (the most forms of any, each timed kTrials + 1 times)
 int64_t TimingCalls() { return most_forms.load() * (kTrials + 1); }

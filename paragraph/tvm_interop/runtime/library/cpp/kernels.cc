@@ -145,18 +145,12 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
       if (auto own = own_depthwise(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                                    pt, pl, dilation[0], dilation[1], fused, threads)) {
         if (Depthwise::eight_for(w_buffer.size(2), p[1], dilation[1]) != nullptr)
-          return wrap([form = *own, threads]() {
-            use_threads(threads);
-            form();
-          });
+          return single_form(*own, threads);
         return fastest_of({onednn, *own}, key("depthwise"), threads);
       }
     }
 #endif
-    return wrap([onednn, threads]() {
-      use_threads(threads);
-      onednn();
-    });
+    return single_form(onednn, threads);
   }
   int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   c10::optional<at::Tensor> res2;
@@ -226,10 +220,7 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   if (b.dim() == 2) {
     Form mm = gemm(out.view({-1, b.size(1)}), a.reshape({-1, a.size(-1)}), b, bias,
                    c10::nullopt, fused);
-    return wrap([mm, threads]() {
-      use_threads(threads);
-      mm();
-    });
+    return single_form(mm, threads);
   }
   at::Tensor a3 = a.reshape({-1, a.size(-2), a.size(-1)});
   at::Tensor b3 = b.reshape({-1, b.size(-2), b.size(-1)});
@@ -268,10 +259,7 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
   };
   auto own = own_concat(out, parts, axis, relu, threads);
   if (!own) {
-    return wrap([torch_cat, threads]() {
-      use_threads(threads);
-      torch_cat();
-    });
+    return single_form(torch_cat, threads);
   }
   std::vector<Form> forms{torch_cat, *own};
   // and on the calling thread alone: in a model a join reads what its producers just wrote,
@@ -320,10 +308,7 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
   const bool own_ok = false;
 #endif
   if (!own_ok) {
-    return wrap([aten, threads]() {
-      use_threads(threads);
-      aten();
-    });
+    return single_form(aten, threads);
   }
   Pool pool{x_buffer.data_ptr<float>(), out_buffer.data_ptr<float>(), x_buffer.size(0),
             x_buffer.size(1), x_buffer.size(2), x_buffer.size(3), out_buffer.size(1),
@@ -389,10 +374,7 @@ ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double s
     return fastest_of(forms, "softmax" + std::to_string(threads) + shape_key({x}), threads);
   }
 #endif
-  return wrap([aten, threads]() {
-    use_threads(threads);
-    aten();
-  });
+  return single_form(aten, threads);
 }
 
 // layer norm over the last axis of x (+ res) into out. Two forms, the faster chosen by
@@ -427,10 +409,7 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
   const bool fused_ok = false;
 #endif
   if (!fused_ok) {
-    return wrap([aten, threads]() {
-      use_threads(threads);
-      aten();
-    });
+    return single_form(aten, threads);
   }
   const int64_t n = x.size(-1), rows = x.numel() / n;
   const float feps = static_cast<float>(eps);
