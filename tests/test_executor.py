@@ -692,6 +692,39 @@ def test_traced_operators_compute_what_their_kernel_computes():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=k.attrs["func"])
 
 
+def test_large_inputs_are_copied_in_by_the_callers_team(monkeypatch):
+    """One stream on every core runs on the caller with its C++ vendor kernels: inputs of
+    `PARALLEL_COPY_BYTES` or more are copied in by the caller's OpenMP team (the threshold
+    lowered here so that the reduced model's input takes that path), and runs compute from
+    the inputs each is given. A schedule of several streams copies on the caller alone."""
+    from paragraph.tvm_interop.runtime import executor as executor_module
+    from paragraph.tvm_interop.runtime.library import native as native_vendor
+
+    if cpu_count() < 2:
+        pytest.skip("one core: the caller runs kernels on one thread")
+    monkeypatch.setattr(executor_module, "PARALLEL_COPY_BYTES", 1)
+    mod = models.get("squeezenet1_1", reduced=True)
+    program = build_program(mod, "llvm", kernels="vendor")
+    calls = []
+    real = native_vendor.copy_bytes
+    monkeypatch.setattr(native_vendor, "copy_bytes",
+                        lambda *a: calls.append(a[-1]) or real(*a))
+    with CPUExecutor(program, make_schedule("sequential", program.graph, cores=2)) as ex:
+        if not ex.cpp_vendor_kernels:
+            pytest.skip(f"C++ vendor kernels unavailable: {native_vendor.reason()}")
+        assert ex._copy_team == 2
+        for seed in (0, 1):
+            inputs = random_inputs(mod, seed=seed)
+            want = run_vm(program.vm(), inputs, device=program.device)
+            got = ex.run(*inputs)
+            np.testing.assert_array_equal(np.from_dlpack(ex.inputs[0]), inputs[0])
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    assert calls == [2, 2]
+    with CPUExecutor(program, make_schedule("nimble", program.graph, cores=2)) as ex:
+        assert ex.schedule.num_streams == 1 or ex._copy_team == 0
+
+
 def test_each_run_reads_the_inputs_it_is_given(stream_runner):
     """Inputs are written through numpy views of the input buffers made once (TVM's copyfrom
     cost a run ~85 us on cold caches): a second run with other inputs computes from them, and

@@ -2381,3 +2381,22 @@ def test_an_unknown_isa_is_refused(monkeypatch):
     monkeypatch.setenv("PARAGRAPH_CPU_ISA", "sse2")
     with pytest.raises(ParagraphError, match="choose one of native, avx2"):
         forced_isa()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_copy_bytes_copies_every_byte_once_over_the_team(threads):
+    """`copy_bytes` (the executor's copy of a large input, `executor.PARALLEL_COPY_BYTES`)
+    splits whole cache lines over the calling thread's team: every byte arrives, sizes that
+    are not a multiple of a line and smaller than the team included, and nothing past the end
+    is written."""
+    from paragraph.tvm_interop.runtime.library import native as native_vendor
+
+    if native_vendor.module() is None:
+        pytest.skip(f"C++ vendor kernels unavailable: {native_vendor.reason()}")
+    rng = np.random.default_rng(threads)
+    for n in (0, 1, 63, 64, 65, 191, 1_000_003):
+        src = rng.integers(0, 256, n + 64, dtype=np.uint8)
+        dst = np.zeros(n + 64, dtype=np.uint8)
+        assert native_vendor.copy_bytes(dst.ctypes.data, src.ctypes.data, n, threads)
+        np.testing.assert_array_equal(dst[:n], src[:n])
+        assert not dst[n:].any()  # the 64 bytes after the copy untouched

@@ -132,8 +132,16 @@ def _weight(value: np.ndarray, device: tvm.runtime.Device) -> tvm.runtime.Tensor
     return tvm.runtime.tensor(value, device)
 
 
+# inputs of at least this size are copied in by the caller's OpenMP team (`_Base._copy_in`):
+# MobileNetV3-small's 600 KB image, copied on one thread, took 60 us of a 1.1 ms run; two
+# threads ran the model 30 us faster (alternated in one process)
+PARALLEL_COPY_BYTES = 256 << 10
+
+
 class _Base:
     """What both executors share: validation, the memory plan, bound buffers, input checks."""
+
+    _copy_team = 0  # the caller's OpenMP team copies large inputs in (0: memmove)
 
     def __init__(self, program: KernelProgram, schedule: Schedule,
                  plan: MemoryPlan | None = None) -> None:
@@ -152,6 +160,7 @@ class _Base:
         signalled = {p for ps in waits.values() for p in ps}
         self.steps: dict[int, Step] = {}
         self.python_kernels = False  # whether a kernel may be a Python function
+        self.cpp_vendor_kernels = False  # whether a kernel is one of the C++ vendor kernels
         stream_of = schedule.stream_of
         for k in schedule.kernels:
             cap = schedule.kernel_threads.get(k)
@@ -175,6 +184,8 @@ class _Base:
                 if bound is None:
                     self.python_kernels = True  # Python's, or an extern packed function
                     bound = vendor.bind(node.attrs["func"], args, cap)
+                else:
+                    self.cpp_vendor_kernels = True
                 fn, args = (fn, args) if bound is None else (bound, ())
         return Step(k, node.attrs.get("func") or node.name or node.kind, fn, args, waits,
                     signals)
@@ -262,13 +273,17 @@ class _Base:
     def _copy_in(self, inputs: Sequence[object]) -> None:
         self.check_inputs(inputs)
         views = self._host_inputs
+        team = self._copy_team
         for i, (buf, arr) in enumerate(zip(self.inputs, inputs, strict=True)):
             if views is not None and isinstance(arr, np.ndarray) and arr.flags.c_contiguous:
                 # shape and dtype checked above. Not np.copyto: in the peers benchmark's
                 # process (ONNX Runtime, PyTorch and the TVM VM beside it) the token-id
                 # encoder then ran 29.7-30.5 ms a run instead of 25.8-26.2, for a reason not
                 # found; a plain memmove of the same bytes does not do that
-                ctypes.memmove(views[i].ctypes.data, arr.ctypes.data, arr.nbytes)
+                dst, src, n = views[i].ctypes.data, arr.ctypes.data, arr.nbytes
+                if not (team and n >= PARALLEL_COPY_BYTES
+                        and native_vendor.copy_bytes(dst, src, n, team)):
+                    ctypes.memmove(dst, src, n)
             else:
                 buf.copyfrom(arr)
 
@@ -324,6 +339,11 @@ class CPUExecutor(_Base):
         self._done = [threading.Event() for _ in range(schedule.num_streams)]
         self.cores = stream_cores(schedule.threads)  # per stream, or None: unbound
         self.teams = stream_teams(schedule.threads)  # per stream, or None: OpenMP unbound
+        # inputs copied in by the caller's OpenMP team where the caller runs the one stream
+        # and its C++ vendor kernels (that team is theirs): a TVM-only program or one of
+        # several streams would give the caller a team of its own, spinning beside theirs
+        self._copy_team = (schedule.threads[0] if self._on_caller and schedule.threads[0] >= 2
+                           and self.cpp_vendor_kernels else 0)
 
     def _native_program(self) -> _native.StreamProgram | None:
         """The streams for the native runner (None without it). Waits spin only while the

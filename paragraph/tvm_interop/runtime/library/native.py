@@ -154,6 +154,23 @@ def bind_team(cpus: list[int]) -> bool:
     return True
 
 
+def loaded() -> Any:
+    """The kernels module if this process has loaded it already, else None (never builds or
+    loads it: for helpers that only pay where vendor kernels run anyway)."""
+    return _state.get("module")
+
+
+def copy_bytes(dst: int, src: int, nbytes: int, threads: int) -> bool:
+    """Copy ``nbytes`` from address ``src`` to ``dst`` over the calling thread's OpenMP team
+    of ``threads`` (the team its vendor kernels run on); False, copying nothing, where the
+    kernels module is not loaded."""
+    m = loaded()
+    if m is None:
+        return False
+    m["paragraph_vendor_copy_bytes"](dst, src, nbytes, threads)
+    return True
+
+
 def timing_kernels() -> int | None:
     """How many C++ vendor kernels bound and alive in this process have not yet chosen their
     form (each times its forms in its first calls); None where the C++ kernels are unavailable

@@ -426,9 +426,28 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
                     threads);
 }
 
+// Copy ``bytes`` from address ``src`` to ``dst`` (not overlapping) over the calling thread's
+// OpenMP team of ``threads``, each thread a contiguous share of whole cache lines: the
+// executor's copy of a model's input into its buffer, which on one thread took 60 us of a
+// 1.1 ms MobileNetV3-small run (the image, 600 KB, cold in cache after a run)
+void CopyBytes(int64_t dst, int64_t src, int64_t bytes, int64_t threads) {
+  TVM_FFI_ICHECK(bytes >= 0 && threads >= 1) << "a copy of " << bytes << " bytes on "
+                                              << threads << " threads";
+  use_threads(threads);
+  char* d = reinterpret_cast<char*>(dst);
+  const char* s = reinterpret_cast<const char*>(src);
+  const int64_t lines = (bytes + 63) / 64;
+  parallel(threads, [&](int64_t t, int64_t nt) {
+    const int64_t a = std::min(bytes, lines * t / nt * 64);
+    const int64_t b = std::min(bytes, lines * (t + 1) / nt * 64);
+    if (b > a) std::memcpy(d + a, s + a, static_cast<size_t>(b - a));
+  });
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_bind_team, BindTeam);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_copy_bytes, CopyBytes);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_choose_form, ChooseForm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_force_form, ForceForm);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_most_forms, MostForms);
