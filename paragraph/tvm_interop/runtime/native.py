@@ -103,6 +103,7 @@ class StreamProgram:
             [[[fn, list(args), list(waits), signal] for fn, args, waits, signal in steps]
              for steps in streams], num_flags, spin_ns)
         self._run = module["paragraph_stream_run"]
+        self._reset = module["paragraph_stream_reset"]  # looked up once: each run resets
 
     def _live(self) -> int:
         if not self.handle:  # a freed handle would be a dangling pointer in C++
@@ -111,7 +112,7 @@ class StreamProgram:
 
     def reset(self) -> None:
         """Clear every flag and the error before a run."""
-        self._m["paragraph_stream_reset"](self._live())
+        self._reset(self._live())
 
     def run(self, stream: int, profile: bool = False) -> int:
         """Run one stream (GIL released): -1 when it finished, the index of its failing step
