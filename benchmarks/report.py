@@ -336,9 +336,15 @@ def _timed(rows: list[dict], key: str) -> list[float]:
 
 def _corpus_head(r: dict) -> str:
     m0 = r["machine"]
-    search = r.get("search")
-    searched = (f"; paragraph with the {search['method']} search, {search['budget_s']:.0f} s a "
-                "model, beside its default build" if search else "")
+    # the search's rows, not the file's last run: a merged run with search may cover a few
+    searched_rows = [m["search"] for m in r["models"] if m.get("search")]
+    searched = ""
+    if searched_rows:
+        s0 = searched_rows[0]
+        kept = sum(1 for s in searched_rows if s.get("same_as") == "paragraph")
+        searched = (f"; on {len(searched_rows)} of them paragraph also with the {s0['method']} "
+                    f"search, {s0['budget_s']:.0f} s a model, beside its default build: it "
+                    f"kept its input on {kept}")
     return (f"{len(r['models'])} models, batch 1, float32, each in a process of its own, every "
             f"runtime side by side ({r['blocks']} alternating blocks of {r['block']} runs or "
             "more: a block lasts 20 ms or more, "
