@@ -13,7 +13,9 @@ Runtime's sequential executor with that many intra-op threads and its profiler o
 median ``kernel_time`` over the same runs, first two of each dropped), a pause between the
 blocks (ORT's pool threads spin after its runs and took the second core from paragraph's next
 block), both summed by kernel class: convolution, matrix product, softmax, layer norm, GELU,
-pooling, concatenation, data movement (transposes, reshapes, slices, gathers), element-wise. The
+pooling, concatenation, data movement (transposes, reshapes, slices, gathers), element-wise.
+Whole runs of each are reported beside the kernels' sum (paragraph's timed without the profile,
+ORT's as its profiler timed them): the difference is what a run spends outside its kernels. The
 two runtimes fuse differently (ORT's FusedConv carries the activation, paragraph's vendor
 products their bias and GELU), so a class is compared as a whole, not per node; and where
 paragraph's kernel of one class does the work of an ORT node of another (NASNet's joins apply
@@ -115,12 +117,13 @@ def carried_by_paragraph(onnx_bytes: bytes) -> dict[str, str]:
 
 def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, blocks: int,
                 runs: int, between, carried: dict[str, str],
-                per_node: str | None = None) -> tuple[dict[str, float], list[dict]]:
+                per_node: str | None = None) -> tuple[dict[str, float], list[dict], float]:
     """Median ms per ORT node kind summed by class, from its profiler over ``blocks`` x
     ``runs`` runs of ``onnx_bytes`` (its nodes named: `named_nodes`); ``between()`` runs after
     each block (the other runtime's block). A node of ``carried`` (`carried_by_paragraph`)
     counts in the class it maps to. Also each node of class ``per_node`` in the order ORT ran
-    them: its name, op, output shape and median ms."""
+    them: its name, op, output shape and median ms; and the median ms of a whole run, as its
+    profiler timed them (`session.run` to the outputs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -144,6 +147,8 @@ def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, block
     durations: dict[str, list[float]] = {}  # in the order ORT first ran the nodes
     kind: dict[str, str] = {}
     shape: dict[str, list] = {}
+    runs_us = [e["dur"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    run_ms = statistics.median(runs_us[WARMUP:] or runs_us) / 1e3 if runs_us else float("nan")
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             durations.setdefault(e["name"], []).append(e["dur"] / 1e3)
@@ -158,7 +163,7 @@ def ort_profile(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int, block
         if cls == per_node:
             nodes.append({"name": node.removesuffix("_kernel_time"), "op": kind[node],
                           "shape": shape[node], "ms": ms})
-    return out, nodes
+    return out, nodes, run_ms
 
 
 def bench_model(name: str, args, log) -> dict:
@@ -177,15 +182,22 @@ def bench_model(name: str, args, log) -> dict:
     for threads in args.threads:
         schedule = make_schedule("sequential", program.graph, cores=threads)
         samples: dict[int, list[float]] = {}
+        runs: list[float] = []  # paragraph's whole runs, not profiled, ms
+
+        def timed_runs(executor, samples=samples, runs=runs) -> None:
+            profiled_runs(executor, inputs, args.runs, samples)
+            for _ in range(args.runs):  # its profile costs after the run: timed without
+                start = time.perf_counter()
+                executor.run(*inputs)
+                runs.append((time.perf_counter() - start) * 1e3)
         with make_executor(program, schedule) as executor:
             # past the vendor kernels' timing of their forms (up to four per convolution, five
             # calls each): two warm-ups profiled those calls, the slower forms' among them
             for _ in range(SETTLE_RUNS):
                 executor.run(*inputs)
-            ort, ort_nodes = ort_profile(
+            ort, ort_nodes, ort_run = ort_profile(
                 onnx_bytes, inputs, threads, args.blocks, args.runs,
-                lambda ex=executor, s=samples: profiled_runs(ex, inputs, args.runs, s),
-                carried, args.per_node)
+                lambda ex=executor: timed_runs(ex), carried, args.per_node)
         ours: dict[str, float] = {}
         our_nodes: list[dict] = []
         for node in schedule.kernels:  # one stream: the order the kernels ran in
@@ -199,12 +211,18 @@ def bench_model(name: str, args, log) -> dict:
                 our_nodes.append({"node": node, "kernel": func,
                                   "shape": list(program.graph[node].outputs[0].shape), "ms": ms})
         classes = sorted(set(ours) | set(ort), key=lambda c: -max(ours.get(c, 0), ort.get(c, 0)))
+        our_run = statistics.median(runs)
         row["threads"][str(threads)] = {
             "paragraph_ms": {c: ours.get(c, 0.0) for c in classes},
             "onnxruntime_ms": {c: ort.get(c, 0.0) for c in classes},
-            "paragraph_total_ms": sum(ours.values()), "onnxruntime_total_ms": sum(ort.values())}
-        log(f"{name}, {threads} thread(s): paragraph {sum(ours.values()):.2f} ms of kernels, "
-            f"ONNX Runtime {sum(ort.values()):.2f} ms")
+            "paragraph_total_ms": sum(ours.values()), "onnxruntime_total_ms": sum(ort.values()),
+            # whole runs (paragraph's unprofiled, ORT's `model_run` as its profiler timed
+            # it): what a run spends outside its kernels (input copy, binding, hand-offs) is
+            # about run less total; ORT's profiler adds to its kernels and its runs
+            "paragraph_run_ms": our_run, "onnxruntime_run_ms": ort_run}
+        log(f"{name}, {threads} thread(s): paragraph {sum(ours.values()):.2f} ms of kernels "
+            f"in runs of {our_run:.2f}, ONNX Runtime {sum(ort.values()):.2f} in runs of "
+            f"{ort_run:.2f} (its profiler's)")
         for c in classes:
             log(f"  {c:14} {ours.get(c, 0.0):8.3f} {ort.get(c, 0.0):8.3f}")
         if args.per_node:
