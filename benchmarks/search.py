@@ -1,6 +1,6 @@
 """Substitution search benchmark: AutoGraph's table 2 on this machine.
 
-Usage: python benchmarks/search.py [--models a,b] [--merge] [--kernels vendor] [--blocks 10]
+Usage: python benchmarks/search.py [--models a,b,corpus:mobilenet_v2] [--merge] [--kernels vendor] [--blocks 10]
            [--block 10] [--reduced] [--budget SECONDS] [--top-k K] [--time-limit SECONDS]
            [--json benchmarks/results/search-cpu.json]
 
@@ -57,6 +57,7 @@ from paragraph.passes.search import SearchOptions
 from paragraph.planner import Session, measure_signatures, plan_schedule, search_plan
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.build.program import build_program
+from paragraph.tvm_interop.frontend.importers import load
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.meter.runs import plan_digest
 from paragraph.tvm_interop.runtime.target import resolve_target
@@ -81,9 +82,23 @@ ORDER = ("tvm_vm", "none+sequential", "none+best", "greedy+best", "taso+sequenti
          "taso+best", "taso+loop+best", "autograph+best", "simulated+best")
 
 
+def model_module(name: str, reduced: bool):
+    """A zoo model by name, or a public corpus model as ``corpus:NAME`` (`corpus_models`: its
+    cached ONNX export, imported as `paragraph.load` does; full size whatever ``reduced``)."""
+    if name.startswith("corpus:"):
+        import corpus_models  # benchmarks/ is on the path when run as a script
+
+        spec = corpus_models.BY_NAME.get(name.removeprefix("corpus:"))
+        if spec is None:
+            raise SystemExit(f"unknown corpus model {name!r}; corpus models: "
+                             + ", ".join(sorted(corpus_models.BY_NAME)))
+        return load(corpus_models.export(spec))
+    return models.get(name, reduced=reduced)
+
+
 def bench_model(name: str, args, db: CostDB, log) -> dict:
     """Every configuration of one model: searches first, then all timed side by side."""
-    mod = models.get(name, reduced=args.reduced)
+    mod = model_module(name, args.reduced)
     target = resolve_target(args.target)
     graph = from_relax(mod)
     program = build_program(to_relax(graph), target, kernels=args.kernels)
