@@ -1,7 +1,8 @@
 """Substitution search benchmark: AutoGraph's table 2 on this machine.
 
-Usage: python benchmarks/search.py [--models a,b,corpus:mobilenet_v2] [--merge] [--kernels vendor] [--blocks 10]
-           [--block 10] [--reduced] [--budget SECONDS] [--top-k K] [--time-limit SECONDS]
+Usage: python benchmarks/search.py [--models a,b,corpus:mobilenet_v2] [--merge]
+           [--kernels vendor] [--blocks 10] [--block 10] [--reduced] [--budget SECONDS]
+           [--top-k K] [--time-limit SECONDS]
            [--json benchmarks/results/search-cpu.json]
 
 Per model, in one process: the TVM VM; no search with the sequential schedule and with the best
