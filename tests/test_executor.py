@@ -695,8 +695,9 @@ def test_traced_operators_compute_what_their_kernel_computes():
 def test_large_inputs_are_copied_in_by_the_callers_team(monkeypatch):
     """One stream on every core runs on the caller with its C++ vendor kernels: inputs of
     `PARALLEL_COPY_BYTES` or more are copied in by the caller's OpenMP team (the threshold
-    lowered here so that the reduced model's input takes that path), and runs compute from
-    the inputs each is given. A schedule of several streams copies on the caller alone."""
+    lowered here so that the reduced model's input takes that path), once the caller is bound
+    to its core for the run, and runs compute from the inputs each is given. A schedule of
+    several streams copies on the caller alone."""
     from paragraph.tvm_interop.runtime import executor as executor_module
     from paragraph.tvm_interop.runtime.library import native as native_vendor
 
@@ -705,10 +706,10 @@ def test_large_inputs_are_copied_in_by_the_callers_team(monkeypatch):
     monkeypatch.setattr(executor_module, "PARALLEL_COPY_BYTES", 1)
     mod = models.get("squeezenet1_1", reduced=True)
     program = build_program(mod, "llvm", kernels="vendor")
-    calls = []
+    calls = []  # (threads, the calling thread's cores at the copy)
     real = native_vendor.copy_bytes
     monkeypatch.setattr(native_vendor, "copy_bytes",
-                        lambda *a: calls.append(a[-1]) or real(*a))
+                        lambda *a: calls.append((a[-1], os.sched_getaffinity(0))) or real(*a))
     with CPUExecutor(program, make_schedule("sequential", program.graph, cores=2)) as ex:
         if not ex.cpp_vendor_kernels:
             pytest.skip(f"C++ vendor kernels unavailable: {native_vendor.reason()}")
@@ -720,7 +721,12 @@ def test_large_inputs_are_copied_in_by_the_callers_team(monkeypatch):
             np.testing.assert_array_equal(np.from_dlpack(ex.inputs[0]), inputs[0])
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-    assert calls == [2, 2]
+        # copied once the caller is bound for the run, where its team is bound: on its
+        # own core, not where an unbound caller woke after a pause (the worker's)
+        bound = ex._binding(0)
+    assert [t for t, _ in calls] == [2, 2]
+    if bound is not None:
+        assert all(cores == bound for _, cores in calls)
     with CPUExecutor(program, make_schedule("nimble", program.graph, cores=2)) as ex:
         assert ex.schedule.num_streams == 1 or ex._copy_team == 0
 

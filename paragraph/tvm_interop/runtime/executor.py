@@ -273,8 +273,9 @@ class _Base:
             check_index_ranges(inputs, self.program.input_ranges,
                                [name for _, _, name in specs])
 
-    def _copy_in(self, inputs: Sequence[object]) -> None:
-        self.check_inputs(inputs)
+    def _copy_in(self, inputs: Sequence[object], check: bool = True) -> None:
+        if check:
+            self.check_inputs(inputs)
         views = self._host_inputs
         team = self._copy_team
         for i, (buf, arr) in enumerate(zip(self.inputs, inputs, strict=True)):
@@ -347,6 +348,7 @@ class CPUExecutor(_Base):
         # several streams would give the caller a team of its own, spinning beside theirs
         self._copy_team = (schedule.threads[0] if self._on_caller and schedule.threads[0] >= 2
                            and self.cpp_vendor_kernels else 0)
+        self._pending_inputs: Sequence[object] | None = None  # for the caller to copy in
 
     def _native_program(self) -> _native.StreamProgram | None:
         """The streams for the native runner (None without it). Waits spin only while the
@@ -375,7 +377,11 @@ class CPUExecutor(_Base):
             return self._run(inputs, copy_outputs, profile)
 
     def _run(self, inputs: Sequence[object], copy_outputs: bool, profile: bool) -> list:
-        self._copy_in(inputs)
+        if self._copy_team:  # copied by the caller's team once the caller is bound
+            self.check_inputs(inputs)
+            self._pending_inputs = inputs
+        else:
+            self._copy_in(inputs)
         if self.native is not None:
             self.native.reset()  # its own events; the Python ones serve `run_stream` only
         else:  # 163 events cost NASNet-A mobile 130 us a run on cold caches
@@ -432,6 +438,11 @@ class CPUExecutor(_Base):
             with pinned(self._binding(s)) if on_caller_thread else nullcontext():
                 if team:
                     _bind_team(team)
+                if on_caller_thread and self._pending_inputs is not None:
+                    # on the caller's core, its team's worker on its own: unbound, after a
+                    # pause the caller may wake on the worker's core and the two copy there
+                    inputs, self._pending_inputs = self._pending_inputs, None
+                    self._copy_in(inputs, check=False)
                 if self.native is None:
                     self.run_stream(s)
                 else:
