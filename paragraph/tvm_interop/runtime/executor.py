@@ -348,7 +348,6 @@ class CPUExecutor(_Base):
         # several streams would give the caller a team of its own, spinning beside theirs
         self._copy_team = (schedule.threads[0] if self._on_caller and schedule.threads[0] >= 2
                            and self.cpp_vendor_kernels else 0)
-        self._pending_inputs: Sequence[object] | None = None  # for the caller to copy in
 
     def _native_program(self) -> _native.StreamProgram | None:
         """The streams for the native runner (None without it). Waits spin only while the
@@ -377,9 +376,8 @@ class CPUExecutor(_Base):
             return self._run(inputs, copy_outputs, profile)
 
     def _run(self, inputs: Sequence[object], copy_outputs: bool, profile: bool) -> list:
-        if self._copy_team:  # copied by the caller's team once the caller is bound
+        if self._copy_team:  # the caller's team copies them in once it is bound
             self.check_inputs(inputs)
-            self._pending_inputs = inputs
         else:
             self._copy_in(inputs)
         if self.native is not None:
@@ -392,7 +390,7 @@ class CPUExecutor(_Base):
         try:
             if self._on_caller:
                 with _noting_interrupts(self._interrupts, self.python_kernels):
-                    self._stream_task(0, self._done[0])
+                    self._stream_task(0, self._done[0], inputs if self._copy_team else None)
                 if self._crash is not None and isinstance(self._crash[1], KeyboardInterrupt):
                     raise self._crash[1]
                 if self._interrupts:
@@ -427,7 +425,8 @@ class CPUExecutor(_Base):
         team = None if self.teams is None else self.teams[s]
         return frozenset(team[:1]) if team else None if self.cores is None else self.cores[s]
 
-    def _stream_task(self, s: int, done: threading.Event) -> None:
+    def _stream_task(self, s: int, done: threading.Event,
+                     copy_in: Sequence[object] | None = None) -> None:
         try:
             # after sizing the pool: TVM gives the calling thread every core when it does
             config_threads(self.schedule.threads[s])
@@ -438,11 +437,10 @@ class CPUExecutor(_Base):
             with pinned(self._binding(s)) if on_caller_thread else nullcontext():
                 if team:
                     _bind_team(team)
-                if on_caller_thread and self._pending_inputs is not None:
+                if copy_in is not None:  # checked in `_run`; copied by the caller's team
                     # on the caller's core, its team's worker on its own: unbound, after a
                     # pause the caller may wake on the worker's core and the two copy there
-                    inputs, self._pending_inputs = self._pending_inputs, None
-                    self._copy_in(inputs, check=False)
+                    self._copy_in(copy_in, check=False)
                 if self.native is None:
                     self.run_stream(s)
                 else:
