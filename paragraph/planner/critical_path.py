@@ -5,12 +5,13 @@ only whole runs settle.
 over each kernel's one-thread time measured in model order and the measured cross-stream
 hand-off. On a CPU it then times, end to end and side by side (`Meter.runs`), and keeps:
 several one-thread streams or one stream of every core (`one_stream_if_faster`, with the
-kernels that run faster on one thread capped to it where that pays); the program with its
-average pools moved after their 1 x 1 convolutions (`with_pools_moved`, the library rule
-``pool-after-conv1x1``); and the program with its lone convolutions split across the streams
-(``split-conv-2``/``-4``). Every rewrite starts from the program's own prepared model graph
-(`KernelProgram.model`). `plan_like` plans a rewritten graph (a search candidate) with the
-choices another plan made.
+kernels that run faster on one thread capped to it where that pays; one stream without timing
+where the measured kernel times predict the streams `PREDICTED_MARGIN` times slower); the
+program with its average pools moved after their 1 x 1 convolutions (`with_pools_moved`, the
+library rule ``pool-after-conv1x1``); and, where streams were kept, the program with its lone
+convolutions split across them (``split-conv-2``/``-4``). Every rewrite starts from the
+program's own prepared model graph (`KernelProgram.model`). `plan_like` plans a rewritten
+graph (a search candidate) with the choices another plan made.
 """
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ def plan_critical_path(program: KernelProgram, session: Session, split: bool = T
     CPU of two cores or more, its streams are timed against one stream of every core and the
     faster kept (`one_stream_if_faster`), with ``pools`` the program with its pools moved is
     kept unless the program as it is runs clearly faster (`with_pools_moved`), and with
-    ``split`` the program
-    with its lone convolutions split is kept if its outputs agree and it runs clearly faster
-    end to end."""
+    ``split``, where several streams were kept, the program with its lone convolutions split
+    is kept if its outputs agree and it runs clearly faster end to end."""
     on_cpu = is_cpu(program.target)
     streams = session.cores if on_cpu else None
     plain = measured_critical_path(program, session, streams)
@@ -58,6 +58,13 @@ def plan_critical_path(program: KernelProgram, session: Session, split: bool = T
         plain = with_pools_moved(plain, session)
     program = plain.program
     if not (split and on_cpu and streams is not None and streams >= 2):
+        return plain
+    if len(plain.schedule.streams) < 2:
+        # a split convolution's parts run side by side on streams; on one stream of every
+        # core they would run one after the other, the same work in more kernels. In the
+        # corpus the split was kept on Inception-v3 only (streams); timing it on ViT-B/16's
+        # one stream took 25 s of its 127 s build to reject it (544 against 356 ms)
+        session.log("  critical-path: one stream: no lone convolution split across streams")
         return plain
     try:
         rebuilt = split_program(program, 4 if streams >= 4 else 2, session)
@@ -146,20 +153,52 @@ def one_stream_if_faster(plan: Plan, session: Session, cores: int) -> Plan:
     ``cores``, timed end to end, the faster kept: a chain of large kernels gains more from
     threads inside each kernel than from the little that runs beside it (ResNeXt-50 with
     vendor kernels ran 64.5 ms on two streams of one thread, 52 ms on one of two), while
-    NASNet's many small kernels are the other way round."""
+    NASNet's many small kernels are the other way round. Where the streams' predicted makespan
+    (critical-path's, over 1-thread kernel times) is over `PREDICTED_MARGIN` times the one
+    stream's (the sum of its kernels' times measured on their threads), one stream is kept
+    untimed (`StreamsChoice.timed` false: its times are the predictions)."""
     if len(plan.schedule.streams) < 2:
         return plan
     program = plan.program
     one = _one_stream(plan, session, cores)
+    assert plan.report.critical_path is not None
+    # the streams' makespan as critical-path predicts it (1-thread kernel times, hand-offs),
+    # and the one stream's as the sum of its kernels' measured times on their threads: where
+    # the streams are predicted far slower, no run is timed (ViT-B/16: predicted 542 against
+    # 398 ms, timed 524 against 307 ms, 14 s of its build)
+    streams_pred = plan.report.critical_path.predicted_ms / 1e3
+    one_pred = _sum_of_kernels(program, one, session)
+    if one_pred * PREDICTED_MARGIN < streams_pred:
+        session.log(f"  critical-path: {len(plan.schedule.streams)} streams of 1 thread "
+                    f"predicted {streams_pred * 1e3:.2f} ms, 1 stream of {cores} threads "
+                    f"{one_pred * 1e3:.2f} ms: keeping one stream, untimed")
+        report = replace(plan.report.critical_path, streams=StreamsChoice(
+            streams_pred * 1e3, one_pred * 1e3, len(one.kernel_threads), True, timed=False))
+        return Plan(program, one, PlanReport(critical_path=report))
     streams_s, one_s = session.meter.runs([(program, plan.schedule), (program, one)])
     keep = not clearly_faster(streams_s, one_s)
     session.log(f"  critical-path: {len(plan.schedule.streams)} streams of 1 thread "
-                f"{streams_s * 1e3:.2f} ms, 1 stream of {cores} threads {one_s * 1e3:.2f} ms: "
+                f"{streams_s * 1e3:.2f} ms (predicted {streams_pred * 1e3:.2f}), 1 stream of "
+                f"{cores} threads {one_s * 1e3:.2f} ms (predicted {one_pred * 1e3:.2f}): "
                 f"keeping {'one stream' if keep else 'the streams'}")
-    assert plan.report.critical_path is not None
     report = replace(plan.report.critical_path, streams=StreamsChoice(
         streams_s * 1e3, one_s * 1e3, len(one.kernel_threads), keep))
     return Plan(program, one if keep else plan.schedule, PlanReport(critical_path=report))
+
+
+# one stream is kept without timing where the streams' predicted makespan is more than this
+# many times the one stream's predicted time
+PREDICTED_MARGIN = 1.25
+
+
+def _sum_of_kernels(program: KernelProgram, one: Schedule, session: Session) -> float:
+    """Seconds the one-stream schedule ``one`` is predicted to take: each kernel's time measured
+    in model order on the threads it runs on there (cached by `fewer_threads_where_faster`)."""
+    threads = one.threads[0]
+    times = {t: _kernel_times(program, t, session, quiet=True)
+             for t in {threads, *one.kernel_threads.values()}}
+    return sum(times[one.kernel_threads.get(k, threads)][k] for k in one.streams[0]
+               if k in times[threads])
 
 
 def _one_stream(plan: Plan, session: Session, cores: int, caps: bool | None = None,

@@ -17,12 +17,15 @@ from paragraph.tvm_interop.runtime.reference import Comparison
 
 @dataclass(frozen=True)
 class StreamsChoice:
-    """Several one-thread streams against one stream of every core, timed end to end."""
+    """Several one-thread streams against one stream of every core, timed end to end, or
+    (``timed`` false) predicted from the measured kernel times where the prediction left no
+    doubt (`critical_path.one_stream_if_faster`)."""
 
     streams_ms: float
     one_stream_ms: float
     capped: int  # kernels of the one stream capped to one thread
     one_stream: bool  # what was kept
+    timed: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class CriticalPathReport:
         if self.streams is not None:
             out.update(streams_ms=self.streams.streams_ms,
                        one_stream_ms=self.streams.one_stream_ms,
-                       one_stream_kernels_on_fewer_threads=self.streams.capped)
+                       one_stream_kernels_on_fewer_threads=self.streams.capped,
+                       streams_timed=self.streams.timed)
         for name, choice, before, after in (("pools", self.pools, "unmoved_ms", "moved_ms"),
                                             ("split", self.split, "unsplit_ms", "split_ms")):
             if choice is not None:
