@@ -27,7 +27,11 @@ saying so and the run goes on). In that process, on one set of seeded inputs
   ONNX node;
 * every runtime's outputs against ONNX Runtime's: max |difference| / (max |ONNX Runtime| +
   1e-12) over the outputs; a row is ``equal`` when paragraph's (each of its configurations) is
-  at most `TOLERANCE`;
+  at most `TOLERANCE`, or, where it is more, at most `ROUNDING_FACTOR` times ONNX Runtime's own
+  distance from paragraph's numpy interpreter of the model run in float64
+  (``reference_rounding``: a deep model with random weights amplifies float32 rounding past
+  any fixed tolerance; Inception-v4's ONNX Runtime outputs are 5.5e-4 from the float64 ones,
+  OpenVINO's and PyTorch's 6.5-8.9e-4 from ONNX Runtime's);
 * everything that ran, timed side by side in alternating blocks (`settle_and_time_in_blocks`),
   medians with p10/p90, the contention on the cores recorded before and after
   (`wait_for_quiet_cores`, `cpu_contention`; ``contended`` as peers.py flags it);
@@ -62,7 +66,8 @@ The results file (written atomically after each model, `paragraph.bench.bench_mo
         "kernels": {"vendor", "tvm_tuned", "tvm_untuned", "tuning_db"}, "search_kernels",
         "search": {"method", "budget_s", "rules", "seconds", "candidates_built",
                    "speedup"} | null,
-        "max_rel_error": {config: float}, "configs": [{"config", "median_ms", "p10_ms",
+        "max_rel_error": {config: float}, "reference_rounding" (only where paragraph's
+        error exceeds TOLERANCE), "configs": [{"config", "median_ms", "p10_ms",
         "p90_ms", "runs", ...}],
         "onnxruntime_ms", "onnxruntime_parallel_ms", "openvino_ms", "pytorch_ms",
         "paragraph_ms", "paragraph_search_ms", "best_peer", "best_peer_ms",
@@ -275,7 +280,9 @@ def bench_one(name: str, args: argparse.Namespace, log: Log) -> dict:
     from paragraph.planner import CompileOptions, Session, compile
     from paragraph.progress import quiet
     from paragraph.tvm_interop.frontend.importers import load
+    from paragraph.tvm_interop.frontend.relax_graph import from_relax
     from paragraph.tvm_interop.measure.costdb import CostDB
+    from paragraph.tvm_interop.runtime.reference import ROUNDING_FACTOR, GraphReference
 
     start_all = time.perf_counter()
     kind, package = describe(name)
@@ -302,6 +309,7 @@ def bench_one(name: str, args: argparse.Namespace, log: Log) -> dict:
     # paragraph first, so that the memory after its build is its own (and the libraries')
     session = Session(None, db=CostDB(workdir / "costs.sqlite"), log=quiet)
     start = time.perf_counter()
+    mod = None
     try:
         mod = load(str(path))
         row["import_ok"] = True
@@ -380,7 +388,16 @@ def bench_one(name: str, args: argparse.Namespace, log: Log) -> dict:
         except Exception as exc:  # noqa: BLE001
             fail(c.name, exc)
     ours = [c.name for c in checked if c.name.startswith("paragraph")]
-    row["equal"] = bool(ours) and all(row["max_rel_error"][n] <= TOLERANCE for n in ours)
+    allowed = TOLERANCE
+    worst = max((row["max_rel_error"][n] for n in ours), default=0.0)
+    if TOLERANCE < worst < math.inf and mod is not None:
+        try:  # how far ONNX Runtime itself is from the model's values in float64
+            wide = GraphReference(from_relax(mod)).outputs(inputs, wide=True)
+            row["reference_rounding"] = relative_error(wide, expected)
+            allowed = max(TOLERANCE, ROUNDING_FACTOR * row["reference_rounding"])
+        except Exception as exc:  # noqa: BLE001  the fixed tolerance stands
+            fail("reference_rounding", exc)
+    row["equal"] = bool(ours) and all(row["max_rel_error"][n] <= allowed for n in ours)
     log(f"{name}: max relative error against ONNX Runtime: " + ", ".join(
         f"{k} {v:.2g}" for k, v in row["max_rel_error"].items() if k != "onnxruntime"))
     # a block lasts at least MIN_BLOCK_S of ONNX Runtime's runs: in blocks of 5 runs of the

@@ -53,7 +53,11 @@ from paragraph.tvm_interop.runtime.executor import CPUExecutor, gpu_available, m
 from paragraph.tvm_interop.runtime.library.names import KERNEL_SOURCES
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels
 from paragraph.tvm_interop.runtime.program import KernelProgram
-from paragraph.tvm_interop.runtime.reference import reference_for
+from paragraph.tvm_interop.runtime.reference import (
+    ROUNDING_FACTOR,
+    reference_for,
+    reference_rounding,
+)
 from paragraph.tvm_interop.runtime.target import (
     is_cpu,
     local_cpu_target,
@@ -358,7 +362,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(f"  wrote {args.save_schedule}")
     return _check_and_time(args, plan, inputs, expected,
                            f"{label}: paragraph executor, {plan.program.kernel_source} kernels",
-                           reference.name)
+                           reference.name,
+                           lambda: reference_rounding(reference, graph, [(inputs, expected)]))
 
 
 def _run_remote(args: argparse.Namespace) -> int:
@@ -392,10 +397,12 @@ def _run_remote(args: argparse.Namespace) -> int:
 
 
 def _check_and_time(args: argparse.Namespace, plan: Plan, inputs: Sequence[np.ndarray],
-                    expected: Sequence[np.ndarray], label: str, reference: str) -> int:
+                    expected: Sequence[np.ndarray], label: str, reference: str,
+                    rounding: Callable[[], float | None] | None = None) -> int:
     """Run the plan on the executor, compare with ``expected`` (exit status 1 if they differ
-    beyond `paragraph.tvm_interop.meter.runs.tolerance`), write them (--outputs), then time
-    ``--repeat`` runs and print the median."""
+    beyond `paragraph.tvm_interop.meter.runs.tolerance`, or where ``rounding`` (the
+    reference's own float32 rounding, measured only then) is given, beyond `ROUNDING_FACTOR`
+    times it), write them (--outputs), then time ``--repeat`` runs and print the median."""
     program, schedule = plan.program, plan.schedule
     with _Step("checking the executor's outputs"):
         executor = make_executor(program, schedule, use_cuda_graph=not args.no_cuda_graph)
@@ -405,9 +412,18 @@ def _check_and_time(args: argparse.Namespace, plan: Plan, inputs: Sequence[np.nd
                      else 0.0 for a, b in zip(expected, got, strict=False)),  # shown only
                     default=0.0)
         difference = max_difference(expected, got)
-        ok = difference <= tolerance(program)
+        allowed = tolerance(program)
+        within = ""
+        if difference > allowed and rounding is not None and np.isfinite(difference):
+            # a deep model can amplify float32 rounding past the tolerance (Inception-v4)
+            own = rounding()
+            if own is not None:
+                allowed = max(allowed, ROUNDING_FACTOR * own)
+                within = (f" ({reference} is {own:.2g} from the float64 interpreter: up to "
+                          f"{allowed:.2g} is the model's float32 rounding)")
+        ok = difference <= allowed
         _say(f"  {len(got)} output(s) against {reference}: max abs difference {worst:.3g}, "
-             f"relative to scale {difference:.3g}: "
+             f"relative to scale {difference:.3g}{within}: "
              f"{'equal' if ok else 'DIFFERENT'}")
         _say(f"  memory: {executor.plan.summary()}")
         if not ok:

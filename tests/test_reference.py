@@ -122,3 +122,48 @@ def test_a_rewritten_program_that_differs_is_dropped_and_the_build_goes_on(squee
     assert checked.report.dropped == ("a-wrong-rewrite",)
     assert not checked.program.rewrites
     assert checked.report.check is not None and checked.report.check.equal
+
+
+def _cancelling_module(scale: float = 1.0) -> tvm.IRModule:
+    """``x @ A - x @ B`` with B within 1e-4 of A: its outputs are a thousandth of the terms
+    they are the difference of, so float32 rounding of the terms is ~1e-3 of them, past the
+    check's tolerance however the sums are ordered (as in a deep model with random weights)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((512, 64)).astype("float32")
+    b = (a * (1 + 1e-4 * rng.standard_normal(a.shape))).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 512), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.matmul(x, relax.const(a * np.float32(scale))))
+            q = bb.emit(relax.op.matmul(x, relax.const(b)))
+            out = bb.emit_output(relax.op.subtract(p, q))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_difference_within_the_models_float32_rounding_is_equal():
+    """Past the tolerance, the check measures how far the reference itself is from the
+    float64 interpreter and allows `ROUNDING_FACTOR` times that; a program that computes
+    something else is still far outside it."""
+    from paragraph.tvm_interop.runtime.reference import ROUNDING_FACTOR
+
+    mod = _cancelling_module()
+    graph = from_relax(mod)
+    ref = GraphReference(graph)
+    x = np.random.default_rng(0).standard_normal((4, 512)).astype("float32")
+    wide = ref.outputs([x], wide=True)[0]
+    assert wide.dtype == np.float64
+    vm = build_vm(mod)
+    result = compare(lambda inputs: run_vm(vm, inputs), graph, ref, 1e-4)
+    assert result.difference > 1e-4, "the model no longer rounds past the tolerance"
+    assert result.rounding is not None and result.rounding > 1e-5
+    assert result.equal and result.allowed == ROUNDING_FACTOR * result.rounding
+    assert "float32 rounding" in result.describe() and "equal" in result.describe()
+    assert result.to_json()["reference_rounding"] == result.rounding
+    wrong = build_vm(_cancelling_module(scale=1.001))
+    bad = compare(lambda inputs: run_vm(wrong, inputs), graph, ref, 1e-4)
+    assert not bad.equal and bad.difference > 10 * bad.allowed
+    # within the tolerance, the rounding is not measured
+    same = compare(lambda inputs: ref.outputs(inputs), graph, ref, 1e-4)
+    assert same.rounding is None and same.equal
