@@ -352,7 +352,17 @@ def _corpus_head(r: dict) -> str:
             f"`benchmarks/corpus.py`{searched}). Ratios are speed ratios (peer ms / paragraph "
             "ms, above 1: paragraph faster); the best peer is the fastest of ONNX Runtime's two "
             "executors and OpenVINO (f32); equal: paragraph's outputs within "
-            f"{r['tolerance']:.0e} of ONNX Runtime's, relative to their largest.")
+            f"{r['tolerance']:.0e} of ONNX Runtime's, relative to their largest"
+            f"{_rounding_note(r)}.")
+
+
+def _rounding_note(r: dict) -> str:
+    """Where a row's tolerance was widened to the model's float32 rounding, which rows."""
+    wide = [m["model"] for m in r["models"] if m.get("reference_rounding") is not None]
+    if not wide:
+        return ""
+    return (f", or within 4x ONNX Runtime's own distance from the model in float64 where "
+            f"that is more ({', '.join(wide)})")
 
 
 def corpus_table(r: dict) -> list[str]:

@@ -21,7 +21,7 @@ import tvm
 
 from paragraph.errors import ParagraphError
 from paragraph.files import atomic_write_json
-from paragraph.machine import describe_machine
+from paragraph.machine import describe_machine, same_machine
 from paragraph.outputs import max_difference
 from paragraph.passes.ios import IOSOptions
 from paragraph.planner import Plan, Session, plan_schedule
@@ -256,5 +256,10 @@ def kept_models(path: str | os.PathLike, rerun: Sequence[str]) -> list[dict]:
         return []
     with open(path) as f:
         old = json.load(f)
+    other = same_machine(old["machine"])
+    if other is not None:  # one table, one kind of machine
+        raise ParagraphError(f"{path} was measured on another machine ({other}): rows from "
+                             "both would be compared in one table; rerun every model, or "
+                             "write this run to another file")
     return [{"date": old["machine"]["date"], "load_average": old["load_average"], **m}
             for m in old["models"] if m["model"] not in rerun]

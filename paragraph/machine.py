@@ -8,6 +8,7 @@ import gc
 import os
 import platform
 import time
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
@@ -91,6 +92,29 @@ def _cpu_id() -> str | None:
             f"{fields.get('model', '?')} stepping {fields.get('stepping', '?')}")
 
 
+def has_avx512() -> bool | None:
+    """Whether this CPU has AVX-512F (paragraph's own C++ kernels need it), from
+    /proc/cpuinfo's flags; None where they cannot be read. Two VMs both named "AMD EPYC"
+    were a Zen 4 with it and a Zen 3 without."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return None
+
+
+def same_machine(recorded: Mapping[str, Any]) -> str | None:
+    """Why ``recorded`` (a results file's `describe_machine`) is not this kind of machine
+    (another CPU id, core count or AVX-512), or None where nothing recorded differs."""
+    now = {"cpu_id": _cpu_id(), "cores": cpu_count(), "avx512": has_avx512()}
+    differ = [f"{k} {recorded[k]!r} there, {v!r} here" for k, v in now.items()
+              if recorded.get(k) is not None and v is not None and recorded[k] != v]
+    return "; ".join(differ) or None
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -109,6 +133,7 @@ def describe_machine() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cpu_id": _cpu_id(),
         "cores": cpu_count(),
+        "avx512": has_avx512(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": {

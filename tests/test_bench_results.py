@@ -48,3 +48,23 @@ def test_results_options_name_the_file_and_merge():
     assert reduced.merge
     assert results_path(reduced, "peers-cpu") == "benchmarks/results/peers-cpu-reduced.json"
     assert results_path(parser.parse_args(["--json", "r.json"]), "peers-cpu") == "r.json"
+
+
+def test_rows_of_another_machine_are_not_merged(tmp_path):
+    """A results file measured on another CPU (here: another id, and AVX-512 where this one
+    may lack it) is not merged with this machine's rows: one table, one kind of machine (two
+    VMs both called "AMD EPYC" were a Zen 4 and a Zen 3 without AVX-512)."""
+    from paragraph.machine import describe_machine, same_machine
+
+    out = tmp_path / "results.json"
+    bench_models(["a"], _bench, str(out), {"benchmark": "toy"}, merge=False, log=print)
+    recorded = json.loads(out.read_text())
+    assert same_machine(recorded["machine"]) is None
+    assert "avx512" in describe_machine()
+    recorded["machine"]["cpu_id"] = "GenuineIntel family 6 model 143 stepping 8"
+    out.write_text(json.dumps(recorded))
+    with pytest.raises(ParagraphError, match="another machine.*cpu_id"):
+        bench_models(["b"], _bench, str(out), {"benchmark": "toy"}, merge=True, log=print)
+    # without merging, the file is simply replaced
+    bench_models(["b"], _bench, str(out), {"benchmark": "toy"}, merge=False, log=print)
+    assert [m["model"] for m in json.loads(out.read_text())["models"]] == ["b"]

@@ -391,3 +391,51 @@ def test_end_to_end_blocks_of_a_fast_model_last_long_enough(monkeypatch):
     # a run of this cell takes well under a millisecond: each block is longer than 5 runs
     assert blocks and all(b >= min(planner.MAX_BLOCK, planner.MIN_BLOCK_S / seconds[0]) * 0.5
                           and 5 < b <= planner.MAX_BLOCK for b in blocks)
+
+
+def conv_beside_shared_products():
+    """A 3x3 convolution and, beside it, four products of one 4 MB weight matrix: splitting
+    the convolution in four (``split-conv-4``) only adds kernels, while stacking the products'
+    rows (``taso-merge-matmul-rows``) reads the matrix once instead of four times."""
+    b = GraphBuilder()
+    x = b.input((1, 32, 28, 28))
+    conv = b.op("conv2d", [x, b.weight(w(32, 32, 3, 3) / 17)], {"padding": 1})
+    shared = b.weight(w(1024, 1024) / 32)
+    products = [b.op("matmul", [b.input((1, 1024)), shared]) for _ in range(4)]
+    return b.build([conv.out, *(p.out for p in products)]), {conv.id}, {p.id for p in products}
+
+
+@pytest.mark.skipif(not torch_available(), reason="vendor kernels need PyTorch")
+def test_a_candidate_that_did_not_pay_is_bisected_to_the_piece_that_does(tmp_path):
+    """The on-board loop's bisection (delta debugging over a candidate's rewritten pieces): a
+    candidate with one rewrite that slows its piece and one that speeds up another is split
+    into subsets, each built and timed beside the input, and the subset that pays is found."""
+    from paragraph.passes.search import Applied, Candidate, Piece, with_pieces
+    from paragraph.planner.onboard import _OnBoard, _Winner
+    from paragraph.rules.library import default_library
+    from paragraph.rules.match import apply_match, find_matches
+
+    g, conv, products = conv_beside_shared_products()
+    rules = {r.id: r for r in default_library().for_search()}
+    pieces = []
+    for ops, rule in ((conv, rules["split-conv-4"]), (products, rules["taso-merge-matmul-rows"])):
+        sub = extract(g, ops)
+        new = next(n for m in find_matches(sub, rule) if (n := apply_match(sub, m)) is not None)
+        pieces.append(Piece(frozenset(ops), Candidate(0.0, new, (Applied(rule.id, ()),))))
+    whole = with_pieces(g, pieces)
+    assert whole is not None and whole.pieces == tuple(pieces)
+    for subset in ([pieces[0]], [pieces[1]], pieces):  # every subset computes the model
+        c = with_pieces(g, subset)
+        assert c is not None
+        xs = [RNG.standard_normal(g[i].type.shape).astype("float32") for i in g.inputs]
+        for a, b in zip(run_graph(g, xs), run_graph(c.graph, xs), strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    session = Session("llvm", db=CostDB(tmp_path / "costs.sqlite"), cores=2)
+    loop = _OnBoard(g, session, SearchOptions(budget=600), "sequential", "vendor", True,
+                    list(rules.values()))
+    loop.start(None)
+    found = loop.bisect(0, _Winner(1.05, loop.best, whole, 1.05, 1.0))
+    assert found is not None, "no subset of the candidate paid"
+    assert found.candidate.pieces == (pieces[1],) and found.ratio < 0.98
+    assert loop.bisected >= 2
+    assert_runs_the_model(g, found.plan)

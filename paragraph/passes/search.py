@@ -25,7 +25,7 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
@@ -53,11 +53,23 @@ class Applied:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A graph the search reached, its cost and the rewrites that made it."""
+    """A graph the search reached, its cost and the rewrites that made it; where it was
+    assembled from pieces of the graph searched, each rewritten piece (`Piece`), so that a
+    subset of them can be stitched into that graph again (`with_pieces`)."""
 
     cost: float
     graph: Graph
     applied: tuple[Applied, ...] = ()
+    pieces: tuple[Piece, ...] = ()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The operators ``ops`` of the graph searched, rewritten as ``result`` (a graph of the
+    piece alone, as `extract` made it, with the rewrites that made it)."""
+
+    ops: frozenset[int]
+    result: Candidate
 
 
 @dataclass
@@ -502,7 +514,7 @@ def search(graph: Graph, rules: Sequence[AnyRule], cost: CostFn,
         for alt in found[r][1:]:
             cands.append(_assemble(graph, part, chosen, {**{q: found[q][0] for q in chosen},
                                                         r: alt}))
-    cands = [Candidate(cost(c.graph), c.graph, c.applied) for c in cands]
+    cands = [replace(c, cost=cost(c.graph)) for c in cands]
     stats.update(expansions=budget.used, seconds=time.perf_counter() - start)
     return _result(graph, before, cands, stats)
 
@@ -512,36 +524,49 @@ def _assemble(graph: Graph, part: Partition, runs: Sequence[tuple[int, int]],
     """Stitch each run's chosen graph into ``graph`` (runs are disjoint; each piece's inputs
     and outputs are those of ``graph``, followed through the earlier stitches). A result
     that does not validate keeps ``graph``."""
-    todo = [(part.ops(r), best[r]) for r in runs if best[r].applied]
+    todo = [Piece(frozenset(part.ops(r)), best[r]) for r in runs if best[r].applied]
     if not todo:
         return Candidate(0.0, graph)
-    try:  # all pieces in one rewrite of the graph (one per piece costs pieces x graph)
-        out = stitch_all(graph, [(ops, c.graph, external_inputs(graph, ops),
-                                  piece_outputs(graph, ops)) for ops, c in todo])
-        out.validate()
-        return Candidate(0.0, out, tuple(a for _, c in todo for a in c.applied))
-    except (GraphError, ValueError):
-        pass  # piece by piece below, keeping whatever no longer fits as it was
+    whole = with_pieces(graph, todo)
+    if whole is not None:
+        return whole
+    # piece by piece, keeping whatever no longer fits as it was
     out = graph
-    applied: tuple[Applied, ...] = ()
+    kept: list[Piece] = []
     renamed: dict[TensorRef, TensorRef] = {}
-    for run in runs:
-        cand = best[run]
-        if not cand.applied:
-            continue
-        ops = part.ops(run)
+    for piece in todo:
+        ops = set(piece.ops)
         external = [renamed.get(r, r) for r in external_inputs(graph, ops)]
         try:
-            out, remap = stitch(out, ops, cand.graph, external, piece_outputs(graph, ops))
+            out, remap = stitch(out, ops, piece.result.graph, external,
+                                piece_outputs(graph, ops))
         except (GraphError, ValueError):
             continue  # the piece no longer fits: keep it as it was
         renamed.update(remap)
-        applied += cand.applied
+        kept.append(piece)
     try:
         out.validate()
     except GraphError:
         return Candidate(0.0, graph)
-    return Candidate(0.0, out, applied)
+    return Candidate(0.0, out, tuple(a for p in kept for a in p.result.applied), tuple(kept))
+
+
+def with_pieces(graph: Graph, pieces: Sequence[Piece]) -> Candidate | None:
+    """``graph`` with each of ``pieces`` (disjoint pieces of it) stitched in, all in one
+    rewrite of the graph (one per piece costs pieces x graph); None where the result does not
+    validate. A subset of a candidate's pieces is a candidate of its own: the on-board loop
+    bisects a candidate that measured slower into them (`planner.onboard`)."""
+    if not pieces:
+        return Candidate(0.0, graph)
+    try:
+        out = stitch_all(graph, [(set(p.ops), p.result.graph,
+                                  external_inputs(graph, set(p.ops)),
+                                  piece_outputs(graph, set(p.ops))) for p in pieces])
+        out.validate()
+    except (GraphError, ValueError):
+        return None
+    return Candidate(0.0, out, tuple(a for p in pieces for a in p.result.applied),
+                     tuple(pieces))
 
 
 def _result(graph: Graph, before: float, cands: list[Candidate],

@@ -6,7 +6,9 @@ time them on the device beside the best graph so far, and keep what measures fas
 measured, the input built and planned), then per round `candidates` (searched from the best
 graph, their new kernels measured, ranked again), `build_and_time` (built and timed in batches
 that fit in memory, outputs checked against the best graph, so against the model) and
-`confirm` (a gain timed again beside a second build of the best), and `result`. With
+`confirm` (a gain timed again beside a second build of the best), `bisect` (where the round's
+best candidate did not pay, the subsets of its rewritten pieces, by delta debugging), and
+`result`. With
 ``top_k`` 0 there is no loop (`cheapest`): the cheapest graph by the cost is kept unconfirmed,
 as TASO and MetaFlow return theirs.
 """
@@ -21,7 +23,7 @@ from paragraph.errors import ParagraphError, reraise_interrupt
 from paragraph.graph import Graph
 from paragraph.machine import available_memory, release_memory
 from paragraph.passes.cost import CostModel, Device, cost_function, kernels_of
-from paragraph.passes.search import Applied, Candidate, SearchOptions
+from paragraph.passes.search import Applied, Candidate, SearchOptions, with_pieces
 from paragraph.passes.search import search as substitution_search
 from paragraph.planner.critical_path import plan_like
 from paragraph.planner.plan import Plan, SearchReport
@@ -82,8 +84,14 @@ def search_plan(graph: Graph, session: Session, options: SearchOptions = SearchO
         if not fresh:
             break
         winner = loop.build_and_time(r, fresh)
-        if winner is None or not loop.confirm(r, winner):
+        if winner is None:
             break
+        if not loop.confirm(r, winner):
+            # a good rewrite is not lost because a bad one came with it: the subsets of the
+            # round's best candidate's pieces, timed in turn
+            winner = loop.bisect(r, winner)
+            if winner is None or not loop.confirm(r, winner):
+                break
         loop.keep(winner)
     return loop.result()
 
@@ -125,6 +133,7 @@ class _OnBoard:
         self.first_s: float | None = None
         self.best_s: float | None = None
         self.built = 1
+        self.bisected = 0  # candidates built from subsets of a round's best candidate
         self.seen = {graph.structural_hash()}
         self.cost_before = 0.0
 
@@ -282,6 +291,36 @@ class _OnBoard:
                  f"{again[0] * 1e3:.3f} and {again[1] * 1e3:.3f} ms (two builds of the best)")
         return True
 
+    def bisect(self, r: int, winner: _Winner) -> _Winner | None:
+        """Where ``winner`` (the round's best candidate, several rewritten pieces) did not pay,
+        subsets of its pieces stitched into the best graph (`with_pieces`), built and timed
+        beside it as delta debugging does (Zeller's ddmin, for a faster subset): its halves,
+        then quarters and their complements, and so on, until a subset measures faster by
+        `MARGIN` (returned, still to be confirmed), the pieces are single, or the budget is
+        spent (None). On Inception-v3 the one rewrite that paid (``pool-after-conv1x1``,
+        1-2%) came in candidates with merges that measured slower, and was lost with them."""
+        pieces = winner.candidate.pieces
+        n = 2
+        while len(pieces) >= 2 and self.left() > self.build_s:
+            chunks = [pieces[len(pieces) * i // n:len(pieces) * (i + 1) // n] for i in range(n)]
+            subsets = chunks + ([tuple(p for c in chunks if c is not chunk for p in c)
+                                 for chunk in chunks] if n > 2 else [])
+            fresh: list[Candidate] = []
+            for subset in subsets:
+                c = with_pieces(self.best_graph, subset)
+                if c is not None and c.graph.structural_hash() not in self.seen:
+                    fresh.append(c)
+            self.say(f"  round {r + 1}: bisecting {len(pieces)} rewritten pieces into {n}: "
+                     f"{len(fresh)} new subsets")
+            found = self.build_and_time(r, fresh) if fresh else None
+            self.bisected += len(fresh)
+            if found is not None and found.ratio < 1.0 - MARGIN:
+                return found
+            if n >= len(pieces):
+                break
+            n = min(len(pieces), 2 * n)
+        return None
+
     def keep(self, winner: _Winner) -> None:
         """``winner`` becomes the best graph, the start of the next round."""
         self.best, self.best_s = winner.plan, winner.seconds
@@ -336,7 +375,8 @@ class _OnBoard:
             cost_after_ms=self.cost(self.best_graph) * 1e3,
             measured_before_ms=self.first_s * 1e3, measured_after_ms=self.best_s * 1e3,
             speedup=self.first_s / self.best_s if self.best_s > 0 else 1.0,
-            candidates_built=self.built, build_failures=tuple(self.build_failures),
+            candidates_built=self.built, subsets_built=self.bisected,
+            build_failures=tuple(self.build_failures),
             kernels_priced_by_measurement=len(self.model.measured),
             kernels_measured_now=self.meter.measured,
             seconds=time.perf_counter() - self.began)

@@ -124,7 +124,8 @@ class SearchReport:
     measured_before_ms: float
     measured_after_ms: float
     speedup: float
-    candidates_built: int
+    candidates_built: int  # all of them, the subsets bisected included
+    subsets_built: int  # candidates built from subsets of a round's best one's pieces
     build_failures: tuple[str, ...]
     kernels_priced_by_measurement: int
     kernels_measured_now: int
