@@ -2376,6 +2376,83 @@ def test_the_avx2_switch_runs_without_the_own_avx512_kernels(tmp_path):
     assert run.stdout.split()[-4:] == ["True", "haswell", "AVX2", "False"]
 
 
+_AVX2_FORMS_SCRIPT = textwrap.dedent("""
+    import numpy as np, torch, tvm
+    import paragraph
+    from paragraph.tvm_interop.runtime.library import native
+    m = native.module()
+    rng = np.random.default_rng(0)
+    T = tvm.runtime.tensor
+    acts = {"": lambda y: y, "relu": torch.relu, "relu6": lambda y: torch.clamp(y, 0, 6),
+            "hardswish": torch.nn.functional.hardswish, "silu": torch.nn.functional.silu}
+    worst = 0.0
+    bound = []  # the kernels held: a packed weight lives as long as a kernel holds it
+    def run(f):
+        bound.append(f)
+        f()
+    def check(got, want):
+        global worst
+        worst = max(worst, float(np.abs(got - want).max() / max(1.0, np.abs(want).max())))
+    m["paragraph_vendor_force_form"](99)  # every kernel's last form: the own AVX2 one
+    # depthwise: borders, channel tails, strides, dilation, uneven padding, residual, epilogues
+    for h, c, k, s, d, act, res, pads in [
+            (19, 32, 3, 1, 1, "relu6", False, None), (20, 13, 5, 2, 1, "hardswish", True, None),
+            (9, 21, 7, 1, 1, "silu", False, None), (15, 40, 3, 2, 2, "relu", True, None),
+            (17, 33, 5, 2, 1, "", False, (1, 2, 2, 1)), (3, 7, 5, 1, 1, "", False, None)]:
+        pt, pl, pb, pr = pads or ((k - 1) * d // 2,) * 4
+        x = rng.standard_normal((1, h, h, c)).astype("f4")
+        w = rng.standard_normal((c, k, k, 1)).astype("f4")
+        b = rng.standard_normal(c).astype("f4")
+        xp = torch.nn.functional.pad(torch.tensor(x).permute(0, 3, 1, 2), (pl, pr, pt, pb))
+        y = torch.nn.functional.conv2d(xp, torch.tensor(w).permute(0, 3, 1, 2), torch.tensor(b),
+                                       stride=s, dilation=d, groups=c).permute(0, 2, 3, 1)
+        r = rng.standard_normal(tuple(y.shape)).astype("f4") if res else None
+        y = acts[act](y + (torch.tensor(r) if res else 0)).numpy()
+        out = T(np.zeros(y.shape, "f4"))
+        params = ([s, s, pt, pl, d, d, c] if (pt, pl) == (pb, pr)
+                  else [s, s, pt, pl, pb, pr, d, d, c])
+        run(m["paragraph_vendor_conv2d"](out, T(x), T(w), T(b), T(r) if res else None,
+                                         params, "NHWC", act, 2))
+        check(out.numpy(), y)
+    # 1x1 convolutions and linear layers: row and column tails, one row (an RNN's step)
+    for h, cin, cout, act, res in [(9, 16, 96, "relu6", False), (5, 13, 40, "hardswish", True),
+                                   (3, 100, 13, "silu", False), (1, 1, 17, "relu", True)]:
+        x = rng.standard_normal((1, h, h, cin)).astype("f4")
+        w = (rng.standard_normal((cout, 1, 1, cin)) / np.sqrt(cin)).astype("f4")
+        b = rng.standard_normal(cout).astype("f4")
+        y = torch.tensor(x) @ torch.tensor(w[:, 0, 0, :]).T + torch.tensor(b)
+        r = rng.standard_normal(tuple(y.shape)).astype("f4") if res else None
+        y = acts[act](y + (torch.tensor(r) if res else 0)).numpy()
+        out = T(np.zeros(y.shape, "f4"))
+        run(m["paragraph_vendor_conv2d"](out, T(x), T(w), T(b), T(r) if res else None,
+                                         [1, 1, 0, 0, 1, 1, 1], "NHWC", act, 2))
+        check(out.numpy(), y)
+    for rows, k, n in [(1, 300, 200), (7, 33, 50)]:
+        a = rng.standard_normal((rows, k)).astype("f4")
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype("f4")
+        out = T(np.zeros((rows, n), "f4"))
+        run(m["paragraph_vendor_linear"](out, T(a), T(w), None, "relu", 2))
+        check(out.numpy(), np.maximum(a @ w, 0))
+    keys = " ".join(str(k) for k in m["paragraph_vendor_packed_keys"]())
+    print("depthwise" in keys, "panels16" in keys, worst)
+""")
+
+
+def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
+    """Without AVX-512 (a Zen 3, or ``PARAGRAPH_CPU_ISA=avx2``) the own AVX2 forms run: the
+    depthwise convolution (every border, tail, stride and epilogue) and the GEMM of 1x1
+    convolutions and linear layers (row and column tails, one row), each equal to PyTorch's;
+    their packed weights show that they, not oneDNN's forms, ran."""
+    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2"}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    run = subprocess.run([sys.executable, "-c", _AVX2_FORMS_SCRIPT], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    depthwise, gemm, worst = run.stdout.split()[-3:]
+    assert depthwise == "True" and gemm == "True"
+    assert float(worst) < 1e-5
+
+
 def test_an_unknown_isa_is_refused(monkeypatch):
     from paragraph.machine import forced_isa
     monkeypatch.setenv("PARAGRAPH_CPU_ISA", "sse2")

@@ -1,0 +1,329 @@
+// paragraph's own kernels for x86-64 CPUs with AVX2 and FMA but not AVX-512 (AMD's Zen 1-3,
+// Intel's client cores; or `PARAGRAPH_CPU_ISA=avx2`): there every own AVX-512 form refuses
+// itself (`own_avx512`) and the kernels were oneDNN's and MKL's alone. On a Zen 3 host
+// MobileNetV2 ran 0.64x ONNX Runtime's speed that way, its depthwise convolutions 1.8-2.7x
+// slower than ONNX Runtime's (`own_depthwise_avx2`). The activations of `apply_linear_act8`
+// in registers, the others by PyTorch after the kernel (`activate`).
+//
+// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// kernels.cc's anonymous namespace, after those of the headers it includes.
+#pragma once
+
+#include "common.h"
+#include "activations.h"
+#include "threads.h"
+#include "packing.h"
+#include "forms.h"
+
+namespace {
+
+#ifdef PARAGRAPH_AVX512  // x86-64
+// whether the own AVX2 forms may run: AVX2 and FMA, and the own AVX-512 forms may not (where
+// they may, they are the faster), read once
+inline bool own_avx2() {
+  static const bool ok =
+      !own_avx512() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+// the lanes of an 8-float vector that ``left`` remaining elements fill, as maskload takes them
+__attribute__((target("avx2"), always_inline)) inline __m256i tail_mask8(int64_t left) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(left, 8))),
+                            lanes);
+}
+
+// act(v) for the piecewise-linear activations (`in_registers`), else v unchanged; a NaN stays
+// NaN as in `apply_linear_act` (max and min return their second operand where one is NaN)
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 apply_linear_act8(__m256 v,
+                                                                                   Act act) {
+  const __m256 zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
+  switch (act) {
+    case Act::kRelu:
+      return _mm256_max_ps(zero, v);
+    case Act::kRelu6:
+      return _mm256_min_ps(six, _mm256_max_ps(zero, v));
+    case Act::kHardsigmoid:
+    case Act::kHardswish: {
+      const __m256 h = _mm256_mul_ps(
+          _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, _mm256_set1_ps(3.0f)))),
+          _mm256_set1_ps(1.0f / 6));
+      return act == Act::kHardswish ? _mm256_mul_ps(v, h) : h;
+    }
+    default:
+      return v;
+  }
+}
+
+// A depthwise convolution (groups = input = output channels) on NHWC float32 buffers, out =
+// act(conv + bias + res), with AVX2: each output row eight pixels at a time, every channel of
+// them a vector of 8 at a time (the input window of eight pixels stays in L1 across the
+// channels), eight independent FMA chains (two FMA pipes of four cycles' latency need eight),
+// each tap's weight loaded once for the eight pixels; where the eight pixels' taps all lie
+// inside the row, no check per tap. The weight is packed [kh][kw][c], as `Depthwise`'s.
+struct DepthwiseAvx2 {
+  const float *x, *w, *bias, *res;
+  float* out;
+  int64_t n, h, wd, c, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw;
+  Act act;
+
+  template <bool Full>
+  __attribute__((target("avx2,fma"), always_inline)) inline __m256 load(const float* p,
+                                                                         __m256i m) const {
+    return Full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
+  }
+
+  // eight output pixels j..j+7 (``count`` of them real) of one channel vector at k, of which
+  // ``left`` channels are real (8 where Full). No vector crosses a call: its callers are not
+  // compiled for AVX2, and they would pass it as another ABI expects
+  template <bool Full>
+  __attribute__((target("avx2,fma"))) void pixels(const float* image, int64_t k, int64_t left,
+                                                  int64_t ih0, int64_t j, int64_t count,
+                                                  float* orow, const float* rrow) const {
+    constexpr int P = 8;
+    const __m256i m = Full ? _mm256_set1_epi32(-1) : tail_mask8(left);
+    const __m256 b = bias ? load<Full>(bias + k, m) : _mm256_setzero_ps();
+    // every loop over the accumulators unrolled, none bounded by a run-time count: an array
+    // of vectors indexed at run time lives on the stack (the first version ran 2x oneDNN's)
+    __m256 acc[P];
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) acc[p] = b;
+    const int64_t iw0 = j * sw - pl;
+    const bool inside =
+        count == P && iw0 >= 0 && iw0 + (P - 1) * sw + (kw - 1) * dw < wd;
+    for (int64_t ky = 0; ky < kh; ++ky) {
+      const int64_t ih = ih0 + ky * dh;
+      if (ih < 0 || ih >= h) continue;
+      const float* xr = image + ih * wd * c + k;
+      const float* wr = w + ky * kw * c + k;
+      if (inside) {
+        for (int64_t kx = 0; kx < kw; ++kx) {
+          const __m256 wv = load<Full>(wr + kx * c, m);
+          const float* xp = xr + (iw0 + kx * dw) * c;
+#pragma GCC unroll 8
+          for (int p = 0; p < P; ++p)
+            acc[p] = _mm256_fmadd_ps(load<Full>(xp + p * sw * c, m), wv, acc[p]);
+        }
+      } else {  // a border, or fewer than eight pixels: a tap outside the row reads zeros
+        // (the accumulators stay in registers: a loop over a varying range of pixels would
+        // index them at run time; 14 x 14 5x5 convolutions, all border, ran 1.3x oneDNN's)
+        alignas(32) static const float zeros[8] = {};
+        for (int64_t kx = 0; kx < kw; ++kx) {
+          const __m256 wv = load<Full>(wr + kx * c, m);
+#pragma GCC unroll 8
+          for (int p = 0; p < P; ++p) {
+            const int64_t iw = iw0 + p * sw + kx * dw;
+            const float* at = iw >= 0 && iw < wd ? xr + iw * c : zeros;
+            acc[p] = _mm256_fmadd_ps(load<Full>(at, m), wv, acc[p]);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) {
+      if (p >= count) break;
+      const int64_t at = (j + p) * c + k;
+      __m256 v = acc[p];
+      if (rrow) v = _mm256_add_ps(v, load<Full>(rrow + at, m));
+      v = apply_linear_act8(v, act);
+      if (Full) {
+        _mm256_storeu_ps(orow + at, v);
+      } else {
+        _mm256_maskstore_ps(orow + at, m, v);
+      }
+    }
+  }
+
+  void rows(int64_t r0, int64_t r1) const {
+    for (int64_t r = r0; r < r1; ++r) {  // r = (image, output row)
+      const int64_t img = r / oh, ih0 = (r % oh) * sh - pt;
+      const float* image = x + img * h * wd * c;
+      float* orow = out + r * ow * c;
+      const float* rrow = res ? res + r * ow * c : nullptr;
+      for (int64_t j = 0; j < ow; j += 8) {
+        const int64_t count = std::min<int64_t>(8, ow - j);
+        int64_t k = 0;
+        for (; k + 8 <= c; k += 8) pixels<true>(image, k, 8, ih0, j, count, orow, rrow);
+        if (k < c) pixels<false>(image, k, c - k, ih0, j, count, orow, rrow);
+      }
+    }
+  }
+
+  void operator()(int64_t threads) const {
+    split_rows(n * oh, n * oh * ow * c * 4, threads,
+               [this](int64_t r0, int64_t r1) { rows(r0, r1); });
+  }
+};
+
+// the own AVX2 depthwise form where the CPU and the tensors allow it (see `DepthwiseAvx2`),
+// else None; pads: top, left (bottom and right follow from the output's size)
+c10::optional<Form> own_depthwise_avx2(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
+                                       const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
+                                       c10::optional<at::Tensor> res_buffer, int64_t sh,
+                                       int64_t sw, int64_t pt, int64_t pl, int64_t dh,
+                                       int64_t dw, Act act, int64_t threads) {
+  const int64_t c = x_buffer.size(3);
+  if (!own_avx2() || !plain_float(x_buffer) || !plain_float(out_buffer) ||
+      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != c ||
+      w_buffer.size(3) != 1 || out_buffer.size(3) != c || out_buffer.size(0) != x_buffer.size(0) ||
+      (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)))
+    return c10::nullopt;
+  const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
+  auto packed = lazy_packed(w_buffer, "depthwise", [w_buffer, c, kh, kw]() {
+    return w_buffer.reshape({c, kh * kw}).t().contiguous();  // [kh * kw][c]
+  });
+  DepthwiseAvx2 conv{x_buffer.data_ptr<float>(), nullptr,
+                     bias ? bias->data_ptr<float>() : nullptr,
+                     res_buffer ? res_buffer->data_ptr<float>() : nullptr,
+                     out_buffer.data_ptr<float>(), x_buffer.size(0), x_buffer.size(1),
+                     x_buffer.size(2), c, out_buffer.size(1), out_buffer.size(2), kh, kw, sh, sw,
+                     pt, pl, dh, dw, act};
+  // the captured tensors hold the buffers and the packed weight alive as long as the form
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() mutable {
+    conv.w = packed->data();
+    conv(threads);
+    if (!in_registers(act)) {  // PyTorch's, over the whole output
+      at::Tensor o = out_buffer;
+      activate(o, act);
+    }
+  });
+}
+
+// paragraph's own GEMM for a product by a constant matrix (an NHWC 1x1 convolution, a linear
+// layer) with AVX2: out = act(a @ W + bias + res), W packed once into panels of 16 columns
+// ([panel][k][16], zero-padded), tiles of up to 6 rows x 16 columns accumulating over all of
+// K in 12 of the 16 vector registers, the epilogue applied while the tile is in them. Threads
+// split the rows; with W small enough to stay in L2 each thread goes row block by row block
+// (each block of a read once), else panel by panel over its rows (each panel read once).
+constexpr int64_t kNR8 = 16, kMR8 = 6;
+// packed weights up to this size stay in L2 (3/4 of a Zen 3 core's 512 KB) across row blocks:
+// the tiles go row block by row block, larger ones panel by panel (EfficientNet-B0's 14 x 14
+// 672 -> 112 projection, a 301 KB weight, panel by panel reread its 527 KB input from L3 for
+// each of 7 panels and ran 2x oneDNN's)
+constexpr int64_t kWeightInL2Avx2 = 384 << 10;
+
+at::Tensor pack_panels16(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, int64_t sk) {
+  const int64_t panels = (n + kNR8 - 1) / kNR8;
+  at::Tensor packed = at::zeros({panels * k * kNR8}, w.options().dtype(at::kFloat));
+  const float* src = w.data_ptr<float>();
+  float* dst = packed.data_ptr<float>();
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < k; ++i)
+      dst[((j / kNR8) * k + i) * kNR8 + j % kNR8] = src[j * sn + i * sk];
+  return packed;
+}
+
+// MR rows of a (stride lda) by one panel (ncols of its 16 columns real) over all of K
+template <int MR>
+__attribute__((target("avx2,fma"))) void gemm_tile8(const float* __restrict__ a, int64_t lda,
+                                                    const float* __restrict__ b, int64_t k,
+                                                    float* c, int64_t ldc, int64_t ncols,
+                                                    const float* bias, const float* res,
+                                                    int64_t ldr, Act act) {
+  __m256 acc0[MR], acc1[MR];  // in registers: every loop over them unrolled (see above)
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; ++i, b += kNR8) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * lda + i);
+      acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
+    }
+  }
+  const __m256i m0 = tail_mask8(ncols), m1 = tail_mask8(std::max<int64_t>(ncols - 8, 0));
+  const __m256 bias0 = bias ? _mm256_maskload_ps(bias, m0) : _mm256_setzero_ps();
+  const __m256 bias1 = bias ? _mm256_maskload_ps(bias + 8, m1) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    __m256 v0 = _mm256_add_ps(acc0[r], bias0), v1 = _mm256_add_ps(acc1[r], bias1);
+    if (res) {  // read before the store: res may be c itself (a residual written in place)
+      v0 = _mm256_add_ps(v0, _mm256_maskload_ps(res + r * ldr, m0));
+      v1 = _mm256_add_ps(v1, _mm256_maskload_ps(res + r * ldr + 8, m1));
+    }
+    v0 = apply_linear_act8(v0, act);
+    v1 = apply_linear_act8(v1, act);
+    if (ncols == kNR8) {
+      _mm256_storeu_ps(c + r * ldc, v0);
+      _mm256_storeu_ps(c + r * ldc + 8, v1);
+    } else {
+      _mm256_maskstore_ps(c + r * ldc, m0, v0);
+      _mm256_maskstore_ps(c + r * ldc + 8, m1, v1);
+    }
+  }
+}
+
+using TileFn8 = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                         const float*, const float*, int64_t, Act);
+constexpr std::array<TileFn8, kMR8> kTiles8 = {&gemm_tile8<1>, &gemm_tile8<2>, &gemm_tile8<3>,
+                                               &gemm_tile8<4>, &gemm_tile8<5>, &gemm_tile8<6>};
+
+struct PackedGemmAvx2 {
+  const float *a, *packed, *bias, *res;
+  float* c;
+  int64_t m, k, n;
+  Act act;
+
+  // rows [m0, m1) by panels [p0, p1)
+  void range(int64_t m0, int64_t m1, int64_t p0, int64_t p1) const {
+    auto tile = [&](int64_t p, int64_t r) {
+      const int64_t n0 = p * kNR8;
+      kTiles8[std::min(kMR8, m1 - r) - 1](a + r * k, k, packed + p * k * kNR8, k, c + r * n + n0,
+                                         n, std::min(kNR8, n - n0), bias ? bias + n0 : nullptr,
+                                         res ? res + r * n + n0 : nullptr, n, act);
+    };
+    if (k * n * 4 <= kWeightInL2Avx2) {
+      for (int64_t r = m0; r < m1; r += kMR8)
+        for (int64_t p = p0; p < p1; ++p) tile(p, r);
+    } else {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r = m0; r < m1; r += kMR8) tile(p, r);
+    }
+  }
+
+  // the rows split over the threads, or the panels where the rows are fewer blocks than
+  // threads (an RNN's step: one row by a large W) or W is the larger operand and does not
+  // stay in L2 (each thread would read all of it: EfficientNet-B0's 7 x 7 320 -> 1280, a
+  // 1.6 MB weight, ran 1.2x oneDNN's split by rows)
+  void operator()(int64_t threads) const {
+    const int64_t blocks = (m + kMR8 - 1) / kMR8, panels = (n + kNR8 - 1) / kNR8;
+    const bool by_panel = blocks < threads || (n > m && k * n * 4 > kWeightInL2Avx2);
+    if (by_panel && panels < threads) threads = 1;
+    parallel(threads, [&](int64_t t, int64_t nt) {
+      if (by_panel) {
+        range(0, m, panels * t / nt, panels * (t + 1) / nt);
+      } else {
+        range(blocks * t / nt * kMR8, std::min(m, blocks * (t + 1) / nt * kMR8), 0, panels);
+      }
+    });
+  }
+};
+
+// the own AVX2 GEMM's form of out2 = act(rows @ W + bias + res2), W's element (n, k) at
+// w[n * sn + k * sk]; None where the CPU or the tensors do not allow it
+c10::optional<Form> packed_gemm_avx2(at::Tensor out2, at::Tensor rows, const at::Tensor& w,
+                                     int64_t sn, int64_t sk, c10::optional<at::Tensor> bias,
+                                     c10::optional<at::Tensor> res2, Act act, int64_t threads) {
+  const int64_t m = rows.size(0), k = rows.size(1), n = out2.size(1);
+  if (!own_avx2() || !plain_float(rows) || !plain_float(out2) ||
+      w.scalar_type() != at::kFloat || (bias && !plain_float(*bias)) ||
+      (res2 && !plain_float(*res2)) || m == 0 || k == 0)
+    return c10::nullopt;
+  auto packed = lazy_packed(w, "panels16", [w, n, k, sn, sk]() {
+    return pack_panels16(w, n, k, sn, sk);
+  });
+  return Form([=]() {
+    PackedGemmAvx2{rows.data_ptr<float>(), packed->data(),
+                   bias ? bias->data_ptr<float>() : nullptr,
+                   res2 ? res2->data_ptr<float>() : nullptr, out2.data_ptr<float>(), m, k, n,
+                   act}(threads);
+    if (!in_registers(act)) {  // PyTorch's, over the whole output
+      at::Tensor o = out2;
+      activate(o, act);
+    }
+  });
+}
+#endif
+
+}  // namespace
