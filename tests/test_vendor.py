@@ -20,6 +20,7 @@ from paragraph.cli import main
 from paragraph.deploy import load
 from paragraph.errors import ParagraphError
 from paragraph.interpret import run_graph
+from paragraph.machine import has_avx512
 from paragraph.passes.schedule import ALGORITHMS, make_schedule
 from paragraph.tvm_interop import from_relax, random_inputs
 from paragraph.tvm_interop.build.dispatch import dispatch_to_vendor, undispatch, vendor_names
@@ -34,6 +35,13 @@ from paragraph.tvm_interop.runtime.library.torch_kernels import bind, ensure_reg
 from paragraph.tvm_interop.runtime.target import local_cpu_target
 from paragraph.tvm_interop.runtime.threads import config_threads
 from paragraph.tvm_interop.runtime.vm import run_vm
+
+# the tests of paragraph's own AVX-512 forms (forms forced by index, packed weights looked
+# for): on a CPU without AVX-512 those forms refuse themselves (AVX2 forms stand in, tested by
+# `test_the_own_avx2_forms_compute_what_pytorch_does`)
+needs_avx512 = pytest.mark.skipif(
+    has_avx512() is False or os.environ.get("PARAGRAPH_CPU_ISA", "").lower() == "avx2",
+    reason="the own AVX-512 forms need an AVX-512 CPU (this one has none, or is held to AVX2)")
 
 torch = pytest.importorskip("torch")
 
@@ -1422,6 +1430,7 @@ def test_native_linear_forms_agree_with_torch(threads, rows, act):
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 
 
+@needs_avx512
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("k", "n", "bias", "act"), [
     (2050, 1000, True, ""),    # a classifier's: K not of four rows, N not of whole vectors
@@ -1745,6 +1754,7 @@ def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, 
                for p in module["paragraph_vendor_packed_keys"]())
 
 
+@needs_avx512
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("n", "hw", "cin", "cout", "pad", "residual", "act"), [
     (1, 48, 16, 16, (1, 1), "", "relu"),             # 576 (144) tiles: blocks, two threads
@@ -1778,6 +1788,7 @@ def test_the_winograd_forms_agree_with_torch(k, form, packing, threads, n, hw, c
     _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing)
 
 
+@needs_avx512
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("form", "packing"), [(4, "winograd23"), (5, "winograd43")])
 def test_the_winograd_forms_in_small_blocks_agree_with_torch(form, packing, threads):
@@ -1800,6 +1811,7 @@ def test_the_winograd_forms_in_small_blocks_agree_with_torch(form, packing, thre
     assert 30 <= module["paragraph_vendor_timing_calls"]() < SETTLE_RUNS
 
 
+@needs_avx512
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("k", "form", "packing"), [
     ((1, 7), 2, "winograd27/1d"), ((7, 1), 2, "winograd27/1d"),   # Inception's 17x17 stage
@@ -1849,6 +1861,7 @@ CONV_FORMS = {
 }
 
 
+@needs_avx512
 @pytest.mark.parametrize("family", list(CONV_FORMS))
 @pytest.mark.parametrize("act", EPILOGUES)
 def test_every_convolution_form_fuses_every_activation(act, family):
@@ -1875,6 +1888,7 @@ def test_every_convolution_form_fuses_every_activation(act, family):
                                    gen, calls=1, family=key_family, form=form)
 
 
+@needs_avx512
 @pytest.mark.parametrize("act", EPILOGUES)
 def test_every_product_form_fuses_every_activation(act):
     """Every activation after each C++ form of a product, each chosen before the first call:
@@ -1942,6 +1956,7 @@ def _exact(act, x):
     return y.float()
 
 
+@needs_avx512
 @pytest.mark.parametrize("act", EPILOGUES)
 def test_the_own_epilogues_are_exact_and_keep_nan(act):
     """Each own form's epilogue on values it adds exactly to a zero product (the residual's, a
@@ -2433,6 +2448,24 @@ _AVX2_FORMS_SCRIPT = textwrap.dedent("""
         out = T(np.zeros((rows, n), "f4"))
         run(m["paragraph_vendor_linear"](out, T(a), T(w), None, "relu", 2))
         check(out.numpy(), np.maximum(a @ w, 0))
+    # pools with uneven padding (top, left, bottom, right): PyTorch's form pads a copy first
+    x = rng.standard_normal((1, 9, 10, 20)).astype("f4")
+    xt = torch.tensor(x).permute(0, 3, 1, 2)
+    for is_max, include in ((True, False), (False, True), (False, False)):
+        pads = (0, 1, 1, 0)  # left, right, top, bottom, as torch's pad takes them
+        if is_max:
+            want = torch.nn.functional.max_pool2d(
+                torch.nn.functional.pad(xt, pads, value=float("-inf")), 2, 1)
+        else:
+            total = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(xt, pads), 2, 1)
+            count = torch.nn.functional.avg_pool2d(
+                torch.nn.functional.pad(torch.ones(1, 1, 9, 10), pads), 2, 1)
+            want = total if include else total / count
+        want = want.permute(0, 2, 3, 1).numpy()
+        out = T(np.zeros(want.shape, "f4"))
+        run(m["paragraph_vendor_pool2d"](out, T(x), [2, 2, 1, 1, 1, 0, 0, 1], is_max, include,
+                                         None, None, False, 2))
+        check(out.numpy(), want)
     keys = " ".join(str(k) for k in m["paragraph_vendor_packed_keys"]())
     print("depthwise" in keys, "panels16" in keys, worst)
 """)
@@ -2442,7 +2475,8 @@ def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     """Without AVX-512 (a Zen 3, or ``PARAGRAPH_CPU_ISA=avx2``) the own AVX2 forms run: the
     depthwise convolution (every border, tail, stride and epilogue) and the GEMM of 1x1
     convolutions and linear layers (row and column tails, one row), each equal to PyTorch's;
-    their packed weights show that they, not oneDNN's forms, ran."""
+    their packed weights show that they, not oneDNN's forms, ran. And the pools, PyTorch's
+    there, take uneven padding (they refused it)."""
     env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2"}
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     run = subprocess.run([sys.executable, "-c", _AVX2_FORMS_SCRIPT], capture_output=True,

@@ -302,12 +302,32 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
     shift = given_shift->reshape({-1});
   }
   at::Tensor x = nchw(x_buffer), out = nchw(out_buffer);
-  Form aten = [=]() {  // PyTorch's pools (symmetric padding) on NCHW views of the NHWC buffers
+  // PyTorch's pools on NCHW views of the NHWC buffers; PyTorch pads evenly, so uneven padding
+  // (top, left, bottom, right) is a padded copy first (-inf for a max, zeros for an average,
+  // which without counting the padding is divided by the window's count of real elements):
+  // without AVX-512 this form is the only one, and it refused uneven padding
+  const bool even = p[4] == p[6] && p[5] == p[7];
+  Form aten = [=]() {
     at::Tensor o = out;
-    if (is_max) {
+    if (even && is_max) {
       o.copy_(at::max_pool2d(x, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}));
-    } else {
+    } else if (even) {
       o.copy_(at::avg_pool2d(x, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}, false, include_pad));
+    } else {
+      const std::vector<int64_t> pads{p[5], p[7], p[4], p[6]};  // left, right, top, bottom
+      if (is_max) {
+        at::Tensor xp = at::constant_pad_nd(x, pads, -std::numeric_limits<double>::infinity());
+        o.copy_(at::max_pool2d(xp, {p[0], p[1]}, {p[2], p[3]}, {0, 0}));
+      } else {
+        at::Tensor sum = at::avg_pool2d(at::constant_pad_nd(x, pads, 0), {p[0], p[1]},
+                                        {p[2], p[3]}, {0, 0}, false, true);
+        if (!include_pad) {
+          at::Tensor real = at::constant_pad_nd(
+              at::ones({1, 1, x.size(2), x.size(3)}, x.options()), pads, 0);
+          sum = sum / at::avg_pool2d(real, {p[0], p[1]}, {p[2], p[3]}, {0, 0}, false, true);
+        }
+        o.copy_(sum);
+      }
     }
     if (scale.defined()) o.copy_(at::addcmul(shift.view({-1, 1, 1}), o, scale.view({-1, 1, 1})));
     if (relu) o.relu_();
