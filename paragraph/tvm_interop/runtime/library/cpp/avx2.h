@@ -14,6 +14,8 @@
 #include "threads.h"
 #include "packing.h"
 #include "forms.h"
+#include "gemm.h"
+#include "depthwise.h"
 
 namespace {
 
@@ -163,15 +165,10 @@ c10::optional<Form> own_depthwise_avx2(const at::Tensor& out_buffer, const at::T
                                        int64_t sw, int64_t pt, int64_t pl, int64_t dh,
                                        int64_t dw, Act act, int64_t threads) {
   const int64_t c = x_buffer.size(3);
-  if (!own_avx2() || !plain_float(x_buffer) || !plain_float(out_buffer) ||
-      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 || w_buffer.size(0) != c ||
-      w_buffer.size(3) != 1 || out_buffer.size(3) != c || out_buffer.size(0) != x_buffer.size(0) ||
-      (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)))
+  if (!own_avx2() || !depthwise_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer))
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
-  auto packed = lazy_packed(w_buffer, "depthwise", [w_buffer, c, kh, kw]() {
-    return w_buffer.reshape({c, kh * kw}).t().contiguous();  // [kh * kw][c]
-  });
+  auto packed = packed_depthwise(w_buffer);
   DepthwiseAvx2 conv{x_buffer.data_ptr<float>(), nullptr,
                      bias ? bias->data_ptr<float>() : nullptr,
                      res_buffer ? res_buffer->data_ptr<float>() : nullptr,
@@ -201,17 +198,6 @@ constexpr int64_t kNR8 = 16, kMR8 = 6;
 // 672 -> 112 projection, a 301 KB weight, panel by panel reread its 527 KB input from L3 for
 // each of 7 panels and ran 2x oneDNN's)
 constexpr int64_t kWeightInL2Avx2 = 384 << 10;
-
-at::Tensor pack_panels16(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, int64_t sk) {
-  const int64_t panels = (n + kNR8 - 1) / kNR8;
-  at::Tensor packed = at::zeros({panels * k * kNR8}, w.options().dtype(at::kFloat));
-  const float* src = w.data_ptr<float>();
-  float* dst = packed.data_ptr<float>();
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < k; ++i)
-      dst[((j / kNR8) * k + i) * kNR8 + j % kNR8] = src[j * sn + i * sk];
-  return packed;
-}
 
 // MR rows of a (stride lda) by one panel (ncols of its 16 columns real) over all of K
 template <int MR>
@@ -306,12 +292,9 @@ c10::optional<Form> packed_gemm_avx2(at::Tensor out2, at::Tensor rows, const at:
                                      int64_t sn, int64_t sk, c10::optional<at::Tensor> bias,
                                      c10::optional<at::Tensor> res2, Act act, int64_t threads) {
   const int64_t m = rows.size(0), k = rows.size(1), n = out2.size(1);
-  if (!own_avx2() || !plain_float(rows) || !plain_float(out2) ||
-      w.scalar_type() != at::kFloat || (bias && !plain_float(*bias)) ||
-      (res2 && !plain_float(*res2)) || m == 0 || k == 0)
-    return c10::nullopt;
+  if (!own_avx2() || !gemm_tensors_ok(out2, rows, w, bias, res2)) return c10::nullopt;
   auto packed = lazy_packed(w, "panels16", [w, n, k, sn, sk]() {
-    return pack_panels16(w, n, k, sn, sk);
+    return pack_panels(w, n, k, sn, sk, kNR8);
   });
   return Form([=]() {
     PackedGemmAvx2{rows.data_ptr<float>(), packed->data(),

@@ -58,15 +58,27 @@ constexpr int64_t kNR = 32, kMR = 12, kKC = 1024;
 // block (each block of the input read once), larger ones panel by panel
 constexpr int64_t kWeightInL2 = 256 << 10;
 
-// element (n, k) of W at w[n * sn + k * sk], packed as above
-at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, int64_t sk) {
-  const int64_t panels = (n + kNR - 1) / kNR;
-  at::Tensor packed = at::zeros({panels * k * kNR}, w.options().dtype(at::kFloat));
+// element (n, k) of W at w[n * sn + k * sk], packed as above in panels of ``nr`` columns (the
+// AVX2 GEMM's are 16 wide: avx2.h)
+at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, int64_t sk,
+                       int64_t nr = kNR) {
+  const int64_t panels = (n + nr - 1) / nr;
+  at::Tensor packed = at::zeros({panels * k * nr}, w.options().dtype(at::kFloat));
   const float* src = w.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
   for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < k; ++i) dst[((j / kNR) * k + i) * kNR + j % kNR] = src[j * sn + i * sk];
+    for (int64_t i = 0; i < k; ++i) dst[((j / nr) * k + i) * nr + j % nr] = src[j * sn + i * sk];
   return packed;
+}
+
+// the tensors a packed GEMM form reads and writes as the own forms take them (this one and
+// avx2.h's): contiguous float32 rows, output, bias and residual, a float32 weight, some rows
+bool gemm_tensors_ok(const at::Tensor& out2, const at::Tensor& rows, const at::Tensor& w,
+                     const c10::optional<at::Tensor>& bias,
+                     const c10::optional<at::Tensor>& res2) {
+  return plain_float(rows) && plain_float(out2) && w.scalar_type() == at::kFloat &&
+         (!bias || plain_float(*bias)) && (!res2 || plain_float(*res2)) && rows.size(0) > 0 &&
+         rows.size(1) > 0;
 }
 
 // a share of the next panel to bring into L2 while a tile works on this one (panel by panel, W
@@ -288,10 +300,7 @@ c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tens
                                 int64_t sn, int64_t sk, c10::optional<at::Tensor> bias,
                                 c10::optional<at::Tensor> res2, Act act, int64_t threads) {
   const int64_t m = rows.size(0), k = rows.size(1), n = out2.size(1);
-  if (!own_avx512() || !plain_float(rows) || !plain_float(out2) ||
-      w.scalar_type() != at::kFloat || (bias && !plain_float(*bias)) ||
-      (res2 && !plain_float(*res2)) || m == 0 || k == 0)
-    return c10::nullopt;
+  if (!own_avx512() || !gemm_tensors_ok(out2, rows, w, bias, res2)) return c10::nullopt;
   auto packed = lazy_packed(w, "panels", [w, n, k, sn, sk]() { return pack_panels(w, n, k, sn, sk); });
   return Form([=]() {
     PackedGemm{rows.data_ptr<float>(), packed->data(),
