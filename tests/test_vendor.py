@@ -2413,7 +2413,10 @@ _AVX2_FORMS_SCRIPT = textwrap.dedent("""
     for h, c, k, s, d, act, res, pads in [
             (19, 32, 3, 1, 1, "relu6", False, None), (20, 13, 5, 2, 1, "hardswish", True, None),
             (9, 21, 7, 1, 1, "silu", False, None), (15, 40, 3, 2, 2, "relu", True, None),
-            (17, 33, 5, 2, 1, "", False, (1, 2, 2, 1)), (3, 7, 5, 1, 1, "", False, None)]:
+            (17, 33, 5, 2, 1, "", False, (1, 2, 2, 1)), (3, 7, 5, 1, 1, "", False, None),
+            # border pixels eight channel vectors at a time, then one, then a masked tail
+            (10, 70, 3, 1, 1, "relu6", True, (0, 1, 2, 2)), (9, 136, 5, 2, 1, "", False, None),
+            (14, 200, 3, 1, 1, "relu", False, None)]:
         pt, pl, pb, pr = pads or ((k - 1) * d // 2,) * 4
         x = rng.standard_normal((1, h, h, c)).astype("f4")
         w = rng.standard_normal((c, k, k, 1)).astype("f4")
@@ -2429,6 +2432,31 @@ _AVX2_FORMS_SCRIPT = textwrap.dedent("""
         run(m["paragraph_vendor_conv2d"](out, T(x), T(w), T(b), T(r) if res else None,
                                          params, "NHWC", act, 2))
         check(out.numpy(), y)
+    # KxK convolutions (the implicit GEMM): strides, dilation, uneven padding, a residual,
+    # column and pixel tails, a 1 x 7 kernel, and a stem reading the model's NCHW input
+    for h, cin, cout, (kh, kw), s, d, act, res, pads, nchw_in in [
+            (11, 16, 40, (3, 3), 1, 1, "relu", False, None, False),
+            (13, 7, 19, (5, 5), 2, 1, "hardswish", True, None, False),
+            (10, 24, 33, (3, 3), 1, 2, "silu", False, (1, 2, 2, 1), False),
+            (9, 8, 6, (1, 7), 1, 1, "relu6", True, None, False),
+            (15, 3, 16, (7, 7), 2, 1, "relu", False, None, True)]:
+        pt, pl, pb, pr = pads or ((kh - 1) * d // 2, (kw - 1) * d // 2) * 2
+        x = rng.standard_normal((1, h, h, cin)).astype("f4")
+        w = (rng.standard_normal((cout, kh, kw, cin)) / np.sqrt(kh * kw * cin)).astype("f4")
+        b = rng.standard_normal(cout).astype("f4")
+        xp = torch.nn.functional.pad(torch.tensor(x).permute(0, 3, 1, 2), (pl, pr, pt, pb))
+        y = torch.nn.functional.conv2d(xp, torch.tensor(w).permute(0, 3, 1, 2), torch.tensor(b),
+                                       stride=s, dilation=d).permute(0, 2, 3, 1)
+        r = rng.standard_normal(tuple(y.shape)).astype("f4") if res else None
+        y = acts[act](y + (torch.tensor(r) if res else 0)).numpy()
+        out = T(np.zeros(y.shape, "f4"))
+        params = ([s, s, pt, pl, d, d, 1] if (pt, pl) == (pb, pr)
+                  else [s, s, pt, pl, pb, pr, d, d, 1])
+        xin = T(np.ascontiguousarray(x.transpose(0, 3, 1, 2))) if nchw_in else T(x)
+        run(m["paragraph_vendor_conv2d"](out, xin, T(w), T(b), T(r) if res else None,
+                                         params, "NCHW2NHWC" if nchw_in else "NHWC", act, 2))
+        check(out.numpy(), y)
+    conv = "panels16" in " ".join(str(k) for k in m["paragraph_vendor_packed_keys"]())
     # 1x1 convolutions and linear layers: row and column tails, one row (an RNN's step)
     for h, cin, cout, act, res in [(9, 16, 96, "relu6", False), (5, 13, 40, "hardswish", True),
                                    (3, 100, 13, "silu", False), (1, 1, 17, "relu", True)]:
@@ -2467,13 +2495,14 @@ _AVX2_FORMS_SCRIPT = textwrap.dedent("""
                                          None, None, False, 2))
         check(out.numpy(), want)
     keys = " ".join(str(k) for k in m["paragraph_vendor_packed_keys"]())
-    print("depthwise" in keys, "panels16" in keys, worst)
+    print(conv, "depthwise" in keys, "panels16" in keys, worst)
 """)
 
 
 def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     """Without AVX-512 (a Zen 3, or ``PARAGRAPH_CPU_ISA=avx2``) the own AVX2 forms run: the
-    depthwise convolution (every border, tail, stride and epilogue) and the GEMM of 1x1
+    implicit-GEMM convolution (strides, dilation, uneven padding, residual, tails, an NCHW
+    input), the depthwise one (every border, tail, stride and epilogue) and the GEMM of 1x1
     convolutions and linear layers (row and column tails, one row), each equal to PyTorch's;
     their packed weights show that they, not oneDNN's forms, ran. And the pools, PyTorch's
     there, take uneven padding (they refused it)."""
@@ -2482,8 +2511,8 @@ def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     run = subprocess.run([sys.executable, "-c", _AVX2_FORMS_SCRIPT], capture_output=True,
                          text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    depthwise, gemm, worst = run.stdout.split()[-3:]
-    assert depthwise == "True" and gemm == "True"
+    conv, depthwise, gemm, worst = run.stdout.split()[-4:]
+    assert conv == "True" and depthwise == "True" and gemm == "True"
     assert float(worst) < 1e-5
 
 

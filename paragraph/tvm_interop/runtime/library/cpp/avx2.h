@@ -15,6 +15,7 @@
 #include "packing.h"
 #include "forms.h"
 #include "gemm.h"
+#include "conv.h"
 #include "depthwise.h"
 
 namespace {
@@ -58,11 +59,13 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 apply_linear_ac
 }
 
 // A depthwise convolution (groups = input = output channels) on NHWC float32 buffers, out =
-// act(conv + bias + res), with AVX2: each output row eight pixels at a time, every channel of
-// them a vector of 8 at a time (the input window of eight pixels stays in L1 across the
-// channels), eight independent FMA chains (two FMA pipes of four cycles' latency need eight),
-// each tap's weight loaded once for the eight pixels; where the eight pixels' taps all lie
-// inside the row, no check per tap. The weight is packed [kh][kw][c], as `Depthwise`'s.
+// act(conv + bias + res), with AVX2: each output row's pixels whose windows lie inside the
+// row eight at a time (then four, two, one), every channel of them a vector of 8 at a time (the
+// input window stays in L1 across the channels), one FMA chain per pixel, each tap's weight
+// loaded once for the group, no check per tap; the border pixels one at a time, a tap outside
+// the row reading zeros. The weight is packed [kh][kw][c], as `Depthwise`'s. (The first form
+// checked every tap of groups of eight that touched a border: on 14-wide rows every group did,
+// and MobileNetV2's 14 x 14 x 576 ran 4x ONNX Runtime's time in the model.)
 struct DepthwiseAvx2 {
   const float *x, *w, *bias, *res;
   float* out;
@@ -75,79 +78,91 @@ struct DepthwiseAvx2 {
     return Full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
   }
 
-  // eight output pixels j..j+7 (``count`` of them real) of one channel vector at k, of which
-  // ``left`` channels are real (8 where Full). No vector crosses a call: its callers are not
-  // compiled for AVX2, and they would pass it as another ABI expects
-  template <bool Full>
+  // P output pixels j..j+P-1 of V channel vectors from k (of the last, ``left`` channels
+  // are real: 8 where Full; V > 1 only where Full); Check: a tap outside the row reads zeros
+  // (else every tap lies inside). P * V independent FMA chains: two FMA pipes of four cycles'
+  // latency need eight, so fewer pixels take more channel vectors. No vector crosses a call:
+  // its callers are not compiled for AVX2, and they would pass it as another ABI expects
+  template <bool Full, int P, int V, bool Check>
   __attribute__((target("avx2,fma"))) void pixels(const float* image, int64_t k, int64_t left,
-                                                  int64_t ih0, int64_t j, int64_t count,
-                                                  float* orow, const float* rrow) const {
-    constexpr int P = 8;
+                                                  int64_t ih0, int64_t j, float* orow,
+                                                  const float* rrow) const {
     const __m256i m = Full ? _mm256_set1_epi32(-1) : tail_mask8(left);
-    const __m256 b = bias ? load<Full>(bias + k, m) : _mm256_setzero_ps();
     // every loop over the accumulators unrolled, none bounded by a run-time count: an array
     // of vectors indexed at run time lives on the stack (the first version ran 2x oneDNN's)
-    __m256 acc[P];
+    __m256 acc[P * V];
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) acc[p] = b;
+    for (int v = 0; v < V; ++v) {
+      const __m256 b = bias ? load<Full>(bias + k + 8 * v, m) : _mm256_setzero_ps();
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p) acc[p * V + v] = b;
+    }
     const int64_t iw0 = j * sw - pl;
-    const bool inside =
-        count == P && iw0 >= 0 && iw0 + (P - 1) * sw + (kw - 1) * dw < wd;
+    alignas(32) static const float zeros[64] = {};
     for (int64_t ky = 0; ky < kh; ++ky) {
       const int64_t ih = ih0 + ky * dh;
       if (ih < 0 || ih >= h) continue;
       const float* xr = image + ih * wd * c + k;
       const float* wr = w + ky * kw * c + k;
-      if (inside) {
-        for (int64_t kx = 0; kx < kw; ++kx) {
-          const __m256 wv = load<Full>(wr + kx * c, m);
-          const float* xp = xr + (iw0 + kx * dw) * c;
+      for (int64_t kx = 0; kx < kw; ++kx) {
 #pragma GCC unroll 8
-          for (int p = 0; p < P; ++p)
-            acc[p] = _mm256_fmadd_ps(load<Full>(xp + p * sw * c, m), wv, acc[p]);
-        }
-      } else {  // a border, or fewer than eight pixels: a tap outside the row reads zeros
-        // (the accumulators stay in registers: a loop over a varying range of pixels would
-        // index them at run time; 14 x 14 5x5 convolutions, all border, ran 1.3x oneDNN's)
-        alignas(32) static const float zeros[8] = {};
-        for (int64_t kx = 0; kx < kw; ++kx) {
-          const __m256 wv = load<Full>(wr + kx * c, m);
+        for (int v = 0; v < V; ++v) {
+          const __m256 wv = load<Full>(wr + kx * c + 8 * v, m);
 #pragma GCC unroll 8
           for (int p = 0; p < P; ++p) {
             const int64_t iw = iw0 + p * sw + kx * dw;
-            const float* at = iw >= 0 && iw < wd ? xr + iw * c : zeros;
-            acc[p] = _mm256_fmadd_ps(load<Full>(at, m), wv, acc[p]);
+            const float* at = !Check || (iw >= 0 && iw < wd) ? xr + iw * c + 8 * v : zeros;
+            acc[p * V + v] = _mm256_fmadd_ps(load<Full>(at, m), wv, acc[p * V + v]);
           }
         }
       }
     }
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {
-      if (p >= count) break;
-      const int64_t at = (j + p) * c + k;
-      __m256 v = acc[p];
-      if (rrow) v = _mm256_add_ps(v, load<Full>(rrow + at, m));
-      v = apply_linear_act8(v, act);
-      if (Full) {
-        _mm256_storeu_ps(orow + at, v);
-      } else {
-        _mm256_maskstore_ps(orow + at, m, v);
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const int64_t at = (j + p) * c + k + 8 * v;
+        __m256 r = acc[p * V + v];
+        if (rrow) r = _mm256_add_ps(r, load<Full>(rrow + at, m));
+        r = apply_linear_act8(r, act);
+        if (Full) {
+          _mm256_storeu_ps(orow + at, r);
+        } else {
+          _mm256_maskstore_ps(orow + at, m, r);
+        }
       }
     }
   }
 
+  // P pixels from j, every channel vector: 8 / P vectors at a time while that many are left
+  template <int P, bool Check>
+  void group(const float* image, int64_t ih0, int64_t j, float* orow, const float* rrow) const {
+    constexpr int V = 8 / P;
+    int64_t k = 0;
+    if (V > 1)
+      for (; k + 8 * V <= c; k += 8 * V)
+        pixels<true, P, V, Check>(image, k, 8, ih0, j, orow, rrow);
+    for (; k + 8 <= c; k += 8) pixels<true, P, 1, Check>(image, k, 8, ih0, j, orow, rrow);
+    if (k < c) pixels<false, P, 1, Check>(image, k, c - k, ih0, j, orow, rrow);
+  }
+
   void rows(int64_t r0, int64_t r1) const {
+    // the pixels [lo, hi) whose windows lie inside the row: iw0 >= 0 and iw0 + (kw-1)*dw < wd
+    const int64_t lo = std::min(ow, (pl + sw - 1) / sw);
+    const int64_t last = wd - 1 - (kw - 1) * dw + pl;  // the largest j * sw allowed
+    const int64_t hi = std::max(lo, last < 0 ? 0 : std::min(ow, last / sw + 1));
     for (int64_t r = r0; r < r1; ++r) {  // r = (image, output row)
       const int64_t img = r / oh, ih0 = (r % oh) * sh - pt;
       const float* image = x + img * h * wd * c;
       float* orow = out + r * ow * c;
       const float* rrow = res ? res + r * ow * c : nullptr;
-      for (int64_t j = 0; j < ow; j += 8) {
-        const int64_t count = std::min<int64_t>(8, ow - j);
-        int64_t k = 0;
-        for (; k + 8 <= c; k += 8) pixels<true>(image, k, 8, ih0, j, count, orow, rrow);
-        if (k < c) pixels<false>(image, k, c - k, ih0, j, count, orow, rrow);
-      }
+      for (int64_t j = 0; j < lo; ++j) group<1, true>(image, ih0, j, orow, rrow);
+      int64_t j = lo;
+      for (; j + 8 <= hi; j += 8) group<8, false>(image, ih0, j, orow, rrow);
+      if (j + 4 <= hi) group<4, false>(image, ih0, j, orow, rrow), j += 4;
+      if (j + 2 <= hi) group<2, false>(image, ih0, j, orow, rrow), j += 2;
+      if (j < hi) group<1, false>(image, ih0, j, orow, rrow), ++j;
+      for (j = hi; j < ow; ++j) group<1, true>(image, ih0, j, orow, rrow);
     }
   }
 
@@ -199,25 +214,11 @@ constexpr int64_t kNR8 = 16, kMR8 = 6;
 // each of 7 panels and ran 2x oneDNN's)
 constexpr int64_t kWeightInL2Avx2 = 384 << 10;
 
-// MR rows of a (stride lda) by one panel (ncols of its 16 columns real) over all of K
+// a tile's epilogue: act(acc + bias + res) stored into MR rows of c, ncols of the 16 real
 template <int MR>
-__attribute__((target("avx2,fma"))) void gemm_tile8(const float* __restrict__ a, int64_t lda,
-                                                    const float* __restrict__ b, int64_t k,
-                                                    float* c, int64_t ldc, int64_t ncols,
-                                                    const float* bias, const float* res,
-                                                    int64_t ldr, Act act) {
-  __m256 acc0[MR], acc1[MR];  // in registers: every loop over them unrolled (see above)
-#pragma GCC unroll 6
-  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < k; ++i, b += kNR8) {
-    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + r * lda + i);
-      acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
-      acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
-    }
-  }
+__attribute__((target("avx2,fma"), always_inline)) inline void store_tile8(
+    const __m256* acc0, const __m256* acc1, float* c, int64_t ldc, int64_t ncols,
+    const float* bias, const float* res, int64_t ldr, Act act) {
   const __m256i m0 = tail_mask8(ncols), m1 = tail_mask8(std::max<int64_t>(ncols - 8, 0));
   const __m256 bias0 = bias ? _mm256_maskload_ps(bias, m0) : _mm256_setzero_ps();
   const __m256 bias1 = bias ? _mm256_maskload_ps(bias + 8, m1) : _mm256_setzero_ps();
@@ -238,6 +239,28 @@ __attribute__((target("avx2,fma"))) void gemm_tile8(const float* __restrict__ a,
       _mm256_maskstore_ps(c + r * ldc + 8, m1, v1);
     }
   }
+}
+
+// MR rows of a (stride lda) by one panel (ncols of its 16 columns real) over all of K
+template <int MR>
+__attribute__((target("avx2,fma"))) void gemm_tile8(const float* __restrict__ a, int64_t lda,
+                                                    const float* __restrict__ b, int64_t k,
+                                                    float* c, int64_t ldc, int64_t ncols,
+                                                    const float* bias, const float* res,
+                                                    int64_t ldr, Act act) {
+  __m256 acc0[MR], acc1[MR];  // in registers: every loop over them unrolled (see above)
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; ++i, b += kNR8) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * lda + i);
+      acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
+    }
+  }
+  store_tile8<MR>(acc0, acc1, c, ldc, ncols, bias, res, ldr, act);
 }
 
 using TileFn8 = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t,
@@ -303,6 +326,146 @@ c10::optional<Form> packed_gemm_avx2(at::Tensor out2, at::Tensor rows, const at:
                    act}(threads);
     if (!in_registers(act)) {  // PyTorch's, over the whole output
       at::Tensor o = out2;
+      activate(o, act);
+    }
+  });
+}
+// a convolution's tile with AVX2: MR output pixels (pixel r's window origin at rows[r]) by
+// one 16-column panel, accumulated tap by tap (tap t: kc inputs at rows[r] + taps[t] against
+// the panel's next kc rows), as the AVX-512 `conv_tile`
+template <int MR>
+__attribute__((target("avx2,fma"))) void conv_tile8(const float* const* rows,
+                                                    const int64_t* taps, int64_t ntaps,
+                                                    int64_t kc, const float* __restrict__ b,
+                                                    float* c, int64_t ldc, int64_t ncols,
+                                                    const float* bias, const float* res,
+                                                    int64_t ldr, Act act) {
+  __m256 acc0[MR], acc1[MR];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < ntaps; ++t) {
+    const float* at[MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) at[r] = rows[r] + taps[t];
+    for (int64_t i = 0; i < kc; ++i, b += kNR8) {
+      const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+      for (int r = 0; r < MR; ++r) {
+        const __m256 av = _mm256_broadcast_ss(at[r] + i);
+        acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
+      }
+    }
+  }
+  store_tile8<MR>(acc0, acc1, c, ldc, ncols, bias, res, ldr, act);
+}
+
+using ConvTileFn8 = void (*)(const float* const*, const int64_t*, int64_t, int64_t,
+                             const float*, float*, int64_t, int64_t, const float*,
+                             const float*, int64_t, Act);
+constexpr std::array<ConvTileFn8, kMR8> kConvTiles8 = {&conv_tile8<1>, &conv_tile8<2>,
+                                                       &conv_tile8<3>, &conv_tile8<4>,
+                                                       &conv_tile8<5>, &conv_tile8<6>};
+
+// paragraph's own convolution (groups = 1, any kernel, stride, dilation and padding) on NHWC
+// float32 buffers with AVX2: the AVX-512 `ImplicitConv`'s implicit GEMM on the AVX2 GEMM's
+// 6 x 16 tiles and 16-column panels over K = kh * kw * cin (one packing with the 1 x 1
+// GEMM's). Without AVX-512 every convolution of kernel 3 x 3 and larger was oneDNN's: on a Zen
+// 3, SqueezeNet's 54 x 54 16 -> 64 3 x 3 ran 722 us against ONNX Runtime's 339, and
+// Inception-v3 whole ran 0.57x ONNX Runtime's speed.
+struct ConvAvx2 {
+  const float *x, *packed, *bias, *res;  // x: the (padded) input, [n][hp][wp][cin]
+  float* out;
+  int64_t n, hp, wp, cin, oh, ow, cout, sh, sw;
+  int64_t kc;                 // inputs per tap: a kernel row's (kw * cin, contiguous) or cin
+  std::vector<int64_t> taps;  // each tap's offset into x from a pixel's window origin
+  Act act;
+
+  // tiles [t0, t1) of kMR8 output pixels (image-major, row-major) by panels [p0, p1)
+  void range(int64_t t0, int64_t t1, int64_t p0, int64_t p1) const {
+    const int64_t k = kc * static_cast<int64_t>(taps.size()), pixels = n * oh * ow;
+    const float* rows[kMR8];
+    int64_t at = -1;  // the tile whose pixels `rows` holds
+    auto tile = [&](int64_t q, int64_t p) {
+      const int64_t n0 = p * kNR8, q0 = q * kMR8, count = std::min(kMR8, pixels - q0);
+      if (at != q) {
+        int64_t img = q0 / (oh * ow), y = q0 / ow % oh, j = q0 % ow;
+        for (int64_t r = 0; r < count; ++r) {
+          rows[r] = x + ((img * hp + y * sh) * wp + j * sw) * cin;
+          if (++j == ow) {
+            j = 0;
+            if (++y == oh) y = 0, ++img;
+          }
+        }
+        at = q;
+      }
+      kConvTiles8[count - 1](rows, taps.data(), static_cast<int64_t>(taps.size()), kc,
+                             packed + p * k * kNR8, out + q0 * cout + n0, cout,
+                             std::min(kNR8, cout - n0), bias ? bias + n0 : nullptr,
+                             res ? res + q0 * cout + n0 : nullptr, cout, act);
+    };
+    if (k * cout * 4 <= kWeightInL2Avx2) {
+      for (int64_t q = t0; q < t1; ++q)
+        for (int64_t p = p0; p < p1; ++p) tile(q, p);
+    } else {
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t q = t0; q < t1; ++q) tile(q, p);
+    }
+  }
+
+  void operator()(int64_t threads) const {
+    const int64_t panels = (cout + kNR8 - 1) / kNR8, tiles = (n * oh * ow + kMR8 - 1) / kMR8;
+    const int64_t k = kc * static_cast<int64_t>(taps.size());
+    const bool by_panel = k * cout > n * hp * wp * cin;
+    parallel(threads, [&](int64_t t, int64_t nt) {
+      if (by_panel) {
+        panel_share(panels, tiles, t, nt, [&](int64_t q0, int64_t q1, int64_t p0, int64_t p1) {
+          range(q0, q1, p0, p1);
+        });
+      } else {
+        range(tiles * t / nt, tiles * (t + 1) / nt, 0, panels);
+      }
+    });
+  }
+};
+
+// the own AVX2 convolution's form where the CPU and the tensors allow it (see `ConvAvx2`),
+// else None; pads: top, left, bottom, right
+c10::optional<Form> own_conv_avx2(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
+                                  const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
+                                  c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
+                                  std::array<int64_t, 4> pads, int64_t dh, int64_t dw, Act act,
+                                  int64_t threads) {
+  const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
+  if (!own_avx2() || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
+      !plain_float(out_buffer) || w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
+      w_buffer.size(0) != cout || w_buffer.size(3) != cin ||
+      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
+      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 || cin == 0)
+    return c10::nullopt;
+  const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
+  auto packed = lazy_packed(w_buffer, "panels16", [w_buffer, cout, k]() {
+    return pack_panels(w_buffer, cout, k, k, 1, kNR8);
+  });
+  const auto [pt, pl, pb, pr] = pads;
+  const bool padded = pt || pl || pb || pr || !x_buffer.is_contiguous();
+  const int64_t hp = x_buffer.size(1) + pt + pb, wp = x_buffer.size(2) + pl + pr;
+  ConvAvx2 conv{nullptr, nullptr, bias ? bias->data_ptr<float>() : nullptr,
+                res_buffer ? res_buffer->data_ptr<float>() : nullptr,
+                out_buffer.data_ptr<float>(), x_buffer.size(0), hp, wp, cin,
+                out_buffer.size(1), out_buffer.size(2), cout, sh, sw, cin, {}, act};
+  if (dw == 1) conv.kc = kw * cin;  // a kernel row's inputs side by side (see ImplicitConv)
+  for (int64_t ky = 0; ky < kh; ++ky)
+    for (int64_t kx = 0; kx < (dw == 1 ? 1 : kw); ++kx)
+      conv.taps.push_back((ky * dh * wp + kx * dw) * cin);
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded, act,
+               threads]() mutable {
+    conv.packed = packed->data();
+    conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
+                    : x_buffer.data_ptr<float>();
+    conv(threads);
+    if (!in_registers(act)) {  // PyTorch's, over the whole output
+      at::Tensor o = out_buffer;
       activate(o, act);
     }
   });

@@ -161,6 +161,14 @@ struct ImplicitConv {
   }
 };
 
+// pixels j..w of an NHWC row from NCHW planes, one float at a time (compiled for no ISA beyond
+// the build's: `nhwc_row`'s callers without AVX-512 come here for the whole row)
+__attribute__((noinline)) void nhwc_tail(float* d, const float* s, int64_t j, int64_t w,
+                                         int64_t c, int64_t plane) {
+  for (; j < w; ++j)
+    for (int64_t k = 0; k < c; ++k) d[j * c + k] = s[k * plane + j];
+}
+
 // one row of w NHWC pixels of c channels at d from an NCHW image's row at s (channel planes
 // ``plane`` apart): the model's input read where it lies, as ONNX Runtime's first convolution
 // reorders it, instead of a transpose kernel before the convolution. Three channels (an RGB
@@ -168,7 +176,7 @@ struct ImplicitConv {
 __attribute__((target("avx512f"))) void nhwc_row(float* d, const float* s, int64_t w,
                                                  int64_t c, int64_t plane) {
   int64_t j = 0;
-  if (c == 3) {
+  if (c == 3 && own_avx512()) {
     // output float o of a 48-float block is channel o % 3 of pixel o / 3; its index into
     // the pair (r, g) is pixel + 16 * channel, and b follows in a second permute
     alignas(64) int32_t i0[16], i1[16], i2[16];
@@ -194,8 +202,7 @@ __attribute__((target("avx512f"))) void nhwc_row(float* d, const float* s, int64
                        _mm512_permutex2var_ps(_mm512_permutex2var_ps(r, r2, g), c2, b));
     }
   }
-  for (; j < w; ++j)
-    for (int64_t k = 0; k < c; ++k) d[j * c + k] = s[k * plane + j];
+  nhwc_tail(d, s, j, w, c, plane);
 }
 
 // the input with zero borders (top, left, bottom, right) in the calling thread's scratch
@@ -220,7 +227,12 @@ const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t p
       }
       std::memset(d, 0, pl * c * 4);
       if (planes) {
-        nhwc_row(d + pl * c, src + img * c * h * w + y * w, w, c, h * w);
+        const float* row = src + img * c * h * w + y * w;
+        if (own_avx512()) {
+          nhwc_row(d + pl * c, row, w, c, h * w);
+        } else {  // no AVX-512 instruction may run (the AVX2 forms' input)
+          nhwc_tail(d + pl * c, row, 0, w, c, h * w);
+        }
       } else {
         std::memcpy(d + pl * c, src + (img * h + y) * w * c, w * c * 4);
       }
