@@ -360,3 +360,27 @@ def test_operators_on_weights_alone_are_folded_and_cost_nothing():
     assert kernels["matmul"].flops == 2 * 4 * 8 * 16
     model = CostModel(Device(1e11, 1e10, 3e-6, streams=2))
     assert model.estimate(kernels["concat"]) == 0.0 < model.estimate(kernels["matmul"])
+
+
+def test_random_walks_reach_distinct_graphs_by_library_rules_and_keep_the_outputs():
+    """What the cost model's accuracy is judged on (benchmarks/costmodel.py): seeded, each a
+    different graph 1..steps library rewrites from the input, outputs unchanged."""
+    from paragraph.passes.search import random_walks
+
+    g = inception_module()
+    rules = default_library().for_search()
+    walks = random_walks(g, rules, 8, steps=3, seed=1)
+    assert 1 < len(walks) <= 8
+    hashes = {c.graph.structural_hash() for c in walks}
+    assert len(hashes) == len(walks) and g.structural_hash() not in hashes
+    ids = {r.id for r in rules}
+    for c in walks:
+        assert 1 <= len(c.applied) <= 3 and all(a.rule in ids for a in c.applied)
+        same_outputs(g, c.graph)
+    again = random_walks(g, rules, 8, steps=3, seed=1)
+    assert [c.graph.structural_hash() for c in again] == [c.graph.structural_hash()
+                                                           for c in walks]
+    # a graph no rule matches has no neighbour, and the walk gives up rather than loop
+    b = GraphBuilder()
+    lone = b.build([b.op("softmax", [b.input((1, 4))]).out])
+    assert random_walks(lone, rules, 5) == []

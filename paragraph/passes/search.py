@@ -102,6 +102,42 @@ def expand(graph: Graph, rules: Sequence[AnyRule]) -> list[tuple[Applied, Graph]
     return out
 
 
+def random_walks(graph: Graph, rules: Sequence[AnyRule], count: int, *, steps: int = 4,
+                 seed: int = 0, attempts: int = 20) -> list[Candidate]:
+    """Up to ``count`` distinct graphs, each 1 to ``steps`` random rewrites away from
+    ``graph`` (cost 0: not priced), seeded: at each step a rule is drawn among those with a
+    match, then one of its matches, so that a rule matching everywhere does not crowd out the
+    rest. What the cost model's accuracy is judged on (`benchmarks/costmodel.py`): graphs the
+    rules reach, not only the ones a cost already prefers. Gives up after ``attempts`` times
+    ``count`` walks (a graph with few matches has few distinct neighbours)."""
+    import random
+
+    rng = random.Random(seed)
+    seen = {graph.structural_hash()}
+    out: list[Candidate] = []
+    for _ in range(attempts * count):
+        if len(out) >= count:
+            break
+        g, applied = graph, []
+        for _ in range(rng.randint(1, steps)):
+            index = kind_index(g)
+            found = [(rule, ms) for rule in rules if (ms := find_matches(g, rule, index))]
+            if not found:
+                break
+            rule, ms = found[rng.randrange(len(found))]
+            match = ms[rng.randrange(len(ms))]
+            new = apply_match(g, match)
+            if new is None:
+                continue
+            applied.append(Applied(rule.id, _where(g, match.nodes)))
+            g = new
+        h = g.structural_hash()
+        if applied and h not in seen:
+            seen.add(h)
+            out.append(Candidate(0.0, g, tuple(applied)))
+    return out
+
+
 # ---------------------------------------------------------------------------- backtracking
 def backtrack(graph: Graph, rules: Sequence[AnyRule], cost: CostFn, *, beta: float = 1.1,
               budget: Budget | None = None, keep: int = 1) -> list[Candidate]:

@@ -118,9 +118,7 @@ class _OnBoard:
         self.began = time.perf_counter()
         self.deadline = time.monotonic() + options.budget
         self.rules = default_library().for_search() if rules is None else checked(rules)
-        peaks = session.meter.peaks(session.target)
-        self.model = CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch,
-                                      streams=session.cores))
+        self.model = search_cost_model(session)
         self.cost = cost_function(self.model, options.cost)
         self.meter = signature_meter(session, kernels)
         self.like: Plan | None = None  # the input's plan: candidates take its timed choices
@@ -460,6 +458,14 @@ def signature_meter(session: Session, kernels: str) -> SignatureMeter:
                           threads=threads)
 
 
+def search_cost_model(session: Session) -> CostModel:
+    """The cost model a search starts from on ``session``'s device: its peak rates (for the
+    estimates of kernels not measured) and its cores as streams, no kernel measured yet
+    (`CostModel.learn` adds them)."""
+    peaks = session.meter.peaks(session.target)
+    return CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=session.cores))
+
+
 def measure_signatures(graph: Graph, session: Session, *, kernels: str = "tvm") -> int:
     """Measure and cache every kernel signature of ``graph`` that `search_plan` would price
     it by (its first step, inside its budget), and return how many were new: a search that
@@ -471,5 +477,6 @@ def measure_signatures(graph: Graph, session: Session, *, kernels: str = "tvm") 
     return meter.measured
 
 
-__all__ = ["search_plan", "measure_signatures", "required_gain", "worth_building",
-           "candidates_in_memory", "checked", "MAX_OVERSHOOT"]
+__all__ = ["search_plan", "measure_signatures", "search_cost_model", "signature_meter",
+           "required_gain", "worth_building", "candidates_in_memory", "checked",
+           "MAX_OVERSHOOT"]
