@@ -498,6 +498,47 @@ def corpus_avx2_table(avx2: dict, native: dict | None) -> list[str]:
     return lines
 
 
+def corpus_plain_avx2_table(r: dict) -> list[str]:
+    """The corpus on a CPU without AVX-512 (``corpus-cpu-zen3.json``): every runtime, ONNX
+    Runtime's MLAS included, runs its own AVX2 code, as paragraph does there (its AVX2 forms,
+    oneDNN's and MKL's, TVM for the CPU): the fair comparison for such machines. The per-kind
+    summary as `corpus_table`'s, then every model's row as `corpus_models_table`'s."""
+    m0 = r["machine"]
+    return ([f"On a CPU without AVX-512 ({m0['cpu']}, {m0['cpu_id']}; `corpus-cpu-zen3.json`), "
+             "where every peer's own AVX2 code runs too:", ""]
+            + corpus_table(r)[2:] + [""] + corpus_models_table(r))
+
+
+def costmodel_table(r: dict) -> list[str]:
+    """The search's cost against whole runs (``costmodel-cpu.json``, `benchmarks/costmodel.py`):
+    per model and cost, the median absolute error read as seconds, the same anchored on the
+    input's measured time, and Kendall tau over pairs measured 3% apart or more."""
+    m0 = r["machine"]
+    costs = ("simulated", "mixed", "sum", "critical-path")
+    lines = [f"{r['candidates']} random verified rewrites of each model (1 to {r['steps']} "
+             f"rewrites each, seed {r['seed']}), priced by the search's cost model and timed "
+             f"end to end beside the input ({r['repeat']} alternating blocks of {r['block']}, "
+             f"medians; {m0['cores']}-core {m0['cpu']}, {_dates(r)}). Per cost: median "
+             "absolute error read as seconds / anchored on the input's measured time / Kendall "
+             f"tau over pairs measured {r['pair_gap']:.0%} apart or more (pairs). Targets "
+             "(issue 54): error at most 10%, tau at least 0.8.", "",
+             "| model | candidates | measured / input's | " + " | ".join(costs) + " |",
+             "|---|---|---|" + "---|" * len(costs)]
+    for m in r["models"]:
+        base = m["input"]["measured_ms"]
+        spread = [c["measured_ms"] / base for c in m["candidates"]]
+        cells = []
+        for cost in costs:
+            a = m["accuracy"][cost]
+            tau = "-" if a["kendall_tau"] is None else f"{a['kendall_tau']:.2f}"
+            cells.append(f"{a['median_abs_error']:.0%} / {a['median_abs_error_anchored']:.0%}"
+                         f" / {tau} ({a['pairs']})")
+        flag = " (contended)" if m.get("contended") else ""
+        lines.append(f"| {m['model']}{flag} | {len(m['candidates'])} | "
+                     f"{min(spread):.2f}-{max(spread):.2f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _corpus_avx2(folder: Path) -> list[str] | None:
     avx2 = _load(folder, "corpus-cpu-avx2.json")
     return None if avx2 is None else corpus_avx2_table(avx2, _load(folder, "corpus-cpu.json"))
@@ -723,6 +764,7 @@ BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
     "corpus-models": _corpus(corpus_models_table, "Every public model's row comes with "
                              "`benchmarks/results/corpus-cpu.json` (`benchmarks/corpus.py`)."),
     "corpus-avx2": _corpus_avx2,
+    "corpus-zen3": _file("corpus-cpu-zen3.json", corpus_plain_avx2_table),
     "peers": _file("peers-cpu.json", peers_table),
     "peers-xeon": _file("peers-cpu-xeon.json", _xeon_peers),
     "kernel-classes": _file("kernel-classes-cpu.json", kernel_classes_table),
@@ -735,6 +777,7 @@ BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
     "kernels": _file("kernels-cpu.json", kernels_table),
     "search": _file("search-cpu.json", search_table),
     "regroup": _file("regroup-cpu.json", regroup_table),
+    "costmodel": _file("costmodel-cpu.json", costmodel_table),
     "search-xeon": _file("search-cpu-xeon.json", search_table,
                          "On the {cores}-core {cpu} VM (`{file}`):"),
     "tuning": _file("tuning-cpu.json", tuning_table),
