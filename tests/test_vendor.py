@@ -2373,14 +2373,16 @@ _ISA_SCRIPT = textwrap.dedent("""
     from paragraph.tvm_interop.runtime.library import native
     keys = [str(k) for k in native.module()["paragraph_vendor_chosen_forms"]()]
     print(runs_here(local_cpu_target()), local_cpu_target().mcpu,
-          os.environ.get("ONEDNN_MAX_CPU_ISA"), any(k.startswith("conv_kxk") for k in keys))
+          os.environ.get("ONEDNN_MAX_CPU_ISA"), any(k.startswith("conv_kxk") for k in keys),
+          any(k.startswith("conv_avx2_") for k in keys))
 """)
 
 
 def test_the_avx2_switch_runs_without_the_own_avx512_kernels(tmp_path):
-    """``PARAGRAPH_CPU_ISA=avx2``: the 3x3 convolution offers only oneDNN's form (held to AVX2:
-    no own form timed, where natively the own implicit GEMM is timed against it, as the
-    forced-form tests show) and TVM compiles for a Haswell; the outputs stay equal to TVM's."""
+    """``PARAGRAPH_CPU_ISA=avx2``: the 3x3 convolution's forms are oneDNN's (held to AVX2) and
+    the own AVX2 implicit GEMM, timed against each other, never the own AVX-512 one (where
+    natively it is timed, as the forced-form tests show), and TVM compiles for a Haswell;
+    the outputs stay equal to TVM's."""
     env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(tmp_path)}
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     run = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], capture_output=True, text=True,
@@ -2388,7 +2390,7 @@ def test_the_avx2_switch_runs_without_the_own_avx512_kernels(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     # measured and given vendor kernels by default, as on an AVX2 machine (not taken for
     # another machine's target: TVM kernels and an unmeasured schedule)
-    assert run.stdout.split()[-4:] == ["True", "haswell", "AVX2", "False"]
+    assert run.stdout.split()[-5:] == ["True", "haswell", "AVX2", "False", "True"]
 
 
 _AVX2_FORMS_SCRIPT = textwrap.dedent("""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -110,8 +111,6 @@ def random_walks(graph: Graph, rules: Sequence[AnyRule], count: int, *, steps: i
     rest. What the cost model's accuracy is judged on (`benchmarks/costmodel.py`): graphs the
     rules reach, not only the ones a cost already prefers. Gives up after ``attempts`` times
     ``count`` walks (a graph with few matches has few distinct neighbours)."""
-    import random
-
     rng = random.Random(seed)
     seen = {graph.structural_hash()}
     out: list[Candidate] = []

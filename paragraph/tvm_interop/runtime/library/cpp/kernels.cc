@@ -138,7 +138,7 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
       // without AVX-512: oneDNN's and the own AVX2 implicit GEMM, the faster by timing
       if (auto own = own_conv_avx2(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
                                    {pt, pl, pb, pr}, dilation[0], dilation[1], fused, threads))
-        return fastest_of({onednn, *own}, key("conv_kxk2"), threads);
+        return fastest_of({onednn, *own}, key("conv_avx2_"), threads);
     }
     // a depthwise convolution: the own eight-pixel form where it applies, else oneDNN's and
     // the own form, the faster by timing. Timed in a model, oneDNN's form won MobileNetV2's
