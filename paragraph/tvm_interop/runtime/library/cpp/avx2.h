@@ -437,11 +437,7 @@ c10::optional<Form> own_conv_avx2(const at::Tensor& out_buffer, const at::Tensor
                                   std::array<int64_t, 4> pads, int64_t dh, int64_t dw, Act act,
                                   int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
-  if (!own_avx2() || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
-      !plain_float(out_buffer) || w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
-      w_buffer.size(0) != cout || w_buffer.size(3) != cin ||
-      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
-      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 || cin == 0)
+  if (!own_avx2() || !conv_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer))
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
   auto packed = lazy_packed(w_buffer, "panels16", [w_buffer, cout, k]() {

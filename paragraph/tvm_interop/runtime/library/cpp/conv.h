@@ -248,6 +248,19 @@ bool nchw_view(const at::Tensor& x) {
          x.permute({0, 3, 1, 2}).is_contiguous();
 }
 
+// whether an own implicit-GEMM convolution (AVX-512 or AVX2) takes these tensors: float32 NHWC
+// buffers (the input may be an NCHW tensor's view), a (cout, kh, kw, cin) weight
+bool conv_tensors_ok(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
+                     const at::Tensor& w_buffer, const c10::optional<at::Tensor>& bias,
+                     const c10::optional<at::Tensor>& res_buffer) {
+  const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
+  return (plain_float(x_buffer) || nchw_view(x_buffer)) && plain_float(out_buffer) &&
+         w_buffer.scalar_type() == at::kFloat && w_buffer.dim() == 4 &&
+         w_buffer.size(0) == cout && w_buffer.size(3) == cin &&
+         out_buffer.size(0) == x_buffer.size(0) && (!bias || plain_float(*bias)) &&
+         (!res_buffer || plain_float(*res_buffer)) && out_buffer.numel() != 0 && cin != 0;
+}
+
 // the own convolution's form where the CPU and the tensors allow it (see `ImplicitConv`), else
 // None; pads: top, left, bottom, right
 c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
@@ -256,11 +269,7 @@ c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_b
                              std::array<int64_t, 4> pads, int64_t dh, int64_t dw, Act act,
                              int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
-  if (!own_avx512() || !(plain_float(x_buffer) || nchw_view(x_buffer)) ||
-      !plain_float(out_buffer) || w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
-      w_buffer.size(0) != cout || w_buffer.size(3) != cin ||
-      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
-      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 || cin == 0)
+  if (!own_avx512() || !conv_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer))
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
   // (cout, kh, kw, cin) is W's (n, k) at n * k + k: one packing shared with the 1x1 GEMM's
