@@ -42,3 +42,17 @@ def test_accuracy_anchors_on_the_input_and_reads_costs_as_seconds():
     a = costmodel.accuracy(input_row, rows, ["simulated"])["simulated"]
     assert a["kendall_tau"] == pytest.approx(4 / 6)
     assert a["median_abs_error_anchored"] == pytest.approx(0.0)
+
+
+def test_pairs_closer_than_the_inputs_twin_landed_are_not_ranked():
+    # the twin (a second build of the input) 1% and 5% from it in two batches: 5% it is
+    assert costmodel.pair_gap([1.01, 0.95]) == pytest.approx(0.05)
+    assert costmodel.pair_gap([1.01, 0.99]) == costmodel.PAIR_GAP  # the floor stands
+    assert costmodel.pair_gap([], 0.0) == 0.0
+    # 10 against 10.4 (4% apart) is ranked at the floor, not past a 5% twin
+    input_row = {"measured_ms": 10.0, "predicted_ms": {"simulated": 10.0}}
+    rows = [{"measured_ms": 10.4, "predicted_ms": {"simulated": 9.0}}]
+    assert costmodel.accuracy(input_row, rows, ["simulated"])["simulated"]["pairs"] == 1
+    a = costmodel.accuracy(input_row, rows, ["simulated"],
+                           costmodel.pair_gap([1.05]))["simulated"]
+    assert a["pairs"] == 0 and a["kendall_tau"] is None
