@@ -2,7 +2,8 @@
 machine then measures?
 
 Usage: python benchmarks/costmodel.py [--models a,b,corpus:NAME] [--candidates 30]
-           [--steps 4] [--seed 0] [--kernels vendor] [--repeat 6] [--block 5] [--reduced]
+           [--steps 4] [--seed 0] [--kernels vendor] [--repeat 6] [--block 5] [--batch 5]
+           [--reduced]
            [--json benchmarks/results/costmodel-cpu.json] [--merge] [--plot FILE]
        python benchmarks/costmodel.py --plot-only [--json FILE] [--plot FILE]
 
@@ -15,12 +16,14 @@ graph is priced as the search prices it (`search_cost_model`: signatures measure
 and on every core by the session's meter, cached), and each graph gets the four costs
 (`paragraph.passes.cost.COSTS`). Then every candidate is timed end to end beside the input by
 the session's meter, as the on-board loop times its candidates (`Meter.runs`: alternating
-blocks, medians, outputs checked against the input's, in batches that fit in memory; each
-candidate's time is its ratio to the input in its batch, times the input's time in the first).
-A second build of the input (its twin, `plan_like` of the input's own graph) is timed in every
-batch too: how far it lands from the input is what the harness cannot tell apart (on GoogLeNet
-a candidate measured 16% faster than its input ran within the spread of two fresh builds of
-the input when timed again), and pairs closer than that are not ranked.
+blocks, medians, outputs checked against the input's, in batches of ``--batch`` candidates at
+most (fewer where memory holds fewer). A second build of the input (its twin, `plan_like` of
+the input's own graph) is timed in every batch too, and each candidate's time is its ratio to
+the geometric mean of the input's and the twin's in its batch, times that mean in the first
+batch (the input's measured time). How far the twin lands from the input is what the harness
+cannot tell apart, and pairs closer than that are not ranked: on this 2-core VM, 32 programs
+timed in one comparison left GoogLeNet's twin 16% from the input, the candidates' whole
+spread, so batches are short (each comparison's rounds then pass the host's phases alike).
 
 Per cost, over the candidates:
 
@@ -38,7 +41,7 @@ Targets (issue 54): median absolute error at most 10% and Kendall tau at least 0
 model. The results file (written atomically after each model)::
 
     {"benchmark": "costmodel", "kernels", "candidates", "steps", "seed", "repeat", "block",
-     "pair_gap", "reduced", "machine", "load_average_before", "load_average",
+     "pair_gap", "batch", "reduced", "machine", "load_average_before", "load_average",
      "models": [{"model", "operators", "input": {"measured_ms", "predicted_ms": {cost: ms}},
                  "twin_ratios": [twin / input, per batch], "pair_gap_used",
                  "candidates": [{"rewrites": [rule id, ...], "measured_ms",
@@ -63,6 +66,7 @@ from pathlib import Path
 DEFAULT_MODELS = ("resnet50", "inception_v3", "nasnet_a_mobile", "bert", "sru_rnntc",
                   "corpus:mobilenet_v2", "corpus:densenet121", "corpus:gpt2_6l")
 PAIR_GAP = 0.03  # pairs of graphs measured closer than this are not ranked (issue 54)
+BATCH = 5  # candidates per comparison, beside the input and its twin
 
 
 # ---------------------------------------------------------------------------- accuracy
@@ -158,7 +162,7 @@ def bench_model(name: str, args: argparse.Namespace, log) -> dict:
         return {c: model.cost(g, c) * 1e3 for c in COSTS}
 
     twin = plan_like(like, graph, session, kernels=args.kernels)
-    batch = max(1, candidates_in_memory(graph) - 2)
+    batch = max(1, min(args.batch, candidates_in_memory(graph) - 2))
     failures: list[str] = []
     rows: list[dict] = []
     twin_ratios: list[float] = []
@@ -180,11 +184,12 @@ def bench_model(name: str, args: argparse.Namespace, log) -> dict:
                                     (twin.program, twin.schedule)]
                                    + [(p.program, p.schedule) for p, _ in plans],
                                    repeat=args.repeat, block=args.block, check=True, fresh=True)
-        input_ms = input_ms or times[0] * 1e3
+        ref = (times[0] * times[1]) ** 0.5  # the input graph's two builds
+        input_ms = input_ms or ref * 1e3
         twin_ratios.append(times[1] / times[0])
         for (_, c), t in zip(plans, times[2:], strict=True):
             rows.append({"rewrites": [a.rule for a in c.applied],
-                         "measured_ms": t / times[0] * input_ms,
+                         "measured_ms": t / ref * input_ms,
                          "predicted_ms": predicted(c.graph)})
         log(f"  {len(rows)}/{len(walks)} candidates timed (the input's twin at "
             f"{twin_ratios[-1]:.3f}x the input)")
@@ -270,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=6, help="alternating blocks")
     parser.add_argument("--block", type=int, default=5, help="timed runs per block")
     parser.add_argument("--pair-gap", type=float, default=PAIR_GAP)
+    parser.add_argument("--batch", type=int, default=BATCH,
+                        help="most candidates timed in one comparison")
     parser.add_argument("--reduced", action="store_true")
     parser.add_argument("--plot", default=None, help="default: the --json file as .png")
     parser.add_argument("--plot-only", action="store_true")
@@ -289,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
                  {"benchmark": "costmodel", "kernels": args.kernels,
                   "candidates": args.candidates, "steps": args.steps, "seed": args.seed,
                   "repeat": args.repeat, "block": args.block, "pair_gap": args.pair_gap,
+                  "batch": args.batch,
                   "reduced": args.reduced},
                  merge=args.merge, log=log)
     with open(out) as f:
