@@ -460,10 +460,14 @@ def signature_meter(session: Session, kernels: str) -> SignatureMeter:
 
 def search_cost_model(session: Session) -> CostModel:
     """The cost model a search starts from on ``session``'s device: its peak rates (for the
-    estimates of kernels not measured) and its cores as streams, no kernel measured yet
-    (`CostModel.learn` adds them)."""
+    estimates of kernels not measured), its cores as streams and, on a CPU, the meter's
+    measured hand-off between two worker threads (what the executor pays when a kernel waits
+    on another stream's, and the ``simulated`` cost charges; the critical-path planner
+    charges the same), no kernel measured yet (`CostModel.learn` adds them)."""
     peaks = session.meter.peaks(session.target)
-    return CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=session.cores))
+    handoff = session.meter.handoff(session.target) if is_cpu(session.target) else 0.0
+    return CostModel(Device(peaks.flops, peaks.bandwidth, peaks.launch, streams=session.cores,
+                            handoff=handoff))
 
 
 def measure_signatures(graph: Graph, session: Session, *, kernels: str = "tvm") -> int:
