@@ -33,9 +33,11 @@ def with_native_libraries(cache: Path) -> Path:
     from paragraph.tvm_interop.runtime import native
     from paragraph.tvm_interop.runtime.library import native as kernels
 
-    built = [native.library_path()]
-    if kernels.module() is not None:  # built (or found) in this process's cache: where it
-        built.append(kernels._state["path"])  # was, whatever cache the test has set since
+    # each library where this process loaded it, whatever cache the test has set since
+    # (test_vendor.py gives every test a private one)
+    built = [native._state.get("path") or native.library_path()]
+    if kernels.module() is not None:  # built (or found) in this process
+        built.append(kernels._state["path"])
     (cache / "native").mkdir(parents=True, exist_ok=True)
     for lib in built:
         to = cache / "native" / lib.name

@@ -448,7 +448,7 @@ def test_the_search_cost_model_charges_the_measured_handoff(tmp_path):
     """The search's simulated makespan charges what the executor pays when a kernel waits on
     another stream's (the meter's measured hand-off, as the critical-path planner charges),
     not nothing: two branches on two streams then cost more than without it."""
-    from paragraph.passes.cost import KernelDAG, dag_cost
+    from paragraph.passes.cost import Device, KernelDAG, dag_cost
     from paragraph.planner.onboard import search_cost_model
 
     session = Session("llvm", db=CostDB(tmp_path / "costs.sqlite"), cores=2)
@@ -459,6 +459,6 @@ def test_the_search_cost_model_charges_the_measured_handoff(tmp_path):
     # second branch starts a hand-off after the fork, and the join on its stream a hand-off
     # after the first branch ends, the two waits at once: 3 ms and one hand-off
     dag = KernelDAG((None,) * 4, (1e-3,) * 4, ((), (0,), (0,), (1, 2)), None)  # type: ignore[arg-type]
-    free = dag_cost(dag, "simulated", device=model.device.__class__(streams=2))
+    free = dag_cost(dag, "simulated", device=Device(streams=2))
     assert free == pytest.approx(3e-3)
     assert dag_cost(dag, "simulated", device=model.device) == pytest.approx(3e-3 + handoff)

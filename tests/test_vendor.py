@@ -13,6 +13,7 @@ import threading
 import numpy as np
 import pytest
 import tvm
+from conftest import with_native_libraries
 from tvm import relax
 
 from paragraph import models
@@ -1070,8 +1071,6 @@ def test_compile_then_run_in_a_fresh_process(tmp_path, capsys):
                  "--schedule", "opara", "-o", str(out)]) == 0
     exe = load(out)
     assert exe.manifest["kernels"] == "vendor" and exe.program.sources()["vendor"] > 0
-    from conftest import with_native_libraries
-
     # the C++ kernels this process built, in the cache the fresh process reads (the test's
     # private one): found there, not compiled again (most of this test's minute)
     env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(with_native_libraries(tmp_path / "cache"))}
@@ -2390,9 +2389,7 @@ def test_the_avx2_switch_runs_without_the_own_avx512_kernels(tmp_path):
     the outputs stay equal to TVM's. A cache of its own (TVM's kernels for a Haswell, the
     costs), with this process's C++ kernels in it: the switch is read when they run, not
     when they are built."""
-    from conftest import with_native_libraries
-
-    cache = with_native_libraries(tmp_path / "isa-cache")
+    cache = with_native_libraries(tmp_path / "cache")
     env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     run = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], capture_output=True, text=True,
@@ -2518,8 +2515,6 @@ def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     convolutions and linear layers (row and column tails, one row), each equal to PyTorch's;
     their packed weights show that they, not oneDNN's forms, ran. And the pools, PyTorch's
     there, take uneven padding (they refused it)."""
-    from conftest import with_native_libraries
-
     # the kernels this process built, not built again in the test's private cache: the
     # switch is read when they run
     cache = with_native_libraries(tmp_path / "cache")

@@ -76,6 +76,7 @@ def runner():
                 if not path.exists():
                     build_library(SOURCE, path)
                 _state["module"] = tvm_ffi.load_module(str(path))
+                _state["path"] = path  # where it was, whatever cache is set later
             except Exception as exc:  # no compiler, headers or loader: the Python runner works
                 _state["reason"] = f"{type(exc).__name__}: {exc}"
                 warnings.warn("paragraph's native stream runner is unavailable, so the CPU "
