@@ -121,7 +121,8 @@ class SearchReport:
     rules: tuple[str, ...]  # the rule id of each
     cost_before_ms: float
     cost_after_ms: float
-    measured_before_ms: float
+    measured_before_ms: float  # the input, as first timed beside candidates
+    # the input's time scaled by each kept rewrite's confirmed ratio (timed side by side)
     measured_after_ms: float
     speedup: float
     candidates_built: int  # all of them, the subsets bisected included
