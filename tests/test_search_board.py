@@ -408,13 +408,10 @@ def conv_beside_shared_products():
     return b.build([conv.out, *(p.out for p in products)]), {conv.id}, {p.id for p in products}
 
 
-@pytest.mark.skipif(not torch_available(), reason="vendor kernels need PyTorch")
-def test_a_candidate_that_did_not_pay_is_bisected_to_the_piece_that_does(tmp_path):
-    """The on-board loop's bisection (delta debugging over a candidate's rewritten pieces): a
-    candidate with one rewrite that slows its piece and one that speeds up another is split
-    into subsets, each built and timed beside the input, and the subset that pays is found."""
-    from paragraph.passes.search import Applied, Candidate, Piece, with_pieces
-    from paragraph.planner.onboard import _OnBoard, _Winner
+def slower_and_faster_pieces():
+    """`conv_beside_shared_products`, its two rewritten pieces (the convolution split in four,
+    slower; the products' rows stacked, faster) and the rules by id."""
+    from paragraph.passes.search import Applied, Candidate, Piece
     from paragraph.rules.library import default_library
     from paragraph.rules.match import apply_match, find_matches
 
@@ -425,6 +422,18 @@ def test_a_candidate_that_did_not_pay_is_bisected_to_the_piece_that_does(tmp_pat
         sub = extract(g, ops)
         new = next(n for m in find_matches(sub, rule) if (n := apply_match(sub, m)) is not None)
         pieces.append(Piece(frozenset(ops), Candidate(0.0, new, (Applied(rule.id, ()),))))
+    return g, pieces, rules
+
+
+@pytest.mark.skipif(not torch_available(), reason="vendor kernels need PyTorch")
+def test_a_candidate_that_did_not_pay_is_bisected_to_the_piece_that_does(tmp_path):
+    """The on-board loop's bisection (delta debugging over a candidate's rewritten pieces): a
+    candidate with one rewrite that slows its piece and one that speeds up another is split
+    into subsets, each built and timed beside the input, and the subset that pays is found."""
+    from paragraph.passes.search import with_pieces
+    from paragraph.planner.onboard import _OnBoard, _Winner
+
+    g, pieces, rules = slower_and_faster_pieces()
     whole = with_pieces(g, pieces)
     assert whole is not None and whole.pieces == tuple(pieces)
     for subset in ([pieces[0]], [pieces[1]], pieces):  # every subset computes the model
@@ -462,3 +471,38 @@ def test_the_search_cost_model_charges_the_measured_handoff(tmp_path):
     free = dag_cost(dag, "simulated", device=Device(streams=2))
     assert free == pytest.approx(3e-3)
     assert dag_cost(dag, "simulated", device=model.device) == pytest.approx(3e-3 + handoff)
+
+
+@pytest.mark.skipif(not torch_available(), reason="vendor kernels need PyTorch")
+def test_a_round_that_keeps_nothing_searches_next_from_the_fastest_measured_candidate(tmp_path):
+    """AutoGraph alg. 1's queue: a candidate measured faster than the best is queued; where a
+    round keeps nothing, `pop` makes the fastest queued graph the one the next round searches
+    from (the best graph stays the best until a candidate beats it, confirmed), and candidates
+    built from there carry the queued graph's rewrites."""
+    from paragraph.passes.search import with_pieces
+    from paragraph.planner.onboard import _OnBoard
+
+    g, pieces, rules = slower_and_faster_pieces()
+    slower, faster = (with_pieces(g, [p]) for p in pieces)
+    assert slower is not None and faster is not None
+    session = Session("llvm", db=CostDB(tmp_path / "costs.sqlite"), cores=2)
+    loop = _OnBoard(g, session, SearchOptions(budget=600), "sequential", "vendor", True,
+                    list(rules.values()))
+    loop.start(None)
+    winner = loop.build_and_time(0, [slower, faster])
+    assert winner is not None and winner.candidate is faster and winner.ratio < 0.98
+    queued = sorted(loop.queue, key=lambda q: q.relative)
+    assert queued[0].graph is faster.graph and queued[0].applied == faster.applied
+    assert loop.pop(0) and loop.popped == 1
+    assert loop.base_graph is faster.graph and loop.base_applied == faster.applied
+    assert loop.best_graph is g and loop.best_applied == ()
+    while loop.queue:  # the slower one too, had it measured faster than the input
+        assert loop.pop(1)
+    assert not loop.pop(2)  # nothing left to search from: the loop ends
+    # a candidate searched from the queued graph is built with the queued one's rewrites
+    # before its own
+    loop.base_graph, loop.base_applied = faster.graph, faster.applied
+    built: list = []
+    loop.build = lambda graph, applied: built.append(tuple(applied)) or loop.best
+    loop.build_and_time(1, [slower])
+    assert built == [("taso-merge-matmul-rows", "split-conv-4")]

@@ -7,8 +7,9 @@ measured, the input built and planned), then per round `candidates` (searched fr
 graph, their new kernels measured, ranked again), `build_and_time` (built and timed in batches
 that fit in memory, outputs checked against the best graph, so against the model) and
 `confirm` (a gain timed again beside a second build of the best), `bisect` (where the round's
-best candidate did not pay, the subsets of its rewritten pieces, by delta debugging), and
-`result`. With
+best candidate did not pay, the subsets of its rewritten pieces, by delta debugging), `keep`
+or, where a round kept nothing, `pop` (the next round searches from the fastest measured
+candidate not yet searched from: AutoGraph's queue of measured graphs), and `result`. With
 ``top_k`` 0 there is no loop (`cheapest`): the cheapest graph by the cost is kept unconfirmed,
 as TASO and MetaFlow return theirs.
 """
@@ -50,7 +51,9 @@ def search_plan(graph: Graph, session: Session, options: SearchOptions = SearchO
     """The substitution search with AutoGraph's on-board loop (module docstring): a measured
     improvement (faster than the best graph by `paragraph.timing.MARGIN`, and again in a
     second timing beside a second build of the best, by more than the two builds differ:
-    `required_gain`) becomes the start of the next round, until none improves,
+    `required_gain`) becomes the start of the next round; a round that keeps nothing is
+    followed by one that searches from the fastest candidate measured faster than the best
+    and not yet searched from (AutoGraph alg. 1's queue), until the queue is empty,
     ``options.rounds`` are done or ``options.budget`` is spent. The input graph is always a
     candidate, so the result is never slower than it as measured. ``start``, a plan of
     ``graph`` under ``schedule`` with these ``kernels`` built already, saves building the
@@ -81,20 +84,17 @@ def search_plan(graph: Graph, session: Session, options: SearchOptions = SearchO
         fresh = loop.candidates(r)
         if fresh is None:  # only dear ones: search again, their kernels' times known now
             continue
-        if not fresh:
-            break
-        winner = loop.build_and_time(r, fresh)
-        if winner is None:
-            break
-        ratio = loop.confirm(r, winner)
-        if ratio is None:
+        winner = loop.build_and_time(r, fresh) if fresh else None
+        ratio = None if winner is None else loop.confirm(r, winner)
+        if winner is not None and ratio is None:
             # a good rewrite is not lost because a bad one came with it: the subsets of the
             # round's best candidate's pieces, timed in turn
             winner = loop.bisect(r, winner)
             ratio = None if winner is None else loop.confirm(r, winner)
-            if winner is None or ratio is None:
-                break
-        loop.keep(winner, ratio)
+        if winner is not None and ratio is not None:
+            loop.keep(winner, ratio)
+        elif not loop.pop(r):  # nothing kept: explore from the next measured graph, if any
+            break
     return loop.result()
 
 
@@ -107,6 +107,17 @@ class _Winner:
     candidate: Candidate
     seconds: float
     best_seconds: float
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A measured candidate that ran faster than the best graph beside it, kept to search
+    from (AutoGraph alg. 1's queue Q): its graph, every rewrite from the input, and its time
+    relative to the input's (its ratio times the best's then)."""
+
+    relative: float
+    graph: Graph
+    applied: tuple[Applied, ...]
 
 
 class _OnBoard:
@@ -128,6 +139,12 @@ class _OnBoard:
         self.build_failures: list[str] = []
         self.best_graph: Graph = graph
         self.best_applied: tuple[Applied, ...] = ()
+        # the graph a round searches from: the best, or a measured graph popped from the
+        # queue when a round kept nothing (AutoGraph alg. 1 explores every graph it queued)
+        self.base_graph: Graph = graph
+        self.base_applied: tuple[Applied, ...] = ()
+        self.queue: list[_Queued] = []
+        self.popped = 0
         # the input is timed beside the candidates (a lone first timing in a fresh process
         # runs slow), and alone only if no candidate comes
         self.first_s: float | None = None
@@ -186,7 +203,7 @@ class _OnBoard:
         (`worth_building`); None where only dear ones came."""
         left, top_k = self.left(), self.options.top_k
         reserve = top_k * self.build_s * 1.2
-        result = substitution_search(self.best_graph, self.rules, self.cost,
+        result = substitution_search(self.base_graph, self.rules, self.cost,
                                      replace(self.options, budget=max(left - reserve, left / 4)),
                                      progress=self.say)
         fresh = [c for c in result.candidates
@@ -232,7 +249,7 @@ class _OnBoard:
                 self.seen.add(c.graph.structural_hash())
                 t_build = time.perf_counter()
                 try:
-                    plans.append((self.build(c.graph, [a.rule for a in (*self.best_applied,
+                    plans.append((self.build(c.graph, [a.rule for a in (*self.base_applied,
                                                                         *c.applied)]), c))
                 except (ParagraphError, RuntimeError) as e:
                     reraise_interrupt(e)
@@ -252,6 +269,10 @@ class _OnBoard:
                 for (p, cand), t in zip(plans, times[1:], strict=True):
                     if winner is None or t / times[0] < winner.ratio:
                         winner = _Winner(t / times[0], p, cand, t, times[0])
+                    if t / times[0] < 1.0 - MARGIN:  # faster than the best: worth exploring
+                        self.queue.append(_Queued(t / times[0] * self.best_relative(),
+                                                  cand.graph, (*self.base_applied,
+                                                               *cand.applied)))
                 timed += len(plans)
                 plans = []  # only the winner's program stays built
                 release_memory()
@@ -309,7 +330,7 @@ class _OnBoard:
                                  for chunk in chunks] if n > 2 else [])
             fresh: list[Candidate] = []
             for subset in subsets:
-                c = with_pieces(self.best_graph, subset)
+                c = with_pieces(self.base_graph, subset)
                 if c is not None and c.graph.structural_hash() not in self.seen:
                     fresh.append(c)
             self.say(f"  round {r + 1}: bisecting {len(pieces)} rewritten pieces into {n}: "
@@ -331,8 +352,30 @@ class _OnBoard:
         on a CI host 9% slower than that first timing while 2% faster than its batch's."""
         assert self.best_s is not None
         self.best, self.best_s = winner.plan, self.best_s * ratio
-        self.best_graph = winner.candidate.graph
-        self.best_applied = (*self.best_applied, *winner.candidate.applied)
+        self.best_graph = self.base_graph = winner.candidate.graph
+        self.best_applied = self.base_applied = (*self.base_applied, *winner.candidate.applied)
+        kept = self.best_graph.structural_hash()
+        self.queue = [q for q in self.queue if q.graph.structural_hash() != kept]
+
+    def best_relative(self) -> float:
+        """The best graph's time over the input's, as measured so far."""
+        return 1.0 if self.first_s is None or self.best_s is None else self.best_s / self.first_s
+
+    def pop(self, r: int) -> bool:
+        """Where a round kept nothing: the fastest measured candidate not yet searched from
+        becomes the graph the next round searches from (AutoGraph alg. 1 pops its queue of
+        measured graphs in order of latency and explores each; the best graph stays the best
+        unless a candidate beats it, confirmed). False where the queue is empty."""
+        if not self.queue:
+            return False
+        self.queue.sort(key=lambda q: q.relative)
+        q = self.queue.pop(0)
+        self.base_graph, self.base_applied = q.graph, q.applied
+        self.popped += 1
+        self.say(f"  round {r + 1}: nothing kept; the next round searches from a measured "
+                 f"candidate ({len(q.applied)} rewrites, {q.relative:.3f}x the input's time "
+                 f"where timed), {len(self.queue)} more queued")
+        return True
 
     def cheapest(self) -> None:
         """No on-board loop (``top_k`` 0), as TASO and MetaFlow work: one search, the
@@ -383,6 +426,7 @@ class _OnBoard:
             measured_before_ms=self.first_s * 1e3, measured_after_ms=self.best_s * 1e3,
             speedup=self.first_s / self.best_s if self.best_s > 0 else 1.0,
             candidates_built=self.built, subsets_built=self.bisected,
+            searched_from_queue=self.popped,
             build_failures=tuple(self.build_failures),
             kernels_priced_by_measurement=len(self.model.measured),
             kernels_measured_now=self.meter.measured,

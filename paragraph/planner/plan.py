@@ -127,6 +127,8 @@ class SearchReport:
     speedup: float
     candidates_built: int  # all of them, the subsets bisected included
     subsets_built: int  # candidates built from subsets of a round's best one's pieces
+    # rounds that searched from a measured candidate other than the best (AutoGraph's queue)
+    searched_from_queue: int
     build_failures: tuple[str, ...]
     kernels_priced_by_measurement: int
     kernels_measured_now: int
