@@ -652,6 +652,32 @@ def noise_table(r: dict) -> list[str]:
     return lines
 
 
+def spin_table(r: dict) -> list[str]:
+    """How long libgomp's idle workers spin (``spin-cpu.json``, `benchmarks/spin.py`):
+    paragraph's time over ONNX Runtime's beside it, one process per setting, idle and with a
+    busy loop on a core."""
+    spins = [s or "default" for s in r["spins"]]
+    keys = [f"{c}:{s}" for c in ("idle", "busy") for s in spins]
+    out = [f"paragraph's default build over ONNX Runtime's default session at each "
+           f"`GOMP_SPINCOUNT` ({_dates(r)}, {r['machine']['cores']}-core "
+           f"{r['machine']['cpu']}, `benchmarks/spin.py`): the median of {r['rounds']} "
+           f"processes a setting, each timing both side by side ({r['blocks']} alternating "
+           "blocks); lower is better; busy: another process spinning on one core.", "",
+           "| model | streams | " + " | ".join(k.replace(":", " ") for k in keys) + " |",
+           "|---|---" + "|---" * len(keys) + "|"]
+    for m in r["models"]:
+        streams = re.search(r"on (\d+) stream", m["build"]["program"])
+        best = {c: min(m["summary"][f"{c}:{s}"]["median_ratio"] for s in spins)
+                for c in ("idle", "busy")}
+        cells = []
+        for k in keys:
+            v = m["summary"][k]["median_ratio"]
+            cells.append(f"**{v:.2f}**" if v == best[k.split(":")[0]] else f"{v:.2f}")
+        out.append(f"| {m['model']} | {streams[1] if streams else '-'} | "
+                   + " | ".join(cells) + " |")
+    return out
+
+
 def micro_lines(folder: Path) -> list[str] | None:
     out = []
     for name, key in (("roundtrip-cpu.json", "roundtrip_s"),
@@ -795,6 +821,7 @@ BLOCKS: dict[str, Callable[[Path], list[str] | None]] = {
     "refactor-house": _file("refactor-house-ab-cpu.json", house_ab_table),
     "micro": micro_lines,
     "memory": _file("memory-cpu.json", memory_table),
+    "spin": _file("spin-cpu.json", spin_table),
     "longrun": _file("longrun-cpu.json", longrun_table),
 }
 

@@ -13,16 +13,21 @@ os.environ.setdefault("TVM_NUM_THREADS", str(cpu_count()))
 # pool per stream they took half of the cores from concurrent streams (two 1-thread streams
 # ran no faster than one). Sleep at once; a wake-up costs microseconds.
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-# libgomp's (PyTorch's, so vendor kernels') idle workers spin this many times (about 30 us)
-# before they sleep, unless the user chose a policy; read when torch loads, so it takes effect
-# if paragraph is imported before torch or TVM. A sleeping worker costs every multi-thread
-# vendor call a wake-up (45-80 us here); 3000 spans the gap between one stream's calls, so
-# ResNet-50 on one 2-thread stream ran 40.6-40.9 ms against 42.6-44.0 asleep (alternating
-# processes, idle cores). The spin has a price when another process holds a core (77 -> 84-87
-# ms there, where ONNX Runtime's spinning pool went 42 -> 79), and libgomp's default (about
-# 3 ms) and ACTIVE cost far more: 2-thread convolutions 100x slower on a busy core.
+# libgomp's (PyTorch's, so vendor kernels') idle workers spin this many times before they
+# sleep, unless the user chose a policy; read when torch loads, so it takes effect if paragraph
+# is imported before torch or TVM. A sleeping worker costs every multi-thread call a wake-up,
+# and on one 2-thread stream the spin spans the gap between calls. 300000 (libgomp's own
+# default, about 3 ms) against the 3000 chosen before: one process per setting, each timed
+# beside ONNX Runtime (benchmarks/spin.py, spin-cpu.json, 2026-11-30, 2-vCPU Zen 3): five
+# one-stream models ran 6-23% faster idle and 4-15% faster with another process on a core
+# (GPT-2 1.13x ONNX Runtime's time against 1.47x). On a Xeon VM (2026-11-27) a longer spin
+# was 5-8% faster idle but 1.7x slower on ResNet-50 with a core busy: the idle case is the
+# one a deployment buys cores for. A schedule of several streams spins little either way
+# (libgomp spins 100 times where its threads outnumber the cores), and its
+# 1-thread streams run no OpenMP team. A spin burns the core it waits on: where other work
+# shares the machine and should come first, set OMP_WAIT_POLICY=PASSIVE.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "3000"
+    os.environ["GOMP_SPINCOUNT"] = "300000"
 
 from paragraph.errors import GraphError, ModelLoadError, ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType

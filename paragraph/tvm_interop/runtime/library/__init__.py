@@ -65,14 +65,14 @@ The executor binds each kernel to its tensors once (`runtime.bind`):
 the torch views (DLPack, layout permutes) are made then, not on every call. Each call sets
 torch's thread count for the calling thread to the one the executor gave its stream
 (``torch.set_num_threads`` is per thread for OpenMP and MKL). paragraph sets
-``GOMP_SPINCOUNT=3000`` unless the user chose (it must be set before torch loads; see
-``paragraph/__init__.py``): an idle OpenMP worker spins about 30 us before it sleeps, which
-spans the gap between one stream's calls, where a sleeping worker cost every 2-thread oneDNN
-call a wake-up (45-80 us). libgomp spins only while the process's OpenMP teams fit the cores
-(and a thread that ran a 2-thread region keeps its team for life), so the executor runs a
-one-stream schedule on the calling thread (`executor`). Longer spins hurt when another
-process holds a core: libgomp's unbounded spinning made 2-thread convolutions 100x slower,
-``GOMP_SPINCOUNT=30000`` NASNet-A's one 2-thread stream 7x slower. Small kernels avoid the
+``GOMP_SPINCOUNT=300000`` unless the user chose (it must be set before torch loads; see
+``paragraph/__init__.py``): an idle OpenMP worker spins up to about 3 ms before it sleeps,
+which spans the gap between one stream's calls, where a sleeping worker costs every 2-thread
+call a wake-up (45-80 us). It measured faster than the 3000 chosen before on four one-stream
+models, idle and with another process on a core (``benchmarks/spin.py``). libgomp spins only
+while the process's OpenMP threads fit the cores (beyond, 100 times), and a thread that ran a
+2-thread region keeps its team for life, so the executor runs a one-stream schedule on the
+calling thread (`executor`). Small kernels avoid the
 wake-up too: a schedule's ``kernel_threads`` runs them on one thread
 (`planner.fewer_threads_where_faster`).
 
