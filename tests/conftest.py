@@ -46,6 +46,16 @@ def with_native_libraries(cache: Path) -> Path:
     return cache
 
 
+def zoo_for_schedules() -> list[str]:
+    """The zoo's models for the tests that run each one under every schedule or kernel source:
+    all but NASNet-A large, whose reduced form repeats NASNet-A mobile's cells and kernels
+    (six normal cells a stack against four) and took 86 s of the suite there; test_models,
+    the round trip and the rule tests still compile and run it."""
+    from paragraph import models
+
+    return [n for n in models.list() if n != "nasnet_a_large"]
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """A cache directory of the test's own, set as ``$PARAGRAPH_CACHE_DIR``, with the native

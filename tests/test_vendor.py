@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 import tvm
-from conftest import with_native_libraries
+from conftest import with_native_libraries, zoo_for_schedules
 from tvm import relax
 
 from paragraph import models
@@ -1009,7 +1009,7 @@ def test_kernels_measured_faster_on_one_thread_are_capped(tmp_path):
             Schedule(**{**every.__dict__, "kernel_threads": bad}).validate(g)
 
 
-@pytest.mark.parametrize("name", models.list())
+@pytest.mark.parametrize("name", zoo_for_schedules())
 def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
     mod = models.get(name, reduced=True)
     inputs = random_inputs(mod, seed=1)

@@ -250,7 +250,9 @@ def variant(files: Mapping[str, bytes]) -> Any:
             raise ValueError(f"not a file name of the kernels' folder: {name!r}")
     path = _library_path(torch, files, "vendor_variant")
     if not path.exists():
-        main = _library_path(torch)
+        # this source's library: the one this process loaded, else where it would be cached
+        loaded = _state.get("path")
+        main = loaded if loaded is not None and loaded.exists() else _library_path(torch)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             if dict(files) == sources() and main.exists():  # this source: a copy
