@@ -47,10 +47,11 @@ def with_native_libraries(cache: Path) -> Path:
 
 
 def zoo_for_schedules() -> list[str]:
-    """The zoo's models for the tests that run each one under every schedule or kernel source:
-    all but NASNet-A large, whose reduced form repeats NASNet-A mobile's cells and kernels
-    (six normal cells a stack against four) and took 86 s of the suite there; test_models,
-    the round trip and the rule tests still compile and run it."""
+    """The zoo's models for the tests that compile each one to run it under every schedule or
+    kernel source, or to trace its kernels: all but NASNet-A large, whose reduced form repeats
+    NASNet-A mobile's cells and kernels (six normal cells a stack against four) and took
+    about 110 s of the suite there; test_models, the round trip and the rule tests still
+    compile and run it."""
     from paragraph import models
 
     return [n for n in models.list() if n != "nasnet_a_large"]

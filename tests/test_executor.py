@@ -656,7 +656,7 @@ def test_cuda_kernel_costs_are_gpu_time():
     assert total < 1.5 * min(replays), (total, min(replays))
 
 
-@pytest.mark.parametrize("name", models.list())
+@pytest.mark.parametrize("name", zoo_for_schedules())
 def test_kernels_are_traced_to_their_operators(name):
     """Every operator of the prepared model lies in exactly one kernel."""
     program = program_for(name)
