@@ -602,6 +602,39 @@ def test_programs_share_the_compiled_kernels_they_have_in_common():
             np.testing.assert_allclose(g, v, rtol=1e-6)
 
 
+@pytest.mark.skipif(cpu_count() < 2, reason="one core: kernels compile on the caller")
+def test_kernels_compile_on_threads_under_the_callers_pass_context():
+    """The modules of one build compile on threads of their own (`compiled.CHUNK` kernels a
+    module), each under the caller's PassContext (thread-local in TVM, so carried over): its
+    instruments see the passes of every module, and the program runs right."""
+    from tvm.ir.instrument import pass_instrument
+
+    seen: set[str] = set()
+
+    @pass_instrument
+    class Threads:
+        def run_before_pass(self, mod, info):
+            seen.add(threading.current_thread().name)
+
+    n = 2 * compiled.CHUNK + 1  # three modules of kernels this process has not compiled
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType((3, 1000 + i), "float32"))
+          for i in range(n)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.nn.relu(x)) for x in xs]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    with tvm.transform.PassContext(instruments=[Threads()]):
+        program = build_program(bb.get(), "llvm")
+    assert any(name.startswith("paragraph-compile") for name in seen), seen
+    inputs = [np.random.default_rng(i).standard_normal((3, 1000 + i)).astype("float32")
+              for i in range(n)]
+    with make_executor(program, make_schedule("sequential", program.graph)) as ex:
+        for got, x in zip(ex.run(*inputs), inputs, strict=True):
+            np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
 # ---------------------------------------------------------------------------- CUDA
 def test_cuda_kernels_compile_here():
     target = resolve_target("cuda")

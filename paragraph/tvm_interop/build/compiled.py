@@ -76,9 +76,16 @@ def _compile(missing: dict[str, tuple[tuple[str, int], tvm.tirx.PrimFunc]],
         for chunk in chunks:
             out.update(_compile_module(chunk, target))
         return out
+    context = tvm.transform.PassContext.current()  # thread-local: the caller's, carried
+
+    def compile_in(chunk: dict[str, tuple[tuple[str, int], tvm.tirx.PrimFunc]]
+                   ) -> dict[str, object]:
+        with context:
+            return _compile_module(chunk, target)
+
     pool = ThreadPoolExecutor(workers, thread_name_prefix="paragraph-compile")
     try:
-        for done in pool.map(lambda chunk: _compile_module(chunk, target), chunks):
+        for done in pool.map(compile_in, chunks):
             out.update(done)
     finally:  # an error or Ctrl+C: the modules not started are not compiled
         pool.shutdown(wait=True, cancel_futures=True)
