@@ -68,7 +68,7 @@ torch's thread count for the calling thread to the one the executor gave its str
 ``GOMP_SPINCOUNT=300000`` unless the user chose (it must be set before torch loads; see
 ``paragraph/__init__.py``): an idle OpenMP worker spins up to about 3 ms before it sleeps,
 which spans the gap between one stream's calls, where a sleeping worker costs every 2-thread
-call a wake-up (45-80 us). It measured faster than the 3000 chosen before on four one-stream
+call a wake-up (45-80 us). It measured faster than the 3000 chosen before on five one-stream
 models, idle and with another process on a core (``benchmarks/spin.py``). libgomp spins only
 while the process's OpenMP threads fit the cores (beyond, 100 times), and a thread that ran a
 2-thread region keeps its team for life, so the executor runs a one-stream schedule on the
