@@ -2528,6 +2528,108 @@ def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     assert float(worst) < 1e-5
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f
+                         if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+# (h, cin, cout, groups, kernel, stride, dilation, pads or None, act, residual, batch): groups
+# of 2-32 channels, inputs and outputs per group unequal, channel tails of both panel widths,
+# strides, dilation, uneven padding, 1 x 1 and 5 x 5 kernels, a residual, epilogues, batch 2
+_GROUPED = [
+    (9, 128, 128, 32, 3, 1, 1, None, "relu", False, 1),
+    (12, 64, 64, 8, 3, 2, 1, None, "relu6", True, 1),
+    (10, 48, 96, 6, 3, 1, 2, (1, 2, 2, 1), "hardswish", False, 2),
+    (7, 12, 21, 3, 5, 2, 1, None, "silu", True, 1),
+    (6, 32, 48, 2, 1, 1, 1, None, "", False, 1),
+    (8, 256, 256, 16, 3, 1, 1, None, "relu", False, 1),
+    (5, 24, 40, 4, 3, 1, 1, (0, 0, 2, 2), "", True, 2),
+]
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= _cpu_flags(), reason="the CPU has no AVX2 and FMA")
+@pytest.mark.parametrize("form", [1, 2], ids=["panels16", "panels8"])
+def test_the_own_grouped_forms_compute_what_pytorch_does(form):
+    """Grouped convolutions (1 < groups < channels) have two own AVX2 forms on any AVX2 CPU,
+    panels of 16 and of 8 output channels over the input channels of the groups they cover,
+    the padding read as zeros: forced in turn, each equals PyTorch's grouped convolution on
+    every case (groups of 2-32, unequal inputs and outputs per group, tails, strides,
+    dilation, uneven padding, 1 x 1 and 5 x 5, residual, epilogues, batch 2), and their packed
+    weights show that they, not oneDNN's form, ran."""
+    from paragraph.tvm_interop.runtime.library import native
+
+    m = native.module()
+    if m is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    rng = np.random.default_rng(form)
+    acts = {"": lambda y: y, "relu": torch.relu, "relu6": lambda y: torch.clamp(y, 0, 6),
+            "hardswish": torch.nn.functional.hardswish, "silu": torch.nn.functional.silu}
+    bound = []  # the kernels held: a packed weight lives as long as a kernel holds it
+    for h, cin, cout, groups, k, s, d, pads, act, res, n in _GROUPED:
+        pt, pl, pb, pr = pads or ((k - 1) * d // 2,) * 4
+        x = rng.standard_normal((n, h, h, cin)).astype("f4")
+        w = (rng.standard_normal((cout, k, k, cin // groups)) / k).astype("f4")
+        b = rng.standard_normal(cout).astype("f4")
+        xp = torch.nn.functional.pad(torch.tensor(x).permute(0, 3, 1, 2), (pl, pr, pt, pb))
+        y = torch.nn.functional.conv2d(xp, torch.tensor(w).permute(0, 3, 1, 2), torch.tensor(b),
+                                       stride=s, dilation=d, groups=groups).permute(0, 2, 3, 1)
+        r = rng.standard_normal(tuple(y.shape)).astype("f4") if res else None
+        want = acts[act](y + (torch.tensor(r) if res else 0)).numpy()
+        out = tvm.runtime.tensor(np.full(want.shape, np.nan, "f4"))
+        params = ([s, s, pt, pl, d, d, groups] if (pt, pl) == (pb, pr)
+                  else [s, s, pt, pl, pb, pr, d, d, groups])
+        T = tvm.runtime.tensor
+        kernel = m["paragraph_vendor_conv2d"](out, T(x), T(w), T(b), T(r) if res else None,
+                                              params, "NHWC", act, 2)
+        bound.append(kernel)
+        with native.forced_form(form):
+            kernel()
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"{(h, cin, cout, groups, k, s, d, pads, act)}")
+    keys = " ".join(str(k) for k in m["paragraph_vendor_packed_keys"]())
+    assert f"grouped{16 if form == 1 else 8}" in keys
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= _cpu_flags(), reason="the CPU has no AVX2 and FMA")
+@pytest.mark.parametrize("form", [1, 2], ids=["panels16", "panels8"])
+def test_the_own_grouped_forms_keep_nan_and_infinity_in_their_group(form):
+    """The own grouped forms multiply other groups' inputs by zero weights, and zero times an
+    infinity or a NaN is NaN: a call that computes a NaN is done again by oneDNN's form, so a
+    NaN and an infinity in one group's inputs give NaN and infinities where PyTorch's grouped
+    convolution has them and nowhere else, and every finite output equals PyTorch's."""
+    from paragraph.tvm_interop.runtime.library import native
+
+    m = native.module()
+    if m is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 9, 7, 32)).astype("f4")
+    x[0, 3, 2, 1] = np.nan  # group 0
+    x[0, 6, 5, 13] = np.inf  # group 3
+    w = rng.standard_normal((32, 3, 3, 4)).astype("f4")
+    b = rng.standard_normal(32).astype("f4")
+    want = torch.nn.functional.conv2d(torch.tensor(x).permute(0, 3, 1, 2),
+                                      torch.tensor(w).permute(0, 3, 1, 2), torch.tensor(b),
+                                      padding=1, groups=8).permute(0, 2, 3, 1).numpy()
+    T = tvm.runtime.tensor
+    out = T(np.zeros(want.shape, "f4"))
+    kernel = m["paragraph_vendor_conv2d"](out, T(x), T(w), T(b), None, [1, 1, 1, 1, 1, 1, 8],
+                                          "NHWC", "", 2)
+    with native.forced_form(form):
+        kernel()
+    got = out.numpy()
+    assert np.isnan(want).any() and np.isinf(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
 def test_an_unknown_isa_is_refused(monkeypatch):
     from paragraph.machine import forced_isa
     monkeypatch.setenv("PARAGRAPH_CPU_ISA", "sse2")

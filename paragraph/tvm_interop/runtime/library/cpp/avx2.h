@@ -3,7 +3,8 @@
 // itself (`own_avx512`) and the kernels were oneDNN's and MKL's alone. On a Zen 3 host
 // MobileNetV2 ran 0.64x ONNX Runtime's speed that way, its depthwise convolutions 1.8-2.7x
 // slower than ONNX Runtime's (`own_depthwise_avx2`). The activations of `apply_linear_act8`
-// in registers, the others by PyTorch after the kernel (`activate`).
+// in registers, the others by PyTorch after the kernel (`activate`). The grouped convolution's
+// forms (`GroupedConvAvx2`) have no AVX-512 siblings and run on any CPU with AVX2.
 //
 // Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -460,6 +461,231 @@ c10::optional<Form> own_conv_avx2(const at::Tensor& out_buffer, const at::Tensor
     conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
                     : x_buffer.data_ptr<float>();
     conv(threads);
+    if (!in_registers(act)) {  // PyTorch's, over the whole output
+      at::Tensor o = out_buffer;
+      activate(o, act);
+    }
+  });
+}
+// whether the CPU runs AVX2 and FMA code (the own grouped forms', which have no AVX-512
+// siblings and compete with oneDNN's by timing on any such CPU), read once
+inline bool cpu_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+// A grouped convolution's tile: MR output pixels by NV vectors of 8 columns (MR x NV <= 12
+// accumulators), accumulated tap by tap: tap t's kc inputs of pixel r at table[t * 8 + r] +
+// shift (a row of the input, or a row of zeros where the tap lies in the padding) against the
+// panel's next kc rows of 8 * NV weights. Epilogue as `store_tile8`'s; returns whether a value
+// computed (a column beyond ncols too) is NaN.
+template <int MR, int NV>
+__attribute__((target("avx2,fma"))) bool grouped_tile(const float* const* table, int64_t ntaps,
+                                                      int64_t shift, int64_t kc,
+                                                      const float* __restrict__ b, float* c,
+                                                      int64_t ldc, int64_t ncols,
+                                                      const float* bias, const float* res,
+                                                      int64_t ldr, Act act) {
+  __m256 acc[MR * NV];  // in registers: every loop over them unrolled (see `DepthwiseAvx2`)
+#pragma GCC unroll 16
+  for (int a = 0; a < MR * NV; ++a) acc[a] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < ntaps; ++t) {
+    const float* at[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) at[r] = table[t * 8 + r] + shift;
+    for (int64_t i = 0; i < kc; ++i, b += 8 * NV) {
+      __m256 w[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) w[v] = _mm256_loadu_ps(b + 8 * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256 av = _mm256_broadcast_ss(at[r] + i);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm256_fmadd_ps(av, w[v], acc[r * NV + v]);
+      }
+    }
+  }
+  __m256i m[NV];
+  __m256 bias_v[NV];
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+    m[v] = tail_mask8(std::max<int64_t>(ncols - 8 * v, 0));
+    bias_v[v] = bias ? _mm256_maskload_ps(bias + 8 * v, m[v]) : _mm256_setzero_ps();
+  }
+  __m256 nan = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      __m256 x = _mm256_add_ps(acc[r * NV + v], bias_v[v]);
+      if (res) x = _mm256_add_ps(x, _mm256_maskload_ps(res + r * ldr + 8 * v, m[v]));
+      x = apply_linear_act8(x, act);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      if (ncols == 8 * NV) {
+        _mm256_storeu_ps(c + r * ldc + 8 * v, x);
+      } else {
+        _mm256_maskstore_ps(c + r * ldc + 8 * v, m[v], x);
+      }
+    }
+  }
+  return _mm256_movemask_ps(nan) != 0;
+}
+
+using GroupedTileFn = bool (*)(const float* const*, int64_t, int64_t, int64_t, const float*,
+                               float*, int64_t, int64_t, const float*, const float*, int64_t,
+                               Act);
+// [count - 1]: 6 x 16 tiles and 8 x 8 tiles
+constexpr std::array<GroupedTileFn, 6> kGroupedTiles16 = {
+    &grouped_tile<1, 2>, &grouped_tile<2, 2>, &grouped_tile<3, 2>,
+    &grouped_tile<4, 2>, &grouped_tile<5, 2>, &grouped_tile<6, 2>};
+constexpr std::array<GroupedTileFn, 8> kGroupedTiles8 = {
+    &grouped_tile<1, 1>, &grouped_tile<2, 1>, &grouped_tile<3, 1>, &grouped_tile<4, 1>,
+    &grouped_tile<5, 1>, &grouped_tile<6, 1>, &grouped_tile<7, 1>, &grouped_tile<8, 1>};
+
+// paragraph's own grouped convolution (1 < groups < channels: ResNeXt's 32 groups of 4-32
+// channels, RegNet's groups of 8) on NHWC float32 buffers with AVX2: each panel of outputs
+// reads only the input channels of the groups it covers: one group's where a group fills the
+// panel, else the span of the groups in it, the weight block-diagonal there (zeros across
+// groups). Two forms, timed: 6 x 16 tiles (2x the multiply-adds for groups of 8, 4x for groups
+// of 4) and 8 x 8 tiles (none for groups of 8, 2x for 4, but a broadcast per FMA). The
+// padding is read as zeros where a tap lies in it (a padded copy of the input took 9-17% of
+// the time of ResNeXt's and RegNet's). oneDNN's form, the only one before, ran ResNeXt-50's
+// 56 x 56 x 128 in 32 groups 1.3x ONNX Runtime's time and its stride-2 ones 2-2.3x,
+// RegNetY-400MF's 1.5-2x (`kernel_classes.py`, Zen 3, 2 threads). Tile by tile: panel by
+// panel (each panel's weights staying in L1) ran 1.1-2x slower on ResNeXt's shapes, its
+// inputs read a group's slice at a time. A zero weight times an infinite or NaN input is NaN
+// where the grouped convolution has none, so the tiles watch for a NaN computed and such a
+// call is done again by oneDNN's form: NaN and infinities where it has them, and only there.
+struct GroupedConvAvx2 {
+  const float *x, *packed, *bias, *res;  // x: the input, [n][h][w][cin]
+  float* out;
+  int64_t n, h, w, cin, oh, ow, cout, sh, sw, pt, pl, kh, kw, dh, dw;
+  std::vector<int64_t> in0, span, boff;  // per panel: first input channel, count, packed at
+  Act act;
+  int64_t nr, mr;  // a panel's columns (16 or 8) and a tile's pixels (6 or 8)
+
+  // tiles [q0, q1) of mr output pixels (image-major, row-major) by panels [p0, p1), tile by
+  // tile; whether a NaN was computed
+  bool range(int64_t q0, int64_t q1, int64_t p0, int64_t p1) const {
+    bool nan = false;
+    const int64_t pixels = n * oh * ow;
+    thread_local std::vector<float> zeros;  // a row of the padding (every span lies in cin)
+    if (static_cast<int64_t>(zeros.size()) < cin) zeros.assign(cin, 0.0f);
+    std::vector<const float*> table(kh * kw * 8);
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t first = q * mr, count = std::min(mr, pixels - first);
+      int64_t img = first / (oh * ow), y = first / ow % oh, j = first % ow;
+      for (int64_t r = 0; r < count; ++r) {
+        for (int64_t ky = 0; ky < kh; ++ky) {
+          const int64_t iy = y * sh - pt + ky * dh;
+          for (int64_t kx = 0; kx < kw; ++kx) {
+            const int64_t ix = j * sw - pl + kx * dw;
+            table[(ky * kw + kx) * 8 + r] = iy >= 0 && iy < h && ix >= 0 && ix < w
+                                                ? x + ((img * h + iy) * w + ix) * cin
+                                                : zeros.data();
+          }
+        }
+        if (++j == ow) {
+          j = 0;
+          if (++y == oh) y = 0, ++img;
+        }
+      }
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t n0 = p * nr;
+        nan |= (nr == 16 ? kGroupedTiles16[count - 1] : kGroupedTiles8[count - 1])(
+            table.data(), kh * kw, in0[p], span[p], packed + boff[p], out + first * cout + n0,
+            cout, std::min(nr, cout - n0), bias ? bias + n0 : nullptr,
+            res ? res + first * cout + n0 : nullptr, cout, act);
+      }
+    }
+    return nan;
+  }
+
+  // whether a NaN was computed
+  bool operator()(int64_t threads) const {
+    const int64_t tiles = (n * oh * ow + mr - 1) / mr;
+    const int64_t panels = static_cast<int64_t>(in0.size());
+    std::atomic<bool> nan{false};
+    parallel(threads, [&](int64_t t, int64_t nt) {
+      bool seen = false;
+      if (tiles < 4 * nt) {  // few tiles (7 x 7 outputs): shares of the tiles x panels grid
+        panel_share(panels, tiles, t, nt, [&](int64_t q0, int64_t q1, int64_t p0, int64_t p1) {
+          seen |= range(q0, q1, p0, p1);
+        });
+      } else {
+        seen = range(tiles * t / nt, tiles * (t + 1) / nt, 0, panels);
+      }
+      if (seen) nan.store(true, std::memory_order_relaxed);
+    });
+    return nan.load();
+  }
+};
+
+// the own grouped convolution's form with panels of ``nr`` (16 or 8) columns where the CPU and
+// the tensors allow it (see `GroupedConvAvx2`), else None; ``exact``: the form that redoes a
+// call where a NaN was computed (its output is rewritten whole, so no residual written in
+// place: it would be read again); w_buffer: (cout, kh, kw, cin / groups); pads: top, left
+// (bottom and right follow from the output's size)
+c10::optional<Form> own_grouped_conv_avx2(const at::Tensor& out_buffer,
+                                          const at::Tensor& x_buffer, const at::Tensor& w_buffer,
+                                          c10::optional<at::Tensor> bias,
+                                          c10::optional<at::Tensor> res_buffer, int64_t sh,
+                                          int64_t sw, int64_t pt, int64_t pl, int64_t dh,
+                                          int64_t dw, int64_t groups, Act act, Form exact,
+                                          int64_t nr, int64_t threads) {
+  const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
+  if (!cpu_avx2_fma() || groups < 2 || cin % groups != 0 || cout % groups != 0 ||
+      !plain_float(x_buffer) || !plain_float(out_buffer) ||
+      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
+      w_buffer.size(0) != cout || w_buffer.size(3) * groups != cin ||
+      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
+      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 ||
+      (res_buffer && res_buffer->data_ptr() == out_buffer.data_ptr()))
+    return c10::nullopt;
+  const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), ntaps = kh * kw;
+  const int64_t cin_g = cin / groups, cout_g = cout / groups;
+  const int64_t panels = (cout + nr - 1) / nr;
+  std::vector<int64_t> in0(panels), span(panels), boff(panels);
+  int64_t total = 0;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t o0 = p * nr, o1 = std::min(cout, o0 + nr);
+    const int64_t g0 = o0 / cout_g, g1 = (o1 - 1) / cout_g;
+    in0[p] = g0 * cin_g;
+    span[p] = (g1 - g0 + 1) * cin_g;
+    boff[p] = total;
+    total += ntaps * span[p] * nr;
+  }
+  auto packed = lazy_packed(w_buffer, "grouped" + std::to_string(nr),
+                            [w_buffer, in0, span, boff, total, cout, ntaps, cin_g, cout_g, nr]() {
+    at::Tensor out = at::zeros({total}, w_buffer.options().dtype(at::kFloat));
+    const at::Tensor w = w_buffer.contiguous();
+    const float* src = w.data_ptr<float>();
+    float* dst = out.data_ptr<float>();
+    const int64_t panels = static_cast<int64_t>(in0.size());
+    for (int64_t p = 0; p < panels; ++p)
+      for (int64_t o = p * nr; o < std::min(cout, (p + 1) * nr); ++o) {
+        const int64_t g = o / cout_g;
+        for (int64_t t = 0; t < ntaps; ++t)
+          for (int64_t ci = 0; ci < cin_g; ++ci)  // the group's inputs; the others stay zero
+            dst[boff[p] + (t * span[p] + g * cin_g + ci - in0[p]) * nr + o - p * nr] =
+                src[(o * ntaps + t) * cin_g + ci];
+      }
+    return out;
+  });
+  GroupedConvAvx2 conv{x_buffer.data_ptr<float>(), nullptr,
+                       bias ? bias->data_ptr<float>() : nullptr,
+                       res_buffer ? res_buffer->data_ptr<float>() : nullptr,
+                       out_buffer.data_ptr<float>(), x_buffer.size(0), x_buffer.size(1),
+                       x_buffer.size(2), cin, out_buffer.size(1), out_buffer.size(2), cout, sh, sw,
+                       pt, pl, kh, kw, dh, dw, in0, span, boff, act, nr, nr == 16 ? 6 : 8};
+  // the captured tensors hold the buffers and the packed weight alive as long as the form
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, exact,
+               threads]() mutable {
+    conv.packed = packed->data();
+    if (conv(threads)) {
+      exact();
+      return;
+    }
     if (!in_registers(act)) {  // PyTorch's, over the whole output
       at::Tensor o = out_buffer;
       activate(o, act);
