@@ -478,8 +478,9 @@ inline bool cpu_avx2_fma() {
 // accumulators), accumulated tap by tap: tap t's kc inputs of pixel r at table[t * 8 + r] +
 // shift (a row of the input, or a row of zeros where the tap lies in the padding) against the
 // panel's next kc rows of 8 * NV weights. Epilogue as `store_tile8`'s; returns whether a value
-// computed (a column beyond ncols too) is NaN.
-template <int MR, int NV>
+// computed (a column beyond ncols too) is NaN. KC > 0: kc is KC, known when compiled (a group's
+// 8 or two groups' 16 inputs: the loop over them unrolled, every offset a constant).
+template <int MR, int NV, int KC = 0>
 __attribute__((target("avx2,fma"))) bool grouped_tile(const float* const* table, int64_t ntaps,
                                                       int64_t shift, int64_t kc,
                                                       const float* __restrict__ b, float* c,
@@ -493,7 +494,8 @@ __attribute__((target("avx2,fma"))) bool grouped_tile(const float* const* table,
     const float* at[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) at[r] = table[t * 8 + r] + shift;
-    for (int64_t i = 0; i < kc; ++i, b += 8 * NV) {
+#pragma GCC unroll 16
+    for (int64_t i = 0; i < (KC > 0 ? KC : kc); ++i, b += 8 * NV) {
       __m256 w[NV];
 #pragma GCC unroll 2
       for (int v = 0; v < NV; ++v) w[v] = _mm256_loadu_ps(b + 8 * v);
@@ -541,6 +543,14 @@ constexpr std::array<GroupedTileFn, 6> kGroupedTiles16 = {
 constexpr std::array<GroupedTileFn, 8> kGroupedTiles8 = {
     &grouped_tile<1, 1>, &grouped_tile<2, 1>, &grouped_tile<3, 1>, &grouped_tile<4, 1>,
     &grouped_tile<5, 1>, &grouped_tile<6, 1>, &grouped_tile<7, 1>, &grouped_tile<8, 1>};
+// the same where a tap's inputs are 16 (6 x 16 tiles) or 8 (8 x 8 tiles): groups of 4 and 8
+constexpr std::array<GroupedTileFn, 6> kGroupedTiles16K16 = {
+    &grouped_tile<1, 2, 16>, &grouped_tile<2, 2, 16>, &grouped_tile<3, 2, 16>,
+    &grouped_tile<4, 2, 16>, &grouped_tile<5, 2, 16>, &grouped_tile<6, 2, 16>};
+constexpr std::array<GroupedTileFn, 8> kGroupedTiles8K8 = {
+    &grouped_tile<1, 1, 8>, &grouped_tile<2, 1, 8>, &grouped_tile<3, 1, 8>,
+    &grouped_tile<4, 1, 8>, &grouped_tile<5, 1, 8>, &grouped_tile<6, 1, 8>,
+    &grouped_tile<7, 1, 8>, &grouped_tile<8, 1, 8>};
 
 // paragraph's own grouped convolution (1 < groups < channels: ResNeXt's 32 groups of 4-32
 // channels, RegNet's groups of 8) on NHWC float32 buffers with AVX2: each panel of outputs
@@ -592,7 +602,11 @@ struct GroupedConvAvx2 {
       }
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t n0 = p * nr;
-        nan |= (nr == 16 ? kGroupedTiles16[count - 1] : kGroupedTiles8[count - 1])(
+        const int64_t c = count - 1;
+        const GroupedTileFn tile_fn =
+            nr == 16 ? (span[p] == 16 ? kGroupedTiles16K16[c] : kGroupedTiles16[c])
+                     : (span[p] == 8 ? kGroupedTiles8K8[c] : kGroupedTiles8[c]);
+        nan |= tile_fn(
             table.data(), kh * kw, in0[p], span[p], packed + boff[p], out + first * cout + n0,
             cout, std::min(nr, cout - n0), bias ? bias + n0 : nullptr,
             res ? res + first * cout + n0 : nullptr, cout, act);
