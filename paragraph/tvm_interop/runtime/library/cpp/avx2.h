@@ -648,12 +648,9 @@ c10::optional<Form> own_grouped_conv_avx2(const at::Tensor& out_buffer,
                                           int64_t dw, int64_t groups, Act act, Form exact,
                                           int64_t nr, int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
-  if (!cpu_avx2_fma() || groups < 2 || cin % groups != 0 || cout % groups != 0 ||
-      !plain_float(x_buffer) || !plain_float(out_buffer) ||
-      w_buffer.scalar_type() != at::kFloat || w_buffer.dim() != 4 ||
-      w_buffer.size(0) != cout || w_buffer.size(3) * groups != cin ||
-      out_buffer.size(0) != x_buffer.size(0) || (bias && !plain_float(*bias)) ||
-      (res_buffer && !plain_float(*res_buffer)) || out_buffer.numel() == 0 ||
+  // the input NHWC itself (the taps' table reads it where it lies), no residual in place
+  if (!cpu_avx2_fma() || groups < 2 || !plain_float(x_buffer) ||
+      !conv_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer, groups) ||
       (res_buffer && res_buffer->data_ptr() == out_buffer.data_ptr()))
     return c10::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), ntaps = kh * kw;

@@ -249,14 +249,15 @@ bool nchw_view(const at::Tensor& x) {
 }
 
 // whether an own implicit-GEMM convolution (AVX-512 or AVX2) takes these tensors: float32 NHWC
-// buffers (the input may be an NCHW tensor's view), a (cout, kh, kw, cin) weight
+// buffers (the input may be an NCHW tensor's view), a (cout, kh, kw, cin / groups) weight
 bool conv_tensors_ok(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
                      const at::Tensor& w_buffer, const c10::optional<at::Tensor>& bias,
-                     const c10::optional<at::Tensor>& res_buffer) {
+                     const c10::optional<at::Tensor>& res_buffer, int64_t groups = 1) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
-  return (plain_float(x_buffer) || nchw_view(x_buffer)) && plain_float(out_buffer) &&
+  return groups >= 1 && cin % groups == 0 && cout % groups == 0 &&
+         (plain_float(x_buffer) || nchw_view(x_buffer)) && plain_float(out_buffer) &&
          w_buffer.scalar_type() == at::kFloat && w_buffer.dim() == 4 &&
-         w_buffer.size(0) == cout && w_buffer.size(3) == cin &&
+         w_buffer.size(0) == cout && w_buffer.size(3) * groups == cin &&
          out_buffer.size(0) == x_buffer.size(0) && (!bias || plain_float(*bias)) &&
          (!res_buffer || plain_float(*res_buffer)) && out_buffer.numel() != 0 && cin != 0;
 }
