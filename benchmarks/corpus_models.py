@@ -306,6 +306,28 @@ def export(spec: Spec, cache: Path | None = None) -> Path:
     return path
 
 
+def relax_module(name: str, reduced: bool = False):
+    """A zoo model by name, or a corpus model as ``corpus:NAME`` (its cached export, imported
+    as `paragraph.load` does; full size whatever ``reduced``), as a Relax module."""
+    if name.startswith("corpus:"):
+        spec = BY_NAME.get(name.removeprefix("corpus:"))
+        if spec is None:
+            raise SystemExit(f"unknown corpus model {name!r}; corpus models: "
+                             + ", ".join(sorted(BY_NAME)))
+        from paragraph.tvm_interop.frontend.importers import load
+
+        return load(export(spec))
+    from paragraph import models
+
+    return models.get(name, reduced=reduced)
+
+
+def expand(names: list[str]) -> list[str]:
+    """``corpus`` in ``names`` expanded to every corpus model as ``corpus:NAME``."""
+    return [m for n in names for m in ([f"corpus:{s.name}" for s in SPECS] if n == "corpus"
+                                       else [n])]
+
+
 def example_inputs(path: Path, seed: int = 0) -> list[np.ndarray]:
     """Seeded inputs for an exported model: N(0, 1) floats, token ids in range for integers
     (the vocabulary is read from the first Gather's table)."""

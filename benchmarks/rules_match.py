@@ -1,6 +1,8 @@
 """Time matching every library rule on full-size models (target: under 0.5 s for inception_v3).
 
 Usage: python benchmarks/rules_match.py [--repeat N] [--json FILE] [MODEL ...]
+A model is a zoo model, ``corpus:NAME`` (a public corpus model, `corpus_models`), or
+``corpus`` (every one of them): which rules match what real models contain.
 "All rules" is what a search applies: each generated rule in both directions (where the
 reverse can match) plus the parametric rules. A match counts only if its target can be built
 there (shapes fit); rewriting is not timed. The import (from_relax) is not timed either. Each
@@ -14,7 +16,6 @@ import argparse
 import statistics
 import time
 
-from paragraph import models
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
 from paragraph.rules import apply_match, load_library, match_all
@@ -35,7 +36,9 @@ def fold_all_batch_norms(graph, lib):
 def time_matching(name: str, rules: list, repeat: int, lib=None) -> dict:
     """Median seconds to match ``rules`` on the full-size model ``name``, and the matches
     (with ``lib``: after folding every batch norm first)."""
-    graph = from_relax(models.get(name))
+    import corpus_models  # benchmarks/ is on the path when run as a script
+
+    graph = from_relax(corpus_models.relax_module(name))
     if lib is not None:
         graph = fold_all_batch_norms(graph, lib)
         name += " (batch norms folded)"
@@ -63,7 +66,10 @@ def main() -> None:
     print(f"{len(lib.rules)} generated rules ({len(rules) - len(lib.parametric)} with usable "
           f"reverses) + {len(lib.parametric)} parametric")
     rows = []
-    for name, folded in [(m, f) for m in args.models for f in (False, True)]:
+    import corpus_models
+
+    for name, folded in [(m, f) for m in corpus_models.expand(args.models)
+                         for f in (False, True)]:
         r = time_matching(name, rules, args.repeat, lib if folded else None)
         rows.append(r)
         print(f"{r['model']:38} {r['operators']:5} ops  {r['match_s'] * 1000:7.1f} ms  "

@@ -39,7 +39,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from paragraph import models
 from paragraph.bench import (
     add_results_options,
     bench_models,
@@ -58,7 +57,6 @@ from paragraph.passes.search import SearchOptions
 from paragraph.planner import Session, measure_signatures, plan_schedule, search_plan
 from paragraph.tvm_interop import from_relax, random_inputs, to_relax
 from paragraph.tvm_interop.build.program import build_program
-from paragraph.tvm_interop.frontend.importers import load
 from paragraph.tvm_interop.measure.costdb import CostDB
 from paragraph.tvm_interop.meter.runs import plan_digest
 from paragraph.tvm_interop.runtime.target import resolve_target
@@ -84,17 +82,10 @@ ORDER = ("tvm_vm", "none+sequential", "none+best", "greedy+best", "taso+sequenti
 
 
 def model_module(name: str, reduced: bool):
-    """A zoo model by name, or a public corpus model as ``corpus:NAME`` (`corpus_models`: its
-    cached ONNX export, imported as `paragraph.load` does; full size whatever ``reduced``)."""
-    if name.startswith("corpus:"):
-        import corpus_models  # benchmarks/ is on the path when run as a script
+    """A zoo model by name, or a public corpus model as ``corpus:NAME`` (`corpus_models`)."""
+    import corpus_models  # benchmarks/ is on the path when run as a script
 
-        spec = corpus_models.BY_NAME.get(name.removeprefix("corpus:"))
-        if spec is None:
-            raise SystemExit(f"unknown corpus model {name!r}; corpus models: "
-                             + ", ".join(sorted(corpus_models.BY_NAME)))
-        return load(corpus_models.export(spec))
-    return models.get(name, reduced=reduced)
+    return corpus_models.relax_module(name, reduced)
 
 
 def bench_model(name: str, args, db: CostDB, log) -> dict:

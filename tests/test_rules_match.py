@@ -207,3 +207,22 @@ def test_fused_relu_conv_reached_from_its_reader():
     new = apply_match(g, m)
     assert [n.kind for n in new.operators] == ["conv2d", "relu"]
     check_same(g, new)
+
+
+def test_many_siblings_pair_only_with_their_neighbours():
+    """Twelve products of one input by twelve matrices: a two-operator rule over siblings
+    pairs every two of up to EVERY_PAIR_UP_TO of them, beyond that only neighbours (an
+    unrolled recurrent model has hundreds: every pair of the GRU's made 39,000 matches)."""
+    from paragraph.rules.match import EVERY_PAIR_UP_TO
+
+    def products(n):
+        b = GraphBuilder()
+        x = b.input((2, 3))
+        return b.build([b.op("matmul", [x, b.weight(w(3, 3))]).out for _ in range(n)])
+
+    few = find_matches(products(EVERY_PAIR_UP_TO), MM)
+    assert len({frozenset(m.nodes) for m in few}) == EVERY_PAIR_UP_TO * (EVERY_PAIR_UP_TO - 1) // 2
+    g = products(12)
+    pairs = {frozenset(m.nodes) for m in find_matches(g, MM)}
+    order = [n.id for n in g.operators]
+    assert pairs == {frozenset(p) for p in zip(order, order[1:], strict=False)}

@@ -233,3 +233,20 @@ def test_merge_matmul_rows_batches_independent_steps_and_not_a_recurrence():
     feeds = [rng.standard_normal(g[i].type.shape).astype("f4") for i in g.inputs]
     for got, want in zip(run_graph(merged, feeds), run_graph(g, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_merge_matmul_rows_of_many_steps_offers_the_whole_and_neighbours():
+    """Twelve independent products by one matrix: the whole group and the eleven pairs of
+    neighbours (not all 66 pairs); a recurrence of twelve steps offers nothing."""
+    rule = MergeMatmulRows("rows", "rows", "", "merge_matmul_rows")
+    rng = np.random.default_rng(2)
+    b = GraphBuilder()
+    w = b.weight(rng.standard_normal((3, 3)).astype("f4"))
+    u = b.weight(rng.standard_normal((3, 3)).astype("f4"))
+    steps = [b.op("matmul", [b.input((1, 3), name=f"x{t}"), w]).out for t in range(12)]
+    h = b.input((1, 3), name="h")
+    for _ in range(12):
+        h = b.op("tanh", [b.op("matmul", [h, u]).out]).out
+    g = b.build([*steps, h])
+    sizes = sorted(len(m.nodes) for m in rule.find(g))
+    assert sizes == [2] * 11 + [12]

@@ -14,7 +14,7 @@ import numpy as np
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef
 from paragraph.rules.match import Builder, Match, commit
 from paragraph.rules.parametric.base import Obligation, ParametricRule, Schema, ship
-from paragraph.rules.parametric.predicates import groups_and_pairs, is_weight
+from paragraph.rules.parametric.predicates import groups_and_pairs, is_weight, member_ancestry
 from paragraph.rules.parametric.terms import nested_concat, nested_split
 from paragraph.rules.specs import app, var
 
@@ -141,9 +141,11 @@ class MergeMatmulRows(ParametricRule):
         for ids in groups.values():
             if len(ids) < 2:
                 continue
-            before = {i: graph.ancestors(i) for i in ids}
+            above = member_ancestry(graph, ids)
+            index = {m: i for i, m in enumerate(ids)}
             for group in groups_and_pairs(ids):
-                if not any(j in before[i] for i in group for j in group if i != j):
+                mask = sum(1 << index[m] for m in group)
+                if not any(above[m] & mask for m in group):
                     out.append(Match(self, tuple(group), extra={"ops": tuple(group)}))
         return out
 

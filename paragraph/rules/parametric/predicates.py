@@ -9,6 +9,7 @@ from typing import TypeVar
 import numpy as np
 
 from paragraph.graph import Graph, Node, TensorRef
+from paragraph.rules.match import EVERY_PAIR_UP_TO
 
 T = TypeVar("T")
 
@@ -49,10 +50,27 @@ def plain_conv(node: Node, graph: Graph) -> bool:
 
 
 def groups_and_pairs(items: list[T]) -> list[list[T]]:
-    """The whole group and, when it has more than two members, every pair of it."""
+    """The whole group and, when it has more than two members, every pair of it (only the
+    pairs of neighbours in ``items``' order once it has more than `EVERY_PAIR_UP_TO`)."""
     if len(items) < 2:
         return []
     out = [items]
-    if len(items) > 2:
+    if len(items) > EVERY_PAIR_UP_TO:
+        out += [[a, b] for a, b in itertools.pairwise(items)]
+    elif len(items) > 2:
         out += [list(p) for p in itertools.combinations(items, 2)]
     return out
+
+
+def member_ancestry(graph: Graph, members: list[int]) -> dict[int, int]:
+    """For each of ``members``, a bit set (bit i: ``members[i]``) of the other members it
+    depends on: one pass in topological order, not one search per member."""
+    bit = {m: 1 << i for i, m in enumerate(members)}
+    below: dict[int, int] = {}  # node id -> members at or above it
+    for node in graph.nodes:
+        mask = 0
+        for r in node.inputs:
+            mask |= below.get(r.node, 0)
+        if mask or node.id in bit:
+            below[node.id] = mask | bit.get(node.id, 0)
+    return {m: below.get(m, 0) & ~bit[m] for m in members}
