@@ -14,7 +14,7 @@ LIB = load_library()
 
 
 def test_shipped_library_has_both_sources():
-    assert len(LIB.rules) >= 300 and len(LIB.parametric) == 14
+    assert len(LIB.rules) >= 300 and len(LIB.parametric) == 15
     ids = [r.id for r in LIB.all()]
     assert len(ids) == len(set(ids))
     assert LIB.meta["generator"]["k"] == 3

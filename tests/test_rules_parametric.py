@@ -12,6 +12,7 @@ from paragraph.rules.parametric import (
     MergeMatmulRows,
     PoolAfterConv,
     Regroup,
+    SplitConvConcat,
     all_parametric,
     block_diagonal,
     check_numeric,
@@ -250,3 +251,41 @@ def test_merge_matmul_rows_of_many_steps_offers_the_whole_and_neighbours():
     g = b.build([*steps, h])
     sizes = sorted(len(m.nodes) for m in rule.find(g))
     assert sizes == [2] * 11 + [12]
+
+
+def test_conv_of_a_concat_becomes_a_sum_and_the_concat_goes():
+    """A 1x1 convolution over a three-piece channel concat (SqueezeNet's fire module into the
+    next squeeze) -> three convolutions on the kernel's channel slices, summed; the concat
+    is gone where nothing else reads it, kept where a pool reads it too. A grouped
+    convolution and a concat along the height are not matched."""
+    rule = SplitConvConcat("s", "s", "", "split_conv_concat")
+    rng = np.random.default_rng(3)
+
+    def fire(also_pool=False, groups=1, axis=1):
+        b = GraphBuilder()
+        xs = [b.input((1, c, 6, 6), name=f"x{i}") for i, c in enumerate((2, 4, 2))]
+        cat = b.op("concat", xs, {"axis": axis}).out
+        cin = 8 if axis == 1 else 2
+        w = b.weight(rng.standard_normal((4, cin // groups, 1, 1)).astype("f4"))
+        y = b.op("conv2d", [cat, w], {"groups": groups}).out
+        outs = [y] + ([b.op("max_pool2d", [cat], {"pool_size": 2}).out] if also_pool else [])
+        return b.build(outs)
+
+    for also_pool in (False, True):
+        g = fire(also_pool)
+        [match] = rule.find(g)
+        new = rule.rewrite(g, match)
+        assert new is not None
+        kinds = [n.kind for n in new.operators]
+        assert kinds.count("conv2d") == 3 and kinds.count("add") == 2
+        assert kinds.count("concat") == (1 if also_pool else 0)
+        feeds = [rng.standard_normal(g[i].type.shape).astype("f4") for i in g.inputs]
+        for got, want in zip(run_graph(new, feeds), run_graph(g, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert rule.find(fire(groups=2)) == []
+    xs_on_height = GraphBuilder()
+    parts = [xs_on_height.input((1, 2, 3, 6)) for _ in range(2)]
+    cat = xs_on_height.op("concat", parts, {"axis": 2}).out
+    w = xs_on_height.weight(rng.standard_normal((4, 2, 1, 1)).astype("f4"))
+    g = xs_on_height.build([xs_on_height.op("conv2d", [cat, w]).out])
+    assert rule.find(g) == []

@@ -45,6 +45,7 @@ from paragraph.rules.parametric.convs import (
     MergeConvs,
     Regroup,
     SplitConv,
+    SplitConvConcat,
     SplitGroupedConv,
     Unit,
     block_diagonal,
@@ -71,6 +72,6 @@ __all__ = [
     "CHAIN_BINARY", "CHAIN_UNARY", "DESCRIPTIONS", "FAMILIES", "SCHEMAS", "AvgPoolPair",
     "ChainStep", "ConvAddIdentity", "FoldBatchNorm", "MergeConvs", "MergeMatmulRows",
     "MergeMatmuls", "Obligation", "ParametricRule", "PoolAfterConv", "Regroup", "Schema",
-    "SplitConv", "SplitGroupedConv", "SruDistribute", "Unit", "all_parametric",
+    "SplitConv", "SplitConvConcat", "SplitGroupedConv", "SruDistribute", "Unit", "all_parametric",
     "block_diagonal", "chain_step", "check_numeric", "conv_chain", "prove", "ship",
 ]

@@ -442,3 +442,85 @@ class SplitConv(ParametricRule):
         y = b.op("add", [b.constant(np.float32(0.5)), y.out])
         return b.build([b.op("relu", [y.out]).out])
 
+
+
+# ---------------------------------------------------------------------------- conv of a concat
+@ship(14, "split-conv-concat", "conv of a channel concat -> sum of convs on its pieces",
+      "TASO axiom 40 (concat and conv along input channels)")
+@dataclass(frozen=True)
+class SplitConvConcat(ParametricRule):
+    """A convolution reading a concatenation along channels -> one convolution per piece, on
+    the matching input channels of the kernel, summed (TASO axiom 40; where the concat has no
+    other reader it is gone, and the pieces' convolutions can start as each piece is ready:
+    GoogLeNet's and Inception's modules, SqueezeNet's fire modules, DLA's roots, Res2Net)."""
+
+    SCHEMA = Schema(
+        "split_conv_concat",
+        source="conv2d(concat_1(x_1, ..., x_n), W), n >= 2",
+        target="conv2d(x_1, W[:, C_1]) + ... + conv2d(x_n, W[:, C_n])",
+        constraints=(
+            "groups 1",
+            "W a weight",
+            "the concat along channels (axis 1 of NCHW)",
+            "C_i the input channels of piece i",
+        ),
+        outputs="conv2d -> the sum")
+
+    def find(self, graph: Graph) -> list[Match]:
+        out = []
+        for n in graph.nodes:
+            if not (plain_conv(n, graph) and n.attrs["groups"] == 1
+                    and n.attrs.get("data_layout", "NCHW") == "NCHW"):
+                continue
+            cat = graph[n.inputs[0].node]
+            if cat.kind == "concat" and cat.attrs["axis"] == 1 and len(cat.inputs) >= 2:
+                out.append(Match(self, (n.id,), extra={"concat": cat.id}))
+        return out
+
+    def rewrite(self, graph: Graph, match: Match) -> Graph | None:
+        conv = graph[match.nodes[0]]
+        cat = graph[match.extra["concat"]]
+        if graph[conv.inputs[0].node].id != cat.id:
+            return None
+        w = value_of(graph, conv.inputs[1])
+        b = Builder(graph)
+        total, lo = None, 0
+        for i, piece in enumerate(cat.inputs):
+            hi = lo + graph.type_of(piece).shape[1]
+            part = f"{conv.name}_{i}" if conv.name else ""
+            y = b.op("conv2d", [piece, b.constant(w[:, lo:hi], name=part).out],
+                     dict(conv.attrs), name=part).out
+            total = y if total is None else b.op("add", [total, y], {}).out
+            lo = hi
+        if lo != w.shape[1] or total is None:
+            return None
+        return commit(graph, [conv.id], b, {conv.out: total})
+
+    def obligations(self) -> list[Obligation]:
+        out: list[Obligation] = []
+        for n in (2, 3):
+            xs, ws = [var(f"x{i}") for i in range(n)], [var(f"w{i}") for i in range(n)]
+            lhs = conv_term(nested_concat(xs, -3), nested_concat(ws, -3), pad="p", act=NONE)
+            rhs = conv_term(xs[0], ws[0], pad="p", act=NONE)
+            for x, w in zip(xs[1:], ws[1:], strict=True):
+                rhs = app("ewadd", rhs, conv_term(x, w, pad="p", act=NONE))
+            out.append((f"conv of a concat of {n}", [lhs], [rhs], ()))
+        return out
+
+    def hint(self) -> tuple[str, ...]:
+        return ("40",)
+
+    def example(self, rng: np.random.Generator) -> Graph:
+        b = GraphBuilder()
+        h, k = int(rng.integers(5, 9)), int(rng.choice([1, 3]))
+        batch, wide = int(rng.integers(1, 3)), h + int(rng.integers(0, 3))
+        pieces = [b.input((batch, int(rng.integers(1, 4)), h, wide), name=f"x{i}")
+                  for i in range(int(rng.integers(2, 4)))]
+        c = sum(b.type_of(p).shape[1] for p in pieces)
+        cat = b.op("concat", pieces, {"axis": 1})
+        o = int(rng.integers(1, 5))
+        w = b.weight(rng.standard_normal((o, c, k, k)).astype("f4"))
+        pad = tuple(int(p) for p in rng.integers(0, k // 2 + 2, 4))
+        y = b.op("conv2d", [cat.out, w], {"padding": pad, "strides": int(rng.integers(1, 3))})
+        y = b.op("add", [y.out, b.weight(rng.standard_normal((1, o, 1, 1)).astype("f4"))])
+        return b.build([b.op("relu", [y.out]).out])
