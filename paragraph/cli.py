@@ -47,6 +47,7 @@ from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
 from paragraph.tvm_interop.build.artifact import KEY_ENV, is_artifact, read_key
 from paragraph.tvm_interop.build.tuning_db import RECORDS
 from paragraph.tvm_interop.measure.device import settle
+from paragraph.tvm_interop.meter.pool import connect
 from paragraph.tvm_interop.meter.remote import Remote, parse_address
 from paragraph.tvm_interop.meter.runs import tolerance
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, gpu_available, make_executor
@@ -139,7 +140,7 @@ def _connect(args: argparse.Namespace) -> None:
     address = _rpc_address(args)
     if address is not None:
         with _Step(f"connecting to {address}"):
-            args.remote = Remote(address)
+            args.remote = connect(address)
         _say(f"  {args.remote.describe()}; kernels and runs are timed there")
         args.threads = args.threads or args.remote.cores
 
@@ -378,18 +379,19 @@ def _run_remote(args: argparse.Namespace) -> int:
                             input_shapes=parse_shapes(args.input_shape))
     plan = _plan(args, mod, f"compiling for {remote.key}")
     _say(f"  schedule {plan.schedule.describe()}")
+    device = remote.devices[0]  # the final run on one device of the pool
     with _Step(f"checking and timing on {remote.key}"):
-        (seconds,), _ = remote.time([(plan.program, plan.schedule)],
+        (seconds,), _ = device.time([(plan.program, plan.schedule)],
                                     blocks=max(1, args.repeat // 5), block=5)
-    ok = remote.vm_difference <= tolerance(plan.program)
-    _say(f"  outputs against the TVM VM there: max difference {remote.vm_difference:.3g}: "
+    ok = device.vm_difference <= tolerance(plan.program)
+    _say(f"  outputs against the TVM VM there: max difference {device.vm_difference:.3g}: "
          f"{'equal' if ok else 'DIFFERENT'}")
     if not ok:
-        _write_json(args, {"equal": False, "max_difference": remote.vm_difference})
+        _write_json(args, {"equal": False, "max_difference": device.vm_difference})
         return 1
-    _say(f"{label} on {remote.describe()}: median {seconds * 1e3:.2f} ms, "
+    _say(f"{label} on {device.describe()}: median {seconds * 1e3:.2f} ms, "
          f"{plan.schedule.name} schedule, {plan.program.kernel_source} kernels")
-    _write_json(args, {"equal": True, "max_difference": remote.vm_difference, "label": label,
+    _write_json(args, {"equal": True, "max_difference": device.vm_difference, "label": label,
                        "median_ms": seconds * 1e3, "remote": remote.describe(),
                        "remote_machine": remote.machine, "kernels": plan.program.sources(),
                        "schedule": plan.schedule.to_json(), "report": plan.report.to_json()})

@@ -145,3 +145,64 @@ def test_a_server_killed_mid_session_is_one_clear_error(address):
                 remote.time([(program, seq)], blocks=1, block=2)
     finally:
         server.terminate()
+
+
+def test_a_pool_measures_on_every_server_of_the_key(address):
+    """Two servers registered under one key: `connect` holds a session on each; a round of
+    five candidates is dealt to both (the first, the yardstick, timed beside each share) and
+    timed at once; the search's kernel signatures are timed on both."""
+    import threading
+    import time
+
+    from paragraph.passes.cost import kernels_of
+    from paragraph.tvm_interop.meter.pool import RemotePool, connect, free_servers
+    from paragraph.tvm_interop.meter.signatures import SignatureMeter
+
+    tracker = address.rpartition(":")[0]
+    key = "paragraph-pool"
+    servers = [serve(tracker, key, host="127.0.0.1", port=9600, port_end=9700)
+               for _ in range(2)]
+    try:
+        pool_address = f"{tracker}:{key}"
+        deadline = time.monotonic() + 30
+        while free_servers(pool_address) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with connect(pool_address, timeout=30) as pool:
+            assert isinstance(pool, RemotePool) and pool.parallel == 2
+            assert pool.describe().startswith("2 x paragraph-pool at 127.0.0.1")
+            calls: list[tuple[int, int, float, float]] = []  # device, candidates, start, end
+            lock = threading.Lock()
+            for i, device in enumerate(pool.devices):
+                def counted(cands, *, _i=i, _runs=device.runs, **kw):
+                    start = time.monotonic()
+                    out = _runs(cands, **kw)
+                    with lock:
+                        calls.append((_i, len(cands), start, time.monotonic()))
+                    return out
+                device.runs = counted
+            program = build_program(models.get("squeezenet1_1", reduced=True), pool.target)
+            seq = make_schedule("sequential", program.graph, cores=pool.cores)
+            wave = make_schedule("wavefront", program.graph, cores=pool.cores)
+            seconds = pool.runs([(program, seq), (program, wave), (program, seq),
+                                 (program, wave), (program, seq)], repeat=3, block=2,
+                                check=True)
+            assert len(seconds) == 5 and all(0 < s < 1 for s in seconds)
+            assert sorted((d, n) for d, n, _, _ in calls) == [(0, 3), (1, 3)]
+            (_, _, s0, e0), (_, _, s1, e1) = calls
+            assert max(s0, s1) < min(e0, e1)  # the two shares were timed at the same time
+            # the search's kernel signatures: built here, timed on both devices
+            timed_on: list[int] = []
+            for i, device in enumerate(pool.devices):
+                def kernel_times(*a, _i=i, _kt=device.kernel_times, **kw):
+                    timed_on.append(_i)
+                    return _kt(*a, **kw)
+                device.kernel_times = kernel_times
+            g = inception_module()
+            meter = SignatureMeter(pool.target, "tvm", pool)
+            priced = meter.seconds(g, kernels_of(g))
+            assert len(priced) >= 2 and not meter.failed
+            assert all(s > 0 for _, s in priced.values())
+            assert set(timed_on) == {0, 1}
+    finally:
+        for s in servers:
+            s.terminate()

@@ -20,7 +20,9 @@ counts in one upload), uncached: the cost database is this machine's.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from paragraph.errors import reraise_interrupt
 from paragraph.graph import Graph
@@ -35,6 +37,7 @@ from paragraph.tvm_interop.frontend.relax_graph import to_relax
 from paragraph.tvm_interop.measure.costdb import CostKey
 from paragraph.tvm_interop.measure.device import vendor_tag
 from paragraph.tvm_interop.meter.protocol import Meter
+from paragraph.tvm_interop.runtime.program import KernelProgram
 
 SIGNATURE_PROTOCOL = "signature/v3"  # bump when what a signature's seconds mean changes
 # v2: TVM's CPU pools and transposes are scheduled (`cpu_schedules`), 2-4x faster in a model
@@ -79,29 +82,76 @@ class SignatureMeter:
 
     def measure_one(self, graph: Graph, kernel: Kernel) -> float:
         """Build and time ``kernel`` (operators of ``graph``) alone; stored in the database."""
+        program, own = self._build(graph, kernel)
+        return self._keep(kernel, own, *self._time(program))
+
+    def _build(self, graph: Graph, kernel: Kernel
+               ) -> tuple[KernelProgram, Callable[[dict[int, float]], float]]:
+        """``kernel``'s operators built as a program of their own, and what of a timing of
+        its kernels is the kernel's own (not the layout transposes at its edges)."""
         piece = extract(graph, set(kernel.ops))
         program = build_program(to_relax(piece), self.target, tuning_db=self.tuning_db,
-                                      kernels=self.kernels)
+                                kernels=self.kernels)
         own = {graph[i].kind for i in kernel.ops}
+
         def own_seconds(costs: dict[int, float]) -> float:
             return sum(s for k, s in costs.items()
                        if program.graph[k].kind == "kernel"
                        and not (str(program.graph[k].attrs["func"]).startswith(_EDGE_KERNELS)
                                 and "permute_dims" not in own))
+        return program, own_seconds
 
+    def _time(self, program: KernelProgram) -> tuple[list[dict[int, float]], bool]:
+        """The program's kernel times on one thread (and ``threads``), and whether another
+        process held a core meanwhile."""
         counts = [1, self.threads] if self.threads > 1 else [1]
         with LoadWatch() as watch:  # every buffer filled by a real run before timing
             times = self.meter.kernel_times(program, counts, fill=True)
+        return times, watch.contended
+
+    def _keep(self, kernel: Kernel, own_seconds: Callable[[dict[int, float]], float],
+              times: list[dict[int, float]], contended: bool) -> float:
+        """Note a timing of ``kernel`` (stored in the database unless disturbed)."""
         seconds = own_seconds(times[0])
         if self.threads > 1:
             wide = own_seconds(times[1])
             self.wide[kernel.signature] = wide
         self.measured += 1
-        if self.db is not None and not watch.contended:  # used now, not kept
+        if self.db is not None and not contended:  # used now, not kept
             if self.threads > 1:  # first, so a stored one-thread time always has its pair
                 self.db.put(self.key(kernel.signature, self.threads), Timing((wide,)))
             self.db.put(self.key(kernel.signature), Timing((seconds,)))
         return seconds
+
+    def _measure_at_once(self, graph: Graph, todo: list[Kernel], parallel: int,
+                         deadline: float | None, bar: Progress
+                         ) -> dict[str, tuple[Kernel, float]]:
+        """``todo`` built here one by one and timed on ``parallel`` devices at once (a pool of
+        remote devices, `paragraph.tvm_interop.meter.pool`): a kernel is timed while the next
+        is built."""
+        out: dict[str, tuple[Kernel, float]] = {}
+        done = 0
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            flight: list[tuple[Kernel, Callable[[dict[int, float]], float], Future[Any]]] = []
+            for k in todo:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                try:
+                    program, own = self._build(graph, k)
+                except Exception as exc:  # an estimate still prices it; say why once
+                    reraise_interrupt(exc)
+                    self.failed[k.signature] = f"{type(exc).__name__}: {exc}"
+                    continue
+                flight.append((k, own, pool.submit(self._time, program)))
+            for k, own, future in flight:
+                try:
+                    out[k.signature] = (k, self._keep(k, own, *future.result()))
+                except Exception as exc:
+                    reraise_interrupt(exc)
+                    self.failed[k.signature] = f"{type(exc).__name__}: {exc}"
+                done += 1
+                bar.update(done)
+        return out
 
     def seconds(self, graph: Graph, kernels: Iterable[Kernel], *, measure: bool = True,
                 deadline: float | None = None,
@@ -125,6 +175,10 @@ class SignatureMeter:
             progress(f"  cost model: measuring {len(todo)} new kernel signatures (1"
                      f"{f' and {self.threads}' if self.threads > 1 else ''} thread) ...")
         bar = Progress(progress, "cost model: measured", len(todo), least=8)
+        parallel = int(getattr(self.meter, "parallel", 1))
+        if parallel > 1 and len(todo) > 1:
+            out.update(self._measure_at_once(graph, todo, parallel, deadline, bar))
+            return out
         for i, k in enumerate(todo):
             if deadline is not None and time.monotonic() > deadline:
                 break
