@@ -207,3 +207,37 @@ def test_fast_sigmoid_and_tanh_are_within_a_few_ulp_and_keep_nans_and_tails(op):
     for _ in range(8):
         want = 1 / (1 + np.exp(-want)) if op == "sigmoid" else np.tanh(want)
     np.testing.assert_allclose(run(fused, xs), want, rtol=0, atol=2e-6)
+
+
+def test_relu_left_to_tvm_keeps_nan():
+    """relu legalized as ``x < 0 ? 0 : x`` (`lowering.EXTRA_LEGALIZE`): NaN stays NaN as in
+    ONNX Runtime and PyTorch (TOPI's ``max(x, 0)`` made it 0); the rest as relu; and a whole
+    program built with TVM's kernels keeps a NaN through a relu to its output."""
+    from paragraph import GraphBuilder
+    from paragraph.passes.schedule import make_schedule
+    from paragraph.tvm_interop.build.lowering import EXTRA_LEGALIZE
+    from paragraph.tvm_interop.frontend.relax_graph import to_relax
+    from paragraph.tvm_interop.runtime.executor import make_executor
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 37), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(out)
+    with TARGET:
+        mod = relax.transform.LegalizeOps(EXTRA_LEGALIZE)(bb.get())
+    x = np.linspace(-3, 3, 37, dtype="float32")[None]
+    x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    got = run(mod, x)
+    assert np.isnan(got[0, 0]) and got[0, 1] == np.inf and got[0, 2] == 0.0
+    np.testing.assert_array_equal(got[0, 3:], np.maximum(x[0, 3:], 0))
+    b = GraphBuilder()
+    inp = b.input((1, 37))
+    w = b.weight(np.linspace(0.5, 1.5, 37, dtype="float32")[None])
+    g = b.build([b.op("relu", [b.op("multiply", [inp, w]).out]).out])
+    program = build_program(to_relax(g), TARGET, kernels="tvm")
+    with make_executor(program, make_schedule("sequential", program.graph)) as ex:
+        (y,) = ex.run(x)
+    y = np.asarray(y)
+    assert np.isnan(y[0, 0]) and y[0, 1] == np.inf and (y[0, 2:] >= 0).all()

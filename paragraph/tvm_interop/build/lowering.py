@@ -154,11 +154,23 @@ def _fast_sigmoid(x: tirx.Expr) -> tirx.Expr:
     return tirx.const(1.0, "float32") / (_fast_exp(-x) + 1.0)
 
 
+def _relu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """relu as ``x < 0 ? 0 : x``, which keeps NaN as ONNX Runtime and PyTorch do; TOPI's
+    ``max(x, 0)`` made it 0 (the same vector compare and blend either way)."""
+
+    def relu(x: te.Tensor) -> te.Tensor:
+        zero = tirx.const(0, x.dtype)
+        return te.compute(x.shape, lambda *i: tirx.Select(x(*i) < zero, zero, x(*i)),
+                          name="relu", tag="elemwise")
+
+    return bb.call_te(relu, call.args[0], primfunc_name_hint="relu")
+
+
 # legalizations TVM 0.27's LegalizeOps lacks: ``cumsum`` (RoBERTa's position ids, the running
 # count of its non-padding tokens) survived lowering and the executor refused the model; and
 # the sigmoid and tanh that stay TVM kernels (an RNN's gates; a vendor kernel's epilogue has
-# its own) in fast forms on a CPU
-EXTRA_LEGALIZE = {"relax.cumsum": _cumsum,
+# its own) in fast forms on a CPU; and relu, which TVM's made 0 of a NaN
+EXTRA_LEGALIZE = {"relax.cumsum": _cumsum, "relax.nn.relu": _relu,
                   "relax.sigmoid": _fast_activation("sigmoid", _fast_sigmoid, topi.sigmoid),
                   "relax.tanh": _fast_activation("tanh", _fast_tanh, topi.tanh)}
 
