@@ -120,7 +120,7 @@ def accuracy(input_row: dict, rows: Sequence[dict], costs: Sequence[str],
 # ---------------------------------------------------------------------------- one model
 def bench_model(name: str, args: argparse.Namespace, log) -> dict:
     """The input and its random candidates: built, priced, timed (module docstring)."""
-    from search import model_module  # benchmarks/ is on the path when run as a script
+    import corpus_models  # benchmarks/ is on the path when run as a script
 
     from paragraph.errors import ParagraphError, reraise_interrupt
     from paragraph.machine import (
@@ -140,7 +140,7 @@ def bench_model(name: str, args: argparse.Namespace, log) -> dict:
     from paragraph.tvm_interop.runtime.target import resolve_target
 
     began = time.perf_counter()
-    mod = model_module(name, args.reduced)
+    mod = corpus_models.relax_module(name, args.reduced)
     graph = from_relax(mod)
     target = resolve_target(args.target)
     db = CostDB(Path(tempfile.mkdtemp(prefix="paragraph-costmodel-")) / "costs.sqlite")

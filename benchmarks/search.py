@@ -81,16 +81,11 @@ ORDER = ("tvm_vm", "none+sequential", "none+best", "greedy+best", "taso+sequenti
          "taso+best", "taso+loop+best", "autograph+best", "simulated+best")
 
 
-def model_module(name: str, reduced: bool):
-    """A zoo model by name, or a public corpus model as ``corpus:NAME`` (`corpus_models`)."""
-    import corpus_models  # benchmarks/ is on the path when run as a script
-
-    return corpus_models.relax_module(name, reduced)
-
-
 def bench_model(name: str, args, db: CostDB, log) -> dict:
     """Every configuration of one model: searches first, then all timed side by side."""
-    mod = model_module(name, args.reduced)
+    import corpus_models  # benchmarks/ is on the path when run as a script
+
+    mod = corpus_models.relax_module(name, args.reduced)
     target = resolve_target(args.target)
     graph = from_relax(mod)
     program = build_program(to_relax(graph), target, kernels=args.kernels)

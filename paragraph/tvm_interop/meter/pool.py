@@ -59,16 +59,13 @@ def free_servers(address: str) -> int:
     return int(info.get("queue_info", {}).get(key, {}).get("free", 0))
 
 
-def connect(address: str, timeout: float = 60.0, *, most: int | None = None) -> RemotePool:
-    """Sessions on every server free for the key behind ``address`` (at most ``most``): the
-    first waits up to ``timeout`` seconds as `Remote` does, the others are taken only if free
-    now. Devices unlike the first (another target or core count) are given back."""
+def connect(address: str, timeout: float = 60.0) -> RemotePool:
+    """Sessions on every server free for the key behind ``address``: the first waits up to
+    ``timeout`` seconds as `Remote` does, the others are taken only if free now. Devices
+    unlike the first (another target or core count) are given back."""
     first = Remote(address, timeout)
     devices = [first]
-    want = max(0, free_servers(address)) if most is None else most - 1
-    if most is not None:
-        want = min(want, max(0, free_servers(address)))
-    for _ in range(want):
+    for _ in range(free_servers(address)):
         try:
             other = Remote(address, timeout=3.0)
         except ParagraphError:
@@ -114,9 +111,6 @@ class RemotePool:
 
     def _on_each(self, jobs: Sequence[Callable[[Remote], T]]) -> list[T]:
         """``jobs[i]`` on a device of its own, all at once; results in order."""
-        if len(jobs) == 1:
-            with self._device() as d:
-                return [jobs[0](d)]
 
         def run(job: Callable[[Remote], T]) -> T:
             with self._device() as d:
@@ -131,7 +125,7 @@ class RemotePool:
         """Median seconds of each candidate, the first timed beside every share (module
         docstring); with ``check`` every device's outputs must agree with the first's."""
         n = min(len(self.devices), max(1, len(candidates) - 1))
-        if n == 1 or len(candidates) <= 2:
+        if n == 1:
             with self._device() as d:
                 return d.runs(candidates, repeat=repeat, warmup=warmup, block=block,
                               check=check)
