@@ -38,6 +38,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE / "results" / "fuzz-cpu.json"
+SPECIAL_REPORT = HERE / "results" / "fuzz-special-cpu.json"  # --special: NaN and infinities
 GPU_REPORT = HERE / "results" / "gpu-fuzz.json"  # --target cuda (tools/gpu/checks.sh fuzz)
 # failures found and fixed while the fuzzer was written (their graphs are regression tests in
 # tests/test_fuzz_regressions.py); every report carries them. Seeds are those of the generator
@@ -92,6 +93,8 @@ def worker(args: argparse.Namespace) -> None:
     for seed in (int(s) for s in args.seeds.split(",")):
         emit(start=seed)
         recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(seed), seed, args.steps)
+        if args.special:  # NaN and infinities in its inputs (`fuzz_graphs.inputs`)
+            recipe["special"] = True
         outcome = fuzz_run.run_case(recipe, fuzz_run.combinations(seed, args.every, kernels),
                                     meter=args.meter, forms=not args.no_forms,
                                     target=args.target)
@@ -107,6 +110,7 @@ def _worker_command(args: argparse.Namespace, extra: list[str]) -> list[str]:
             str(args.steps), "--kernels", args.kernels, "--meter", args.meter,
             *(["--target", args.target] if args.target else []),
             *(["--every"] if args.every else []), *(["--no-forms"] if args.no_forms else []),
+            *(["--special"] if args.special else []),
             *extra]
 
 
@@ -303,6 +307,8 @@ def minimise(args: argparse.Namespace, seed: int, failure: dict[str, Any],
     import fuzz_run
 
     recipe = fuzz_graphs.recipe(fuzz_graphs.SeededDraw(seed), seed, args.steps)
+    if args.special:
+        recipe["special"] = True
     combo = _where_combo(failure["where"])
     combos = [combo] if combo is not None else [
         [c.kernels, c.search, list(c.schedules)]
@@ -360,6 +366,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kernels", default="tvm,vendor,auto")
     p.add_argument("--meter", choices=("drawn", "local"), default="drawn")
     p.add_argument("--no-forms", action="store_true", help="do not force each vendor form")
+    p.add_argument("--special", action="store_true",
+                   help="NaN and infinities in every case's float inputs (report: "
+                        "fuzz-special-cpu.json)")
     p.add_argument("--batch", type=int, default=50, help="cases per worker process")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--no-minimise", action="store_true")
@@ -389,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
 
     gpu = is_gpu(resolve_target(args.target))
     if args.report is None:
-        args.report = str(GPU_REPORT if gpu else REPORT)
+        args.report = str(GPU_REPORT if gpu else SPECIAL_REPORT if args.special else REPORT)
     if gpu and not gpu_available():
         sys.exit(f"fuzz.py --target {args.target}: no CUDA device on this machine; the CUDA "
                  "pass runs where a GPU is lent (tools/gpu/checks.sh fuzz)")
@@ -457,6 +466,7 @@ def main(argv: list[str] | None = None) -> None:
                       max(s["seeds"][1] for s in segments if s["seeds"])] if cases else [],
             "max_steps": args.steps,
             "mode": "every" if args.every else "shared",
+            "special_values": args.special,  # NaN and infinities in the inputs
             "target": args.target or "this CPU",
             "kernels": args.kernels.split(","),
             "meter": args.meter,

@@ -668,15 +668,25 @@ def _emit_unary(bb: relax.BlockBuilder, a: dict[str, Any], x: relax.Expr,
 
 
 # ---------------------------------------------------------------------------- inputs, reference
+SPECIAL = (np.nan, np.inf, -np.inf)  # the values a recipe with "special" puts in its inputs
+
+
 def inputs(recipe: Recipe, seed: int = 0) -> list[np.ndarray]:
     """The recipe's inputs: standard normal floats; integer ids at and just inside both ends
-    of their table ([0, high)) first, then drawn within it."""
+    of their table ([0, high)) first, then drawn within it. A recipe with ``"special": true``
+    (``fuzz.py --special``) has one to three of its float values NaN, +inf or -inf, drawn:
+    they must come out where the reference puts them."""
     rng = np.random.default_rng([int(recipe["seed"]) & 0xFFFFFFFF, 1 << 20, seed])
     out = []
     for spec in recipe["inputs"]:
         shape = tuple(spec["shape"])
         if spec["dtype"] == "float32":
-            out.append(rng.standard_normal(shape).astype("float32"))
+            values = rng.standard_normal(shape).astype("float32")
+            if recipe.get("special") and values.size:
+                count = int(rng.integers(1, min(3, values.size) + 1))
+                where = rng.choice(values.size, count, replace=False)
+                values.reshape(-1)[where] = rng.choice(SPECIAL, count)
+            out.append(values)
             continue
         high = int(spec["high"])
         ids = rng.integers(0, high, shape).reshape(-1)
@@ -748,7 +758,8 @@ def imported(recipe: Recipe) -> tuple[tvm.IRModule, Graph]:
 
 def describe(recipe: Recipe) -> str:
     """One line per step: what the graph is, for a report or a failure's message."""
-    lines = [f"inputs {[(s['dtype'], s['shape']) for s in recipe['inputs']]}"]
+    lines = [f"inputs {[(s['dtype'], s['shape']) for s in recipe['inputs']]}"
+             + (" holding NaN or infinities" if recipe.get("special") else "")]
     n = len(recipe["inputs"])
     for i, s in enumerate(recipe["steps"]):
         lines.append(f"v{n + i} = {s['op']}({', '.join(f'v{a}' for a in s['args'])}; "

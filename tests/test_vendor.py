@@ -580,6 +580,29 @@ def residual_blocks(bb, x):
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
+def test_a_nan_and_infinities_come_out_where_tvm_kernels_put_them(monkeypatch, native):
+    """A program of convolutions with relu, residuals and a pool, its input holding a NaN and
+    infinities: the vendor kernels (C++ and Python, every schedule's executor, every form run
+    in its first calls) give NaN and infinity exactly where the program with TVM's kernels
+    gives them (oneDNN's fused relu made a NaN 0, a Winograd tile made NaN of an infinity's
+    neighbours)."""
+    monkeypatch.setenv("PARAGRAPH_NATIVE_VENDOR", native)
+    from paragraph.tvm_interop.runtime.executor import make_executor
+
+    mod = module((1, 8, 12, 12), residual_blocks)
+    (x,) = random_inputs(mod, seed=5)
+    x[0, 1, 2, 3], x[0, 4, 7, 7], x[0, 6, 10, 1] = np.nan, np.inf, -np.inf
+    want = vm_outputs(build_program(mod, "llvm"), [x])[0]
+    assert np.isnan(want).any() and np.isfinite(want).any()  # (the infinities make NaN)
+    program = build_program(mod, "llvm", kernels="vendor")
+    for algorithm in ("sequential", "critical-path"):
+        with make_executor(program, make_schedule(algorithm, program.graph, cores=2)) as ex:
+            for _ in range(12):  # the C++ kernels time their forms in their first calls
+                (got,) = ex.run(x)
+                np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
 def test_a_residual_convolution_writes_over_its_residual_in_place(monkeypatch, native):
     """The memory plan gives a residual convolution its residual's block where every other
     user of that block happens before it; the independent checker accepts exactly that, and
@@ -1678,8 +1701,7 @@ def test_native_depthwise_forms_agree_with_torch(threads, hw, c, k, stride, pad,
         pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
     gen = torch.Generator().manual_seed(hw * c)
     x = torch.randn(1, hw, hw, c, generator=gen)
-    if not act:  # (oneDNN's fused relu turns a NaN into a number; its form is one of the two)
-        x[0, 1, 1, 0] = float("nan")
+    x[0, 1, 1, 0] = float("nan")
     w = torch.randn(c, k, k, 1, generator=gen) / k
     b = torch.randn(c, generator=gen)
     _check_native_conv(module, x, w, b, stride, pad, dilation, c, residual, act, threads, gen,
@@ -1743,6 +1765,61 @@ def test_native_conv_reads_an_nchw_input(threads, hw, cin, k, stride, pad, cout)
     b = torch.randn(cout, generator=gen)
     _check_native_conv(module, x, w, b, stride, pad, 1, 1, "", "relu", threads, gen,
                        layout="NCHW2NHWC")
+
+
+@pytest.mark.parametrize(("what", "hw", "cin", "cout", "k", "groups", "residual"), [
+    ("3x3: oneDNN's, the own implicit GEMM, the Winograd forms", 10, 16, 24, (3, 3), 1, ""),
+    ("1x7: the one-dimensional Winograd forms", 9, 8, 16, (1, 7), 1, "own"),
+    ("1x1: oneDNN's, MKL's and the own GEMMs", 6, 16, 32, (1, 1), 1, "in place"),
+    ("depthwise 5x5", 11, 16, 16, (5, 5), 16, ""),
+    ("grouped", 8, 32, 32, (3, 3), 4, "own"),
+    ("a NaN in the weight", 7, 8, 8, (3, 3), 1, ""),
+])
+def test_every_conv_form_keeps_nan_and_infinity_where_torch_does(what, hw, cin, cout, k,
+                                                                  groups, residual):
+    """A NaN and infinities in the input (and an infinity in a residual, a NaN in a weight)
+    come out of every form of a convolution with relu exactly where torch's convolution and
+    relu put them: oneDNN's fused relu (MAXPS(v, 0) makes a NaN 0) is fused only where no NaN
+    can arise, and a Winograd tile (one infinity in it makes NaN of outputs whose window does
+    not hold it) gives way to the implicit GEMM where an input is not finite."""
+    import tvm_ffi
+
+    from paragraph.tvm_interop.runtime.library import native
+
+    module = native.module()
+    if module is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    gen = torch.Generator().manual_seed(hw * cin + cout)
+    x = torch.randn(1, hw, hw, cin, generator=gen)
+    x[0, 2, 3, 1], x[0, 5, 5, 0], x[0, hw - 2, 1, cin - 1] = float("nan"), float("inf"), -float(
+        "inf")
+    w = torch.randn(cout, *k, cin // groups, generator=gen) / (k[0] * k[1] * cin) ** 0.5
+    if what.startswith("a NaN"):
+        w[3, 1, 1, 2] = float("nan")
+    b = torch.randn(cout, generator=gen)
+    pad = (k[0] // 2, k[1] // 2)
+    xn = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (pad[1], pad[1], pad[0], pad[0]))
+    want = torch.nn.functional.conv2d(xn, w.permute(0, 3, 1, 2), b, 1, 0, 1, groups)
+    want = want.permute(0, 2, 3, 1).contiguous()
+    res = torch.randn(*want.shape, generator=gen)
+    res[0, 1, 1, 2] = float("inf")
+    want = torch.relu(want + res if residual else want)
+    out = torch.empty(want.shape)
+    res_arg = out if residual == "in place" else res if residual else None
+    index, count = 0, 1
+    while index < count:
+        with native.forced_form(index):
+            fn = module["paragraph_vendor_conv2d"](
+                *(tvm_ffi.from_dlpack(t) for t in (out, x, w, b)),
+                None if res_arg is None else tvm_ffi.from_dlpack(res_arg),
+                [1, 1, *pad, 1, 1, groups], "NHWC", "relu", 2)
+            for _ in range(2):
+                out.copy_(res) if residual == "in place" else out.fill_(7.0)
+                fn()
+                torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-4, atol=1e-4,
+                                           msg=lambda m, i=index: f"form {i}: {m}")
+        count = max(count, native.most_forms())
+        index += 1
 
 
 def _check_forced_form(module, x, w, b, pad, residual, act, threads, gen, form, packing,

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from functools import cache, partial
+from typing import Any
 
+import numpy as np
 import tvm
 import tvm_ffi
 
@@ -252,6 +255,16 @@ def _gemm_1x1(torch, op: VendorOp, x, w, bias, res, out) -> Callable[[], None] |
     return call
 
 
+def _all_finite(*tensors: Any) -> bool:
+    """Whether none of the CPU ``tensors`` (None skipped) holds a NaN or an infinity, or may:
+    oneDNN's fused relu is MAXPS(v, 0), which makes a NaN 0 where PyTorch and ONNX Runtime keep
+    it, so it is fused only where no NaN can arise (as the C++ kernels' `any_nonfinite`). Each
+    tensor's sum, read in place through numpy (no tensor allocated: calls stay zero-copy), is
+    finite only where every value is; a sum that overflows counts as not finite (relu after
+    the call: correct, a little slower)."""
+    return all(math.isfinite(float(np.sum(t.numpy()))) for t in tensors if t is not None)
+
+
 def _conv2d_kernel(op: VendorOp) -> Callable:
     torch = require_torch()
     to_nchw = (lambda t: t.permute(0, 3, 1, 2)) if op.layout != "NCHW" else (lambda t: t)
@@ -292,6 +305,7 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
         bias = ts[2] if op.bias else None
         res = to_nchw(ts[2 + op.bias]) if op.residual else None
         zero = _zero_fill(ts[-1])
+        params_finite = out.is_cuda or _all_finite(w, bias)  # (the CUDA path fuses none)
 
         def call() -> None:
             if out.is_cuda:
@@ -321,8 +335,11 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
                     out.copy_(res)
             else:
                 zero()
+            keep_nan = fused == "relu" and not (params_finite and _all_finite(x, res))
             in_place_add(out, xp, cpu_weight(w, xp), bias, padding, stride, dilation,
-                         op.groups, "add", None, fused, [], None)
+                         op.groups, "add", None, None if keep_nan else fused, [], None)
+            if keep_nan:
+                out.relu_()
             if after is not None:
                 after(out)
 
@@ -367,9 +384,10 @@ def _matmul_kernel(op: VendorOp) -> Callable:
         x4 = rows.view(1, m, 1, k).permute(0, 3, 2, 1)
         out4 = out2.view(1, m, 1, n).permute(0, 3, 2, 1)
         zero()
+        fuse = op.act == "relu" and _all_finite(rows, b, bias)
         in_place_add(out4, x4, packed[key], bias, [0, 0], [1, 1], [1, 1], 1, "add", None,
-                     "relu" if op.act == "relu" else None, [], None)
-        if op.act not in (None, "relu"):  # oneDNN fuses only relu after its in-place add
+                     "relu" if fuse else None, [], None)
+        if not fuse:  # oneDNN fuses only relu after its in-place add (see `_all_finite`)
             activate(out2)
 
     def run(a, b, bias, out, cpu: bool, zero=None) -> None:
