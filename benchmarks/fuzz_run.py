@@ -216,7 +216,7 @@ def run_case(recipe: fuzz_graphs.Recipe, combos: Sequence[Combination], *,
         return out
     expected = Expected(in_float32, lambda: [fuzz_graphs.reference(graph, arrays, nudge=k)
                                              for k in range(2)])
-    if onnx:
+    if onnx and not recipe.get("special"):  # ONNX Runtime's MaxPool and ReduceMax drop a NaN
         _check_onnxruntime(recipe, arrays, expected, out)
     remote = DrawnMeter(int(recipe["seed"])) if meter == "drawn" else None
     with Session(target, remote=remote, log=_quiet) as session:

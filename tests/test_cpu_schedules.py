@@ -241,3 +241,30 @@ def test_relu_left_to_tvm_keeps_nan():
         (y,) = ex.run(x)
     y = np.asarray(y)
     assert np.isnan(y[0, 0]) and y[0, 1] == np.inf and (y[0, 2:] >= 0).all()
+
+
+@pytest.mark.parametrize("case", ["clip", "relu6", "max over rows", "max over all, kept"])
+def test_clip_and_the_max_reduction_left_to_tvm_keep_nan(case):
+    """clip (relu6's, hard-sigmoid's) legalized as ``x < lo ? lo : (x > hi ? hi : x)`` and
+    the max reduction with a NaN-absorbing combiner (`lowering.EXTRA_LEGALIZE`): a NaN in the
+    input stays NaN as in numpy and PyTorch (TOPI's ``max(min(x, hi), lo)`` made it ``lo``, its
+    max reduction dropped a NaN unless it came last); infinities and the rest as numpy's."""
+    from paragraph.tvm_interop.build.lowering import EXTRA_LEGALIZE
+
+    x = np.linspace(-9, 9, 4 * 37, dtype="float32").reshape(4, 37)
+    x[0, 3], x[1, 0], x[2, 36], x[3, 5] = np.nan, np.inf, -np.inf, np.nan
+    ops = {"clip": (lambda v: relax.op.clip(v, -1.5, 2.0), lambda a: np.clip(a, -1.5, 2.0)),
+           "relu6": (lambda v: relax.op.clip(v, 0.0, 6.0), lambda a: np.clip(a, 0, 6)),
+           "max over rows": (lambda v: relax.op.max(v, axis=[1]), lambda a: a.max(axis=1)),
+           "max over all, kept": (lambda v: relax.op.max(v, keepdims=True),
+                                  lambda a: a.max(keepdims=True))}
+    build, want = ops[case]
+    bb = relax.BlockBuilder()
+    v = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [v]):
+        with bb.dataflow():
+            out = bb.emit_output(build(v))
+        bb.emit_func_output(out)
+    with TARGET:
+        mod = relax.transform.LegalizeOps(EXTRA_LEGALIZE)(bb.get())
+    np.testing.assert_array_equal(run(mod, x), want(x))

@@ -166,11 +166,70 @@ def _relu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(relu, call.args[0], primfunc_name_hint="relu")
 
 
+def _clip(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """clip (relu6, hard-sigmoid's, ONNX Clip) as ``x < lo ? lo : (x > hi ? hi : x)``, which
+    keeps NaN as PyTorch, numpy and the C++ kernels' epilogues do; TOPI's
+    ``max(min(x, hi), lo)`` made it ``lo``."""
+
+    def clip(x: te.Tensor, lo: tirx.PrimExpr, hi: tirx.PrimExpr) -> te.Tensor:
+        lo, hi = (v.astype(x.dtype) for v in (lo, hi))
+        return te.compute(x.shape, lambda *i: tirx.Select(
+            x(*i) < lo, lo, tirx.Select(x(*i) > hi, hi, x(*i))), name="clip", tag="elemwise")
+
+    return bb.call_te(clip, *call.args, primfunc_name_hint="clip")
+
+
+def _nan_max_reducer(dtype: str) -> te.CommReducer:
+    """max with a NaN absorbing, by ordered compares alone: ``b > a ? b : (b <= a ? a : a +
+    b)`` (both compares false only where one is NaN, and then the sum is NaN). An ``isnan(a) ||
+    a > b`` form was not vectorised (as a max pool's window: 7-25x TOPI's time, this form
+    1.7-2.6x); ``a != a`` TVM's simplifier folds to false. Integers have no NaN: a plain
+    max."""
+    if "float" not in dtype:
+        return te.comm_reducer(lambda a, b: tirx.max(a, b), lambda t: tirx.min_value(t),
+                               name="max")
+    return te.comm_reducer(
+        lambda a, b: tirx.Select(b > a, b, tirx.Select(b <= a, a, a + b)),
+        lambda t: tirx.min_value(t), name="nan_max")
+
+
+def _nan_max(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """The max reduction (``relax.max``) with a NaN anywhere in a reduced slice giving NaN,
+    as numpy, PyTorch's ``amax`` and the C++ pools do; TOPI's ``max`` combines by ``a > b ? a :
+    b``, which drops a NaN unless it comes last."""
+    axis, keep = call.attrs.axis, bool(call.attrs.keepdims)
+
+    def reduce_max(x: te.Tensor) -> te.Tensor:
+        reducer = _nan_max_reducer(str(x.dtype))
+        ndim = len(x.shape)
+        axes = sorted({int(a) % ndim for a in axis} if axis is not None else range(ndim))
+        ks = {a: te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes}
+        shape = [1 if a in ks else x.shape[a] for a in range(ndim) if keep or a not in ks]
+
+        def body(*idx: tirx.PrimExpr) -> tirx.PrimExpr:
+            at = iter(idx)
+            full = []
+            for a in range(ndim):
+                if a in ks:
+                    full.append(ks[a])
+                    if keep:
+                        next(at)
+                else:
+                    full.append(next(at))
+            return reducer(x(*full), axis=list(ks.values()))
+
+        return te.compute(shape, body, name="max")
+
+    return bb.call_te(reduce_max, call.args[0], primfunc_name_hint="max")
+
+
 # legalizations TVM 0.27's LegalizeOps lacks: ``cumsum`` (RoBERTa's position ids, the running
 # count of its non-padding tokens) survived lowering and the executor refused the model; and
 # the sigmoid and tanh that stay TVM kernels (an RNN's gates; a vendor kernel's epilogue has
-# its own) in fast forms on a CPU; and relu, which TVM's made 0 of a NaN
-EXTRA_LEGALIZE = {"relax.cumsum": _cumsum, "relax.nn.relu": _relu,
+# its own) in fast forms on a CPU; and relu, clip and the max reduction, which TVM's made
+# lose a NaN (TOPI's max pool still drops one, as ONNX Runtime's does: docs/findings.md)
+EXTRA_LEGALIZE = {"relax.cumsum": _cumsum, "relax.nn.relu": _relu, "relax.clip": _clip,
+                  "relax.max": _nan_max,
                   "relax.sigmoid": _fast_activation("sigmoid", _fast_sigmoid, topi.sigmoid),
                   "relax.tanh": _fast_activation("tanh", _fast_tanh, topi.tanh)}
 
