@@ -25,6 +25,33 @@ def _one_step(shape: list[int], op: str, out: list[int], **attrs: object) -> dic
 
 # seed -> (what it was, the minimised recipe, the combinations it is run through)
 REGRESSIONS = {
+    # NaN and infinities in the inputs (``fuzz.py --special``, its report
+    # fuzz-special-cpu.json): TOPI's clip made a NaN its lower bound (relu6 alone, and after a
+    # product), and its max reduction dropped a NaN that did not come last
+    "special-82-relu6-of-nan": (
+        {"seed": 82, "special": True,
+         "inputs": [{"shape": [3, 15, 5, 17], "dtype": "float32"}] * 2,
+         "steps": [{"op": "unary", "args": [1], "attrs": {"fn": "relu6"},
+                    "shape": [3, 15, 5, 17]}], "outputs": [2]},
+        [fuzz_run.Combination("tvm", "none", ("sequential",)),
+         fuzz_run.Combination("vendor", "none", ("critical-path",))]),
+    "special-57-clip-after-a-product": (
+        {"seed": 57, "special": True,
+         "inputs": [{"shape": [2, 16, 13, 1], "dtype": "float32"}] * 2,
+         "steps": [{"op": "matmul", "args": [1], "attrs": {"n": 8}, "shape": [2, 16, 13, 8]},
+                   {"op": "unary", "args": [2], "attrs": {"fn": "relu6_clip"},
+                    "shape": [2, 16, 13, 8]}], "outputs": [3]},
+        [fuzz_run.Combination("tvm", "none", ("sequential",)),
+         fuzz_run.Combination("vendor", "none", ("opara",))]),
+    "special-84-max-of-a-nan": (
+        {"seed": 84, "special": True, "inputs": [{"shape": [9, 1], "dtype": "float32"}],
+         "steps": [{"op": "reduce", "args": [0],
+                    "attrs": {"fn": "sum", "axes": [1], "keepdims": False}, "shape": [9]},
+                   {"op": "reduce", "args": [1],
+                    "attrs": {"fn": "max", "axes": [0], "keepdims": True}, "shape": [1]}],
+         "outputs": [2]},
+        [fuzz_run.Combination("tvm", "none", ("sequential",)),
+         fuzz_run.Combination("vendor", "none", ("wavefront",))]),
     # a ceil_mode pool whose last window would start past the input: Relax drops it (16
     # columns), paragraph's shape function kept it (17), so the import raised a GraphError
     "seed-252-ceil-mode-pool": (
