@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from functools import partial
 
 import numpy as np
 import pytest
@@ -434,7 +435,8 @@ def test_nchw_layout_and_what_is_not_dispatched():
     names = vendor_names(dispatch_to_vendor(module((1, 8, 5, 5), relu_then_scale),
                                             local_cpu_target()))
     assert [cost_name(n) for n in names] == ["paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1.relu"]
-    # pools rounding up, dilated or padded unevenly stay with TVM (and so does relu after one)
+    # a dilated pool stays with TVM (and so does relu after one); rounding up and uneven
+    # padding are more padding at the bottom and right (a max, an average of real pixels)
 
     def odd_pools(bb, x):
         y = bb.emit(relax.op.nn.conv2d(x, const(4, 8, 1, 1)))
@@ -445,8 +447,10 @@ def test_nchw_layout_and_what_is_not_dispatched():
         return bb.emit(relax.Tuple([up, dilated, uneven, plain]))
     names = vendor_names(dispatch_to_vendor(module((1, 8, 8, 8), odd_pools), local_cpu_target()))
     assert sorted(cost_name(n) for n in names) == [
+        "paragraph.vendor.avg_pool2d.NHWC.k3x3.s1x1.p0x0x1x1",
         "paragraph.vendor.conv2d.NHWC.s1x1.p0x0.d1x1.g1",
-        "paragraph.vendor.max_pool2d.NHWC.k2x2.s2x2.p0x0"]
+        "paragraph.vendor.max_pool2d.NHWC.k2x2.s2x2.p0x0",
+        "paragraph.vendor.max_pool2d.NHWC.k3x3.s2x2.p0x0x1x1"]
 
 
 def test_vendor_op_names_round_trip():
@@ -2276,15 +2280,69 @@ def test_native_average_pools_apply_their_epilogue(threads, shape, stride, affin
                                    atol=1e-5)
 
 
-def test_the_python_pool_refuses_uneven_padding():
-    """PyTorch's pools pad evenly; a pool name with uneven padding (which the dispatch never
-    makes) is refused with the reason, not run with the wrong padding."""
-    name = "paragraph.vendor.max_pool2d.NHWC.k3x3.s1x1.p0x0x1x1"
+def test_the_python_pools_take_uneven_padding_except_where_they_count_it():
+    """PyTorch's pools pad evenly: the Python kernels pad a copy first where the padding is
+    uneven (-inf for a max, zeros for an average divided by its real pixels), and refuse an
+    average that counts uneven padding in its divisor (which the dispatch never makes) with the
+    reason, rather than run it with the wrong divisor."""
+    x = np.random.default_rng(4).standard_normal((1, 5, 6, 4)).astype("float32")
+    x[0, 4, 5, 1] = np.nan
+    xn = torch.from_numpy(x).permute(0, 3, 1, 2)
+    sides = (1, 2, 0, 1)  # left, right, top, bottom
+    for name, want in [
+        ("paragraph.vendor.max_pool2d.NHWC.k3x3.s2x2.p0x1x1x2", torch.nn.functional.max_pool2d(
+            torch.nn.functional.pad(xn, sides, value=float("-inf")), 3, 2)),
+        ("paragraph.vendor.avg_pool2d.NHWC.k3x3.s2x2.p0x1x1x2", torch.nn.functional.avg_pool2d(
+            torch.nn.functional.pad(xn, sides), 3, 2) / torch.nn.functional.avg_pool2d(
+            torch.nn.functional.pad(torch.ones(1, 1, 5, 6), sides), 3, 2))]:
+        ensure_registered(name)
+        out = tvm.runtime.empty((1, 2, 4, 4), "float32")
+        bind(name, (tvm.runtime.tensor(x), out))()
+        torch.testing.assert_close(torch.from_numpy(out.numpy()), want.permute(0, 2, 3, 1),
+                                   equal_nan=True, msg=lambda m, n=name: f"{n}: {m}")
+    name = "paragraph.vendor.avg_pool2d.NHWC.k3x3.s1x1.p0x0x1x1.incpad"
     ensure_registered(name)
     args = (tvm.runtime.tensor(np.zeros((1, 5, 5, 4), "float32")),
             tvm.runtime.tensor(np.zeros((1, 4, 4, 4), "float32")))
     with pytest.raises(ParagraphError, match="symmetric padding"):
         bind(name, args)
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+@pytest.mark.parametrize(("kind", "pad", "ceil", "include_pad", "vendor"), [
+    ("max", (1, 1, 1, 1), True, False, True),     # GoogLeNet's and SqueezeNet's: ceil_mode
+    ("max", (0, 0, 1, 1), False, False, True),    # uneven padding
+    ("avg", (1, 1, 1, 1), True, False, True),     # real pixels counted: more padding is free
+    ("avg", (1, 1, 1, 1), True, True, False),     # the divisor would count the added padding
+])
+def test_ceil_mode_and_uneven_pools_run_as_vendor_pools_where_they_can(
+        monkeypatch, native, kind, pad, ceil, include_pad, vendor):
+    """A ceil_mode pool's last windows reach past the bottom and right padding, and the vendor
+    pools clip every window to the input: so for a max pool, and an average that counts real
+    pixels only, ceil_mode and uneven padding are more padding at the bottom and right, and the
+    pool is a vendor pool (C++ and Python) that equals TVM's, a NaN in a window kept (TOPI's
+    max pool drops it: compared where there is none). An average counting its padding stays
+    TVM's."""
+    monkeypatch.setenv("PARAGRAPH_NATIVE_VENDOR", native)
+    pool = relax.op.nn.max_pool2d if kind == "max" else partial(relax.op.nn.avg_pool2d,
+                                                       count_include_pad=include_pad)
+    mod = module((1, 10, 9, 24), lambda bb, x: bb.emit(pool(
+        x, 3, 2, pad, ceil_mode=ceil, layout="NHWC")))
+    names = [VendorOp.from_name(n).kind for n in vendor_names(
+        dispatch_to_vendor(mod, local_cpu_target()))]
+    assert names == ([f"{kind}_pool2d"] if vendor else []), names
+    (x,) = random_inputs(mod, seed=6)
+    program = build_program(mod, "llvm", kernels="vendor")
+    np.testing.assert_allclose(vm_outputs(program, [x])[0],
+                               vm_outputs(build_program(mod, "llvm"), [x])[0], rtol=1e-5,
+                               atol=1e-6)
+    if vendor and kind == "max" and ceil:
+        x[0, 9, 8, 3] = np.nan  # in the last row and column: ceil_mode's last windows
+        want = torch.nn.functional.max_pool2d(torch.from_numpy(x).permute(0, 3, 1, 2), 3, 2, 1,
+                                              ceil_mode=True).permute(0, 2, 3, 1)
+        got = vm_outputs(program, [x])[0]
+        assert np.isnan(got[0, -1, -1, 3])
+        torch.testing.assert_close(torch.from_numpy(got), want, equal_nan=True)
 
 
 def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeypatch, tmp_path):

@@ -482,24 +482,40 @@ class _Rewriter:
 
     # -- pools
     def pool(self, call: relax.Call) -> relax.Expr:
-        """A max or average pool of a static float32 NHWC tensor (CPU) with symmetric padding,
-        no dilation and floor rounding: TVM's pool kernels use its own thread pool, so on a
-        multi-thread stream every one woke TVM's workers and then let the OpenMP workers of
-        the vendor kernels around it fall asleep (Inception-v3's 13 pools, 2 threads: 1.3 ms
-        against ONNX Runtime's 0.9)."""
+        """A max or average pool of a static float32 NHWC tensor (CPU) without dilation: TVM's
+        pool kernels use its own thread pool, so on a multi-thread stream every one woke TVM's
+        workers and then let the OpenMP workers of the vendor kernels around it fall asleep
+        (Inception-v3's 13 pools, 2 threads: 1.3 ms against ONNX Runtime's 0.9). The vendor
+        pools clip each window to the input, so uneven padding, and ceil_mode's last windows
+        (which reach past the bottom and right padding), are more padding there, for a max
+        pool and an average that counts real pixels only (torchvision's GoogLeNet and
+        SqueezeNet pool with ceil_mode: their max pools were TOPI's, which drop a NaN)."""
         a = call.attrs
         pad = [int(p) for p in a.padding]
         x = call.args[0]
-        if (str(a.layout) != "NHWC" or str(a.out_layout) != "NHWC" or bool(a.ceil_mode)
-                or any(int(d) != 1 for d in a.dilation) or pad[:2] != pad[2:]
-                or any(p >= int(k) for p, k in zip(pad[:2], a.pool_size, strict=True))
+        out_shape, in_shape = _shape(call), _shape(x)
+        window = (int(a.pool_size[0]), int(a.pool_size[1]))
+        if (str(a.layout) != "NHWC" or str(a.out_layout) != "NHWC"
+                or any(int(d) != 1 for d in a.dilation)
+                or any(p >= k for p, k in zip(pad, window * 2, strict=True))
                 or _dtype(call) != "float32" or "float32" not in self.dtypes
-                or _dtype(x) != "float32" or _shape(call) is None or _shape(x) is None):
+                or _dtype(x) != "float32" or out_shape is None or in_shape is None):
             return call
         kind = "max_pool2d" if call.op.name == "relax.nn.max_pool2d" else "avg_pool2d"
-        (sh, sw), (kh, kw) = (int(v) for v in a.strides), (int(v) for v in a.pool_size)
-        op = VendorOp(kind, "NHWC", (sh, sw), tuple(pad[:2]), window=(kh, kw),
-                      include_pad=kind == "avg_pool2d" and bool(a.count_include_pad))
+        include_pad = kind == "avg_pool2d" and bool(a.count_include_pad)
+        stride = (int(a.strides[0]), int(a.strides[1]))
+        # (top, left, bottom, right), the bottom and right grown to where the last windows end
+        pads = list(pad)
+        for axis in (0, 1):
+            size, outs = in_shape[1 + axis], out_shape[1 + axis]
+            if (outs - 1) * stride[axis] - pad[axis] >= size:
+                return call  # a last window in the padding alone (Relax drops those)
+            reach = (outs - 1) * stride[axis] + window[axis] - (size + pad[axis])
+            pads[2 + axis] = max(pad[2 + axis], reach)
+        if pads[:2] != pads[2:] and include_pad:
+            return call  # the divisor would count the padding added
+        op = VendorOp(kind, "NHWC", stride, tuple(pads) if pads[:2] != pads[2:] else
+                      tuple(pads[:2]), window=window, include_pad=include_pad)
         return _vendor_call(op, [x], call.ty)
 
     # -- softmax

@@ -497,21 +497,34 @@ def _pool_kernel(op: VendorOp) -> Callable:
 
     def bind(*args, threads: int | None = None) -> Callable[[], None]:
         """The call on these tensors, with their torch views made once (NHWC as NCHW)."""
-        if len(op.padding) == 4 and op.padding[:2] != op.padding[2:]:
-            raise ParagraphError(f"{op.name}: PyTorch's pools take symmetric padding only "
-                                 "(paragraph dispatches no other)")
+        top, left, bottom, right = op.pads
+        even = (top, left) == (bottom, right)
+        if not even and op.include_pad:
+            raise ParagraphError(f"{op.name}: an average pool counting its padding takes "
+                                 "symmetric padding only (paragraph dispatches no other)")
         x, out = (torch.from_dlpack(a).permute(0, 3, 1, 2) for a in (args[0], args[-1]))
         # an average pool's affine epilogue: per-channel scale and shift, as (C, 1, 1)
         scale, shift = ((torch.from_dlpack(a).reshape(-1, 1, 1) for a in args[1:3]) if op.bias
                         else (None, None))
-        kw = {"kernel_size": op.window, "stride": op.stride, "padding": op.padding[:2]}
+        # PyTorch pads evenly: uneven padding is a padded copy first (-inf for a max; zeros for
+        # an average, divided by each window's count of real pixels)
+        kw = {"kernel_size": op.window, "stride": op.stride,
+              "padding": (top, left) if even else (0, 0)}
+        sides = (left, right, top, bottom)
+        count = None if even or op.kind == "max_pool2d" else functional.avg_pool2d(
+            functional.pad(torch.ones(1, 1, *x.shape[2:], dtype=x.dtype), sides),
+            count_include_pad=True, **kw)
 
         def call() -> None:
             _use_schedule_threads(torch, threads)
             if op.kind == "max_pool2d":
-                y = functional.max_pool2d(x, **kw)
-            else:
+                xp = x if even else functional.pad(x, sides, value=float("-inf"))
+                y = functional.max_pool2d(xp, **kw)
+            elif even:
                 y = functional.avg_pool2d(x, count_include_pad=op.include_pad, **kw)
+            else:
+                y = functional.avg_pool2d(functional.pad(x, sides), count_include_pad=True,
+                                          **kw) / count
             if scale is not None:
                 y = torch.addcmul(shift, y, scale)
             if op.act == "relu":

@@ -350,14 +350,18 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
     if (relu) o.relu_();
   };
 #ifdef PARAGRAPH_AVX512
-  const bool own_ok = own_avx512() && plain_float(x_buffer) &&
-                      plain_float(out_buffer) && x_buffer.size(0) == out_buffer.size(0) &&
-                      x_buffer.size(3) == out_buffer.size(3) &&
-                      (!scale.defined() || (plain_float(scale) && plain_float(shift)));
+  const bool plain = plain_float(x_buffer) && plain_float(out_buffer) &&
+                     x_buffer.size(0) == out_buffer.size(0) &&
+                     x_buffer.size(3) == out_buffer.size(3) &&
+                     (!scale.defined() || (plain_float(scale) && plain_float(shift)));
+  const bool own_ok = own_avx512() && plain;
+  // without AVX-512: ATen's and the own windows in AVX2, the faster by timing (no epilogue)
+  const bool avx2_ok = !own_ok && plain && !scale.defined() && !relu &&
+                       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
-  const bool own_ok = false;
+  const bool own_ok = false, avx2_ok = false;
 #endif
-  if (!own_ok) {
+  if (!own_ok && !avx2_ok) {
     return single_form(aten, threads);
   }
   Pool pool{x_buffer.data_ptr<float>(), out_buffer.data_ptr<float>(), x_buffer.size(0),
@@ -370,6 +374,10 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
   auto form = [=](int f) -> Form {
     return [pool, x_buffer, out_buffer, scale, shift, threads, f]() { pool(threads, f); };
   };
+  const std::string key = (is_max ? "maxpool" : "avgpool3") + std::to_string(threads) + ints(p) +
+                          (include_pad ? "i" : "") + (pool.has_epilogue() ? "e" : "") +
+                          shape_key({x_buffer});
+  if (avx2_ok) return fastest_of({aten, form(4)}, key + "avx2", threads);
   // forms by index: windows, then the sliding sums, the input's order or the carried columns
   // where they apply
   std::vector<Form> forms{form(0)};
@@ -377,11 +385,7 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
   if (pool.streams()) forms.push_back(form(2));
   if (pool.carries()) forms.push_back(form(3));
   if (forms.size() == 1) return wrap(forms[0]);
-  return fastest_of(std::move(forms),
-                    (is_max ? "maxpool" : "avgpool3") + std::to_string(threads) + ints(p) +
-                        (include_pad ? "i" : "") + (pool.has_epilogue() ? "e" : "") +
-                        shape_key({x_buffer}),
-                    threads);
+  return fastest_of(std::move(forms), key, threads);
 }
 
 // softmax of scale * x along ``axis`` into out (an attention's 1 / sqrt(d) absorbed): ATen's,

@@ -68,6 +68,64 @@ __attribute__((target("avx512f"))) void pool_pixel(const float* x, int64_t w, in
 }
 #endif
 
+#ifdef PARAGRAPH_AVX512
+// the AVX2 window form's step (without AVX-512 every pool was ATen's, which allocates its
+// result and copies it into the output, and pads a copy for uneven padding or ceil_mode):
+// max(v, acc) returns acc where either is NaN, and a NaN v is taken where it is unordered
+template <bool MAX>
+__attribute__((target("avx2"), always_inline)) inline void pool_step8(__m256& acc, __m256 v) {
+  if (MAX) {
+    acc = _mm256_blendv_ps(_mm256_max_ps(v, acc), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  } else {
+    acc = _mm256_add_ps(acc, v);
+  }
+}
+
+// `pool_pixel` in AVX2: 32 channels at a time in four accumulators, then 8, then one by one
+template <bool MAX>
+__attribute__((target("avx2"))) void pool_pixel8(const float* x, int64_t w, int64_t c,
+                                                 int64_t h0, int64_t h1, int64_t w0, int64_t w1,
+                                                 float scale, float* o) {
+  const __m256 init = MAX ? _mm256_set1_ps(-INFINITY) : _mm256_setzero_ps();
+  const __m256 s = _mm256_set1_ps(scale);
+#define PARAGRAPH_RESULT(acc) (MAX ? (acc) : _mm256_mul_ps((acc), s))
+  int64_t k = 0;
+  for (; k + 32 <= c; k += 32) {
+    __m256 a0 = init, a1 = init, a2 = init, a3 = init;
+    for (int64_t y = h0; y < h1; ++y) {
+      for (int64_t z = w0; z < w1; ++z) {
+        const float* p = x + (y * w + z) * c + k;
+        pool_step8<MAX>(a0, _mm256_loadu_ps(p));
+        pool_step8<MAX>(a1, _mm256_loadu_ps(p + 8));
+        pool_step8<MAX>(a2, _mm256_loadu_ps(p + 16));
+        pool_step8<MAX>(a3, _mm256_loadu_ps(p + 24));
+      }
+    }
+    _mm256_storeu_ps(o + k, PARAGRAPH_RESULT(a0));
+    _mm256_storeu_ps(o + k + 8, PARAGRAPH_RESULT(a1));
+    _mm256_storeu_ps(o + k + 16, PARAGRAPH_RESULT(a2));
+    _mm256_storeu_ps(o + k + 24, PARAGRAPH_RESULT(a3));
+  }
+  for (; k + 8 <= c; k += 8) {
+    __m256 a = init;
+    for (int64_t y = h0; y < h1; ++y)
+      for (int64_t z = w0; z < w1; ++z) pool_step8<MAX>(a, _mm256_loadu_ps(x + (y * w + z) * c + k));
+    _mm256_storeu_ps(o + k, PARAGRAPH_RESULT(a));
+  }
+#undef PARAGRAPH_RESULT
+  for (; k < c; ++k) {
+    float a = MAX ? -INFINITY : 0.0f;
+    for (int64_t y = h0; y < h1; ++y)
+      for (int64_t z = w0; z < w1; ++z) {
+        const float v = x[(y * w + z) * c + k];
+        if (!MAX) a += v;
+        else if (!std::isnan(a) && (std::isnan(v) || v > a)) a = v;
+      }
+    o[k] = MAX ? a : a * scale;
+  }
+}
+#endif
+
 // paragraph's max and average pools of NHWC float32 tensors (AVX-512): each output pixel
 // reduces its window's valid input pixels, padding left out (max) or counted in the divisor
 // (average with include_pad, PyTorch's count_include_pad); a NaN in a window gives NaN, as
@@ -134,6 +192,23 @@ struct Pool {
           (is_max ? pool_pixel<true> : pool_pixel<false>)(x + img * h * w * c, w, c, h0, h1, w0,
                                                           w1, scale, o);
         }
+      }
+    }
+  }
+#endif
+
+#ifdef PARAGRAPH_AVX512
+  // `rows` in AVX2 (form 4: where the own AVX-512 forms do not run), no epilogue
+  __attribute__((target("avx2"))) void rows_avx2(int64_t r0, int64_t r1) const {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t img = r / oh, hs = (r % oh) * sh - pt;
+      const int64_t h0 = std::max<int64_t>(hs, 0), h1 = std::min(hs + kh, h);
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t ws = j * sw - pl;
+        const int64_t w0 = std::max<int64_t>(ws, 0), w1 = std::min(ws + kw, w);
+        float* o = out + (r * ow + j) * c;
+        (is_max ? pool_pixel8<true> : pool_pixel8<false>)(
+            x + img * h * w * c, w, c, h0, h1, w0, w1, inverse_count(hs, ws), o);
       }
     }
   }
@@ -379,7 +454,7 @@ struct Pool {
   bool streams() const { return is_max && (kh + sh - 1) / sh <= kStreamRows; }
 
   // form 0: windows (`rows`), 1: sliding sums (`slide`), 2: the input's order (`stream`),
-  // 3: columns carried (`carry`)
+  // 3: columns carried (`carry`), 4: windows in AVX2 (`rows_avx2`, without an epilogue)
   void operator()(int64_t threads, int form = 0) const {
 #ifdef PARAGRAPH_AVX512
     split_rows(n * oh, n * oh * ow * c * 4, threads, [this, form](int64_t r0, int64_t r1) {
@@ -387,7 +462,9 @@ struct Pool {
       const int64_t step = has_epilogue() ? kRowBlock : r1 - r0;
       for (int64_t rb = r0; rb < r1; rb += step) {
         const int64_t re = std::min(rb + step, r1);
-        if (form == 1) {
+        if (form == 4) {
+          rows_avx2(rb, re);
+        } else if (form == 1) {
           slide(rb, re);
         } else if (form == 2) {
           stream(rb, re);
