@@ -2345,6 +2345,20 @@ def test_ceil_mode_and_uneven_pools_run_as_vendor_pools_where_they_can(
         torch.testing.assert_close(torch.from_numpy(got), want, equal_nan=True)
 
 
+def test_the_cpp_kernels_build_where_a_compiler_and_pytorch_are_present():
+    """Every test of the C++ kernels skips where they are unavailable (no compiler, no PyTorch,
+    PARAGRAPH_NATIVE_VENDOR=0); where a compiler and PyTorch are present they must build, so
+    that a compile error fails the suite instead of skipping those tests with a warning."""
+    from paragraph.tvm_interop.runtime import native as native_runner
+    from paragraph.tvm_interop.runtime.library import native
+
+    if native_runner._compiler() is None:
+        pytest.skip("no C++ compiler on this machine")
+    if native._switched_off():
+        pytest.skip("the C++ kernels are switched off (PARAGRAPH_NATIVE_VENDOR=0)")
+    assert native.module() is not None, native.reason()
+
+
 def test_a_compiler_without_openmp_builds_kernels_that_run_on_one_thread(monkeypatch, tmp_path):
     """A compiler that refuses ``-fopenmp`` (clang without libomp) still builds the C++ vendor
     kernels, with a warning: the own GEMM then runs its two-thread calls on one thread and
