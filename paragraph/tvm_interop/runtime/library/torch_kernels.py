@@ -305,7 +305,8 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
         bias = ts[2] if op.bias else None
         res = to_nchw(ts[2 + op.bias]) if op.residual else None
         zero = _zero_fill(ts[-1])
-        params_finite = out.is_cuda or _all_finite(w, bias)  # (the CUDA path fuses none)
+        # a constant weight checked once (the CUDA path fuses nothing)
+        weight_finite = out.is_cuda or not op.weight or _all_finite(w)
 
         def call() -> None:
             if out.is_cuda:
@@ -335,7 +336,8 @@ def _conv2d_kernel(op: VendorOp) -> Callable:
                     out.copy_(res)
             else:
                 zero()
-            keep_nan = fused == "relu" and not (params_finite and _all_finite(x, res))
+            keep_nan = fused == "relu" and not (weight_finite and _all_finite(
+                x, bias, res, None if op.weight else w))
             in_place_add(out, xp, cpu_weight(w, xp), bias, padding, stride, dilation,
                          op.groups, "add", None, None if keep_nan else fused, [], None)
             if keep_nan:

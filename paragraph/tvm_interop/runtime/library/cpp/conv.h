@@ -82,15 +82,15 @@ bool any_nonfinite(const at::Tensor& t) {
   return nonfinite_bits(u, n);
 }
 
-// ``form`` where the input, the residual and the parameters hold no NaN or infinity, else
-// ``exact``, whose every output reads its own window alone: for a form that would spread one
-// (a Winograd tile mixes its inputs, so one infinity makes NaN of outputs whose window does not
-// hold it, and one NaN the whole tile's)
-Form finite_only(Form form, Form exact, at::Tensor x, c10::optional<at::Tensor> res,
-                 bool params_finite) {
-  if (!params_finite) return exact;
+// ``form`` where the weight (``weight_finite``, a constant checked once), the input, the bias
+// and the residual hold no NaN or infinity, else ``exact``, whose every output reads its own
+// window alone: for a form that would spread one (a Winograd tile mixes its inputs, so one
+// infinity makes NaN of outputs whose window does not hold it, and one NaN the whole tile's)
+Form finite_only(Form form, Form exact, at::Tensor x, c10::optional<at::Tensor> bias,
+                 c10::optional<at::Tensor> res, bool weight_finite) {
+  if (!weight_finite) return exact;
   return [=]() {
-    if (any_nonfinite(x) || (res && any_nonfinite(*res)))
+    if (any_nonfinite(x) || (bias && any_nonfinite(*bias)) || (res && any_nonfinite(*res)))
       exact();
     else
       form();
@@ -100,18 +100,18 @@ Form finite_only(Form form, Form exact, at::Tensor x, c10::optional<at::Tensor> 
 // out = act(conv(x, w) + bias + out), in place: out starts as zero or the residual. oneDNN
 // fuses relu; any other activation is PyTorch's, after it, on out_buffer (out's storage).
 // oneDNN's relu post-op is MAXPS(v, 0), which makes a NaN 0 where PyTorch, ONNX Runtime and the
-// own forms keep it: relu is fused only where no NaN can arise (the weight and bias finite,
-// ``params_finite``, checked once at binding; the input and residual checked each call, a read
-// of what oneDNN reads anyway), else it is PyTorch's after the call
+// own forms keep it: relu is fused only where no NaN can arise (the weight finite,
+// ``weight_finite``, a constant checked once at binding; the input, bias and residual checked
+// each call, a read of what oneDNN reads anyway), else it is PyTorch's after the call
 Form onednn_conv(at::Tensor out, at::Tensor x, std::shared_ptr<LazyPacked> packed,
                  c10::optional<at::Tensor> bias,
                  c10::optional<at::Tensor> res, std::vector<int64_t> padding,
                  std::vector<int64_t> stride, std::vector<int64_t> dilation, int64_t groups,
                  std::vector<int64_t> pre_pad, Act act, at::Tensor out_buffer,
-                 bool params_finite) {
+                 bool weight_finite) {
   return [=]() mutable {
-    const bool fuse_relu = act == Act::kRelu && params_finite && !any_nonfinite(x) &&
-                           !(res && any_nonfinite(*res));
+    const bool fuse_relu = act == Act::kRelu && weight_finite && !any_nonfinite(x) &&
+                           !(bias && any_nonfinite(*bias)) && !(res && any_nonfinite(*res));
     at::Tensor xp = pre_pad.empty() ? x : at::constant_pad_nd(x, pre_pad);
     if (res) {
       // the memory plan may give the output the residual's buffer (written in place)

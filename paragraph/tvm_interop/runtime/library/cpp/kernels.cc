@@ -94,9 +94,9 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
       });
   std::string a(act);
   const Act fused = act_of(a);  // (an unknown name is an error here, at binding)
-  const bool params_finite = !any_nonfinite(w) && !(bias && any_nonfinite(*bias));
+  const bool weight_finite = !any_nonfinite(w);  // (a constant: packed once)
   Form onednn = onednn_conv(out, x, packed, bias, res, padding, stride, dilation, groups,
-                            pre_pad, fused, out_buffer, params_finite);
+                            pre_pad, fused, out_buffer, weight_finite);
   // the key of a timed choice among this convolution's forms of ``family``
   auto key = [&](const std::string& family) {
     return family + (nchw_in ? "c" : "") + std::to_string(threads) + a + ints(p) +
@@ -128,7 +128,8 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
                               own_winograd<F3x7, 1>})
               if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
                                    {pt, pl, pb, pr}, fused, threads, small_blocks))
-                forms.push_back(finite_only(*form, *own, x_buffer, res_buffer, params_finite));
+                forms.push_back(
+                    finite_only(*form, *own, x_buffer, bias, res_buffer, weight_finite));
         // a stem on the model's NCHW input: the direct form after all the others
         if (nchw_in)
           if (auto stem = own_stem(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
@@ -214,9 +215,9 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   });
   at::Tensor x4 = rows.view({1, m, 1, k}).permute({0, 3, 2, 1});
   at::Tensor out4 = out2.view({1, m, 1, n}).permute({0, 3, 2, 1});
-  const bool params_finite = !any_nonfinite(w) && !(bias && any_nonfinite(*bias));
+  const bool weight_finite = !any_nonfinite(w);  // (a constant: packed once)
   Form onednn = onednn_conv(out4, x4, packed, bias, c10::nullopt, {0, 0}, {1, 1}, {1, 1}, 1, {},
-                            fused, out2, params_finite);
+                            fused, out2, weight_finite);
   Form mkl = gemm(out2, rows, w, bias, c10::nullopt, fused);
   std::vector<Form> forms{onednn, mkl};
 #ifdef PARAGRAPH_AVX512
