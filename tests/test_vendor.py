@@ -2677,6 +2677,86 @@ def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     assert float(worst) < 1e-5
 
 
+_AVX2_WINOGRAD_SCRIPT = textwrap.dedent("""
+    import numpy as np, torch, tvm
+    import paragraph
+    from paragraph.tvm_interop.runtime.library import native
+    m = native.module()
+    rng = np.random.default_rng(0)
+    T = tvm.runtime.tensor
+    acts = {"": lambda y: y, "relu": torch.relu, "relu6": lambda y: torch.clamp(y, 0, 6),
+            "silu": torch.nn.functional.silu}
+    worst, forms_run = 0.0, 0
+    bound = []  # the kernels held: a packed weight lives as long as a kernel holds it
+    # (h, w, cin, cout, kernel, act, residual, pads (top, left, bottom, right) or None, batch):
+    # channel tails of 8-vectors and 16-column panels, tiles past the image's edge, uneven
+    # padding, a residual, an activation after the call, batch 2, the one-dimensional kernels,
+    # 5 x 5, and a weight streamed (over 1 MB) and split by panels
+    for h, w_, cin, cout, (kh, kw), act, res, pads, n in [
+            (11, 9, 13, 21, (3, 3), "relu", False, None, 1),
+            (10, 13, 24, 40, (3, 3), "silu", True, (0, 1, 2, 1), 2),
+            (9, 9, 16, 16, (1, 3), "relu6", False, None, 1),
+            (9, 7, 17, 33, (3, 1), "", True, None, 1),
+            (12, 11, 20, 24, (1, 7), "relu", False, None, 1),
+            (11, 10, 8, 19, (7, 1), "relu", True, None, 2),
+            (13, 12, 12, 20, (5, 5), "relu6", False, None, 1),
+            (4, 4, 256, 256, (3, 3), "relu", True, None, 1)]:
+        pt, pl, pb, pr = pads or ((kh - 1) // 2, (kw - 1) // 2) * 2
+        x = rng.standard_normal((n, h, w_, cin)).astype("f4")
+        w = (rng.standard_normal((cout, kh, kw, cin)) / np.sqrt(kh * kw * cin)).astype("f4")
+        b = rng.standard_normal(cout).astype("f4")
+        xp = torch.nn.functional.pad(torch.tensor(x).permute(0, 3, 1, 2), (pl, pr, pt, pb))
+        y = torch.nn.functional.conv2d(xp, torch.tensor(w).permute(0, 3, 1, 2),
+                                       torch.tensor(b)).permute(0, 2, 3, 1)
+        r = rng.standard_normal(tuple(y.shape)).astype("f4") if res else None
+        want = acts[act](y + (torch.tensor(r) if res else 0)).numpy()
+        out = T(np.zeros(want.shape, "f4"))
+        params = ([1, 1, pt, pl, 1, 1, 1] if (pt, pl) == (pb, pr)
+                  else [1, 1, pt, pl, pb, pr, 1, 1, 1])
+        kernel = m["paragraph_vendor_conv2d"](out, T(x), T(w), T(b), T(r) if res else None,
+                                              params, "NHWC", act, 2)
+        bound.append(kernel)
+        # forms 0 and 1 are oneDNN's and the implicit GEMM; the Winograd forms follow
+        index = 2
+        while True:
+            with native.forced_form(index) as most:
+                out.copyfrom(np.full(want.shape, np.nan, "f4"))
+                kernel()
+            got = out.numpy()
+            worst = max(worst, float(np.abs(got - want).max() / max(1.0, np.abs(want).max())))
+            forms_run += 1
+            index += 1
+            if index >= most:
+                break
+    keys = " ".join(str(k) for k in m["paragraph_vendor_packed_keys"]())
+    names = ["winograd23/16", "winograd43/16", "winograd23/1d/16", "winograd43/1d/16",
+             "winograd27/1d/16", "winograd37/1d/16", "winograd25/16"]
+    print(all(name in keys for name in names), forms_run, worst)
+""")
+
+
+def test_the_own_avx2_winograd_forms_compute_what_pytorch_does(tmp_path):
+    """Without AVX-512 the stride-1 convolutions have Winograd forms in AVX2 (F(2x2, 3x3),
+    F(4x4, 3x3), F(2x2, 5x5), and along one axis F(2, 3), F(4, 3), F(2, 7), F(3, 7)): forced
+    in turn, every one equals PyTorch's convolution on channel tails, tiles past the image's
+    edge, uneven padding, a residual, activations in the epilogue and after it, batch 2 and a
+    streamed weight split by panels; each packed its own weight, so each ran. (Their NaN and
+    infinities: `test_every_conv_form_keeps_nan_and_infinity_where_torch_does`, on a CPU
+    without AVX-512.)"""
+    if not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("the CPU has no AVX2 and FMA")
+    cache = with_native_libraries(tmp_path / "cache")
+    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    run = subprocess.run([sys.executable, "-c", _AVX2_WINOGRAD_SCRIPT], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    packed, forms_run, worst = run.stdout.split()[-3:]
+    assert packed == "True"
+    assert int(forms_run) >= 10  # 3x3: two forms; 1x7 and 7x1: two; the rest one each
+    assert float(worst) < 2e-5
+
+
 def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -31,6 +31,7 @@
 #include "winograd.h"
 #include "depthwise.h"
 #include "avx2.h"
+#include "winograd_avx2.h"
 #include "stem.h"
 #include "products.h"
 #include "concat.h"
@@ -137,10 +138,22 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
             forms.push_back(*stem);
         return fastest_of(forms, key("conv_kxk"), threads);
       }
-      // without AVX-512: oneDNN's and the own AVX2 implicit GEMM, the faster by timing
+      // without AVX-512: oneDNN's, the own AVX2 implicit GEMM and, stride 1 and undilated, the
+      // AVX2 Winograd forms (a non-finite input to the implicit GEMM), the fastest by timing
       if (auto own = own_conv_avx2(out_buffer, x_buffer, w_buffer, bias, res_buffer, p[0], p[1],
-                                   {pt, pl, pb, pr}, dilation[0], dilation[1], fused, threads))
-        return fastest_of({onednn, *own}, key("conv_avx2_"), threads);
+                                   {pt, pl, pb, pr}, dilation[0], dilation[1], fused, threads)) {
+        std::vector<Form> forms{onednn, *own};
+        if (p[0] == 1 && p[1] == 1 && dilation[0] == 1 && dilation[1] == 1 && !nchw_in)
+          for (auto wino : {own_winograd_avx2<F2x3, 2>, own_winograd_avx2<F4x3, 2>,
+                            own_winograd_avx2<F2x3, 1>, own_winograd_avx2<F4x3, 1>,
+                            own_winograd_avx2<F2x7, 1>, own_winograd_avx2<F2x5, 2>,
+                            own_winograd_avx2<F3x7, 1>})
+            if (auto form = wino(out_buffer, x_buffer, w_buffer, bias, res_buffer,
+                                 {pt, pl, pb, pr}, fused, threads))
+              forms.push_back(
+                  finite_only(*form, *own, x_buffer, bias, res_buffer, weight_finite));
+        return fastest_of(std::move(forms), key("conv_avx2_"), threads);
+      }
     }
     // a depthwise convolution: the own eight-pixel form where it applies, else oneDNN's and
     // the own form, the faster by timing. Timed in a model, oneDNN's form won MobileNetV2's

@@ -47,6 +47,9 @@ namespace {
 struct F2x3 {
   static constexpr int m = 2, r = 3, a = 4;
   static constexpr double G[a][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  // B^T and A^T as matrices, for the AVX2 forms' generic transforms (winograd_avx2.h)
+  static constexpr float BT[a][a] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+  static constexpr float AT[m][a] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
   static constexpr const char* name = "winograd23";
 
   // r = B^T d
@@ -122,6 +125,7 @@ struct F2x5 {
                                      {1.0 / 15, 2.0 / 15, 4.0 / 15, 8.0 / 15, 16.0 / 15},
                                      {-16.0 / 15, 8.0 / 15, -4.0 / 15, 2.0 / 15, -1.0 / 15},
                                      {0, 0, 0, 0, 1}};
+  static constexpr const float (&BT)[a][a] = F4x3::BT;
   static constexpr float AT[m][a] = {{1, 1, 1, 1, 1, 0}, {0, 1, -1, 2, -0.5f, 1}};
   static constexpr const char* name = "winograd25";
 
@@ -400,26 +404,27 @@ struct Winograd {
 };
 
 // the weight transformed and packed as GEMM operands of cin x cout in the GEMM's panels,
-// [position][panel][cin][32], zero-padded: D = 2, (cout, r, r, cin) by G g G^T per output and
+// [position][panel][cin][NR], zero-padded: D = 2, (cout, r, r, cin) by G g G^T per output and
 // input channel; D = 1, (cout, r, 1, cin) or (cout, 1, r, cin) by G g
-// the bytes `pack_winograd` makes, known before it runs
-template <typename F, int D>
+// the bytes `pack_winograd` makes, known before it runs; NR: the panels' width (the AVX2
+// forms' are 16: winograd_avx2.h)
+template <typename F, int D, int64_t NR = kNR>
 int64_t winograd_packed_bytes(int64_t cout, int64_t cin) {
   constexpr int64_t kP = D == 2 ? F::a * F::a : F::a;
-  return kP * ((cout + kNR - 1) / kNR) * cin * kNR * 4;
+  return kP * ((cout + NR - 1) / NR) * cin * NR * 4;
 }
 
-template <typename F, int D>
+template <typename F, int D, int64_t NR = kNR>
 at::Tensor pack_winograd(const at::Tensor& w, int64_t cout, int64_t cin) {
   constexpr int kA = F::a, kR = F::r, kP = D == 2 ? kA * kA : kA;
-  const int64_t panels = (cout + kNR - 1) / kNR;
-  at::Tensor packed = at::zeros({winograd_packed_bytes<F, D>(cout, cin) / 4},
+  const int64_t panels = (cout + NR - 1) / NR;
+  at::Tensor packed = at::zeros({winograd_packed_bytes<F, D, NR>(cout, cin) / 4},
                                 w.options().dtype(at::kFloat));
   const at::Tensor wc = w.contiguous();
   const float* src = wc.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
   auto put = [&](int64_t xi, int64_t o, int64_t i, double value) {
-    dst[((xi * panels + o / kNR) * cin + i) * kNR + o % kNR] = static_cast<float>(value);
+    dst[((xi * panels + o / NR) * cin + i) * NR + o % NR] = static_cast<float>(value);
   };
   for (int64_t o = 0; o < cout; ++o)
     for (int64_t i = 0; i < cin; ++i) {
