@@ -252,6 +252,9 @@ __attribute__((target("avx2,fma"))) void gemm_tile8(const float* __restrict__ a,
   __m256 acc0[MR], acc1[MR];  // in registers: every loop over them unrolled (see above)
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  // K unrolled by 4: one step is 12 FMAs and 8 loads, and its address and loop arithmetic
+  // (about 8 more instructions) left the FMA units idle (5-10% on ResNeXt's 1 x 1 shapes alone)
+#pragma GCC unroll 4
   for (int64_t i = 0; i < k; ++i, b += kNR8) {
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
@@ -348,6 +351,7 @@ __attribute__((target("avx2,fma"))) void conv_tile8(const float* const* rows,
     const float* at[MR];
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) at[r] = rows[r] + taps[t];
+#pragma GCC unroll 4
     for (int64_t i = 0; i < kc; ++i, b += kNR8) {
       const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
