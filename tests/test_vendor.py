@@ -2052,6 +2052,13 @@ def test_the_own_epilogues_are_exact_and_keep_nan(act):
     (-3, 0, 3, 6), past the exponential's range (+-88.7, +-100, +-3e38), at infinities (inf
     where the function tends to it, NaN for silu's and the GELUs' -inf * 0, as PyTorch), and a
     NaN stays NaN."""
+    check_own_epilogues(act)
+
+
+def check_own_epilogues(act: str, avx2: bool = False) -> None:
+    """`test_the_own_epilogues_are_exact_and_keep_nan`'s checks of activation ``act`` on the
+    own AVX-512 forms, or with ``avx2`` on the own AVX2 forms (in a process without AVX-512,
+    `test_the_own_avx2_epilogues_are_exact_and_keep_nan`)."""
     import tvm_ffi
 
     from paragraph.tvm_interop.runtime.library import native
@@ -2059,6 +2066,13 @@ def test_the_own_epilogues_are_exact_and_keep_nan(act):
     module = native.module()
     if module is None:
         pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    # (family, the own forms' indices): without AVX-512 the own AVX2 forms' (avx2.h); with it
+    # the own AVX-512 forms' (a 1x1 convolution: MKL's and oneDNN's first; a 3x3: oneDNN's)
+    gemm, kxk, k1x7, depthwise, linear = (
+        (("conv2d", (2,)), ("conv_avx2_", (1, 2, 3)), ("conv_avx2_", (2, 3)),
+         ("depthwise2", (1,)), (2,)) if avx2 else
+        (("conv2d", (2,)), ("conv_kxk", (1, 2, 3)), ("conv_kxk", (2,)), ("depthwise", (1,)),
+         (2, 3)))
     gen = torch.Generator().manual_seed(len(act))
     special = [float("nan"), float("inf"), -float("inf"), -0.0, 88.7, -88.7, -87.3, 100.0,
                -100.0, 1e30, -1e30, 1e-30, -1e-30, 3e38, -3e38, 1e-40]
@@ -2076,11 +2090,11 @@ def test_the_own_epilogues_are_exact_and_keep_nan(act):
                                    msg=lambda m: f"{what} against PyTorch: {m}")
 
     # convolutions of a zero input: the residual (every value, in turn) is the epilogue's input
-    for x_shape, w_shape, pad, groups, family, forms in [
-            ((1, 6, 8, 40), (20, 1, 1, 40), (0, 0), 1, "conv2d", (2,)),     # the own GEMM
-            ((1, 6, 8, 8), (20, 3, 3, 8), (1, 1), 1, "conv_kxk", (1, 2, 3)),  # implicit, Winograd
-            ((1, 6, 8, 8), (20, 1, 7, 8), (0, 3), 1, "conv_kxk", (2,)),     # Winograd F(2, 7)
-            ((1, 6, 8, 20), (20, 3, 3, 1), (1, 1), 20, "depthwise", (1,))]:
+    for x_shape, w_shape, pad, groups, (family, forms) in [
+            ((1, 6, 8, 40), (20, 1, 1, 40), (0, 0), 1, gemm),      # the own GEMM
+            ((1, 6, 8, 8), (20, 3, 3, 8), (1, 1), 1, kxk),         # implicit, Winograd
+            ((1, 6, 8, 8), (20, 1, 7, 8), (0, 3), 1, k1x7),        # Winograd F(2, 7) (F(3, 7))
+            ((1, 6, 8, 20), (20, 3, 3, 1), (1, 1), 20, depthwise)]:
         x = torch.zeros(x_shape)
         w = torch.randn(*w_shape, generator=gen)
         res = values.repeat(4)[: 6 * 8 * 20].reshape(1, 6, 8, 20)
@@ -2099,11 +2113,13 @@ def test_the_own_epilogues_are_exact_and_keep_nan(act):
     n = values.numel()
     a, w, out = torch.zeros(1, 1, 160), torch.randn(160, n, generator=gen), torch.empty(1, 1, n)
     key = f"linear2{act}" + _shapes((1, 160), (160, n)) + "b"
-    for form in (2, 3):
+    for form in linear:
         out.fill_(7.0)
         _forced(module, key, form, module["paragraph_vendor_linear"],
                 *(tvm_ffi.from_dlpack(t) for t in (out, a, w, values)), act, 2)
         check(out[0, 0], values, f"{key} form {form}")
+    if avx2:
+        return
     # the own batched product by identities: finite values (an infinity times 0 is NaN)
     finite = values[values.isfinite()][:320].reshape(1, 2, 16, 10)
     eye = torch.eye(16).expand(1, 2, 16, 16).contiguous()
@@ -2113,6 +2129,35 @@ def test_the_own_epilogues_are_exact_and_keep_nan(act):
     _forced(module, key, 1, module["paragraph_vendor_product"],
             *(tvm_ffi.from_dlpack(t) for t in (out, eye, finite)), None, act, 1)
     check(out, finite, f"{key} form 1")
+
+
+
+
+_AVX2_EPILOGUES_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, "tests")
+    from test_vendor import EPILOGUES, check_own_epilogues
+    for act in EPILOGUES:
+        check_own_epilogues(act, avx2=True)
+    print("checked", len(EPILOGUES))
+""")
+
+
+def test_the_own_avx2_epilogues_are_exact_and_keep_nan(tmp_path):
+    """`test_the_own_epilogues_are_exact_and_keep_nan` on the own AVX2 forms (the GEMM, the
+    implicit GEMM, the Winograd forms, the depthwise form, a linear layer's GEMM), in a process
+    without AVX-512 (``PARAGRAPH_CPU_ISA=avx2``): every activation in their epilogues or over
+    the tile or row they just stored (`act_rows8`) within 1e-6 of its exact value, at ties,
+    past the exponential's range, at infinities, and a NaN kept."""
+    if not {"avx2", "fma"} <= _cpu_flags():
+        pytest.skip("the CPU has no AVX2 and FMA")
+    cache = with_native_libraries(tmp_path / "cache")
+    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    run = subprocess.run([sys.executable, "-c", _AVX2_EPILOGUES_SCRIPT], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[-2:] == ["checked", str(len(EPILOGUES))]
 
 
 def test_an_unknown_activation_is_refused():
@@ -2652,6 +2697,27 @@ _AVX2_FORMS_SCRIPT = textwrap.dedent("""
         run(m["paragraph_vendor_pool2d"](out, T(x), [2, 2, 1, 1, 1, 0, 0, 1], is_max, include,
                                          None, None, False, 2))
         check(out.numpy(), want)
+    # softmax along the last axis and layer norm: the own AVX2 forms (form 0) where ATen's
+    # alone ran; a masked run of -inf, rows not a multiple of 8, rows of 4 side by side
+    for shape, scale in [((2, 12, 20), 0.125), ((5, 128), 1.0), ((3, 5), -0.5)]:
+        x = (rng.standard_normal(shape) * 8).astype("f4")
+        x.reshape(-1, shape[-1])[0, :3] = -np.inf
+        m["paragraph_vendor_choose_form"]("softmax2(" + "".join(f"{d}," for d in shape) + ")", 0)
+        out = T(np.zeros(shape, "f4"))
+        run(m["paragraph_vendor_softmax"](out, T(x), -1, scale, 2))
+        check(out.numpy(), torch.softmax(torch.tensor(x) * scale, -1).numpy())
+    for shape, res in [((5, 77), True), ((4, 64), False)]:
+        x = (rng.standard_normal(shape) * 3 + 1).astype("f4")
+        r = rng.standard_normal(shape).astype("f4")
+        g, be = rng.standard_normal((2, shape[-1])).astype("f4")
+        key = "layer_norm1" + ("res" if res else "") + "(" + "".join(f"{d}," for d in shape) + ")"
+        m["paragraph_vendor_choose_form"](key, 0)
+        out = T(np.zeros(shape, "f4"))
+        run(m["paragraph_vendor_layer_norm"](out, T(x), T(g), T(be), T(r) if res else None,
+                                             1e-5, 1))
+        want = torch.nn.functional.layer_norm(torch.tensor(x + r if res else x), shape[-1:],
+                                              torch.tensor(g), torch.tensor(be), 1e-5)
+        check(out.numpy(), want.numpy())
     keys = " ".join(str(k) for k in m["paragraph_vendor_packed_keys"]())
     print(conv, "depthwise" in keys, "panels16" in keys, worst)
 """)
@@ -2660,8 +2726,9 @@ _AVX2_FORMS_SCRIPT = textwrap.dedent("""
 def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     """Without AVX-512 (a Zen 3, or ``PARAGRAPH_CPU_ISA=avx2``) the own AVX2 forms run: the
     implicit-GEMM convolution (strides, dilation, uneven padding, residual, tails, an NCHW
-    input), the depthwise one (every border, tail, stride and epilogue) and the GEMM of 1x1
-    convolutions and linear layers (row and column tails, one row), each equal to PyTorch's;
+    input), the depthwise one (every border, tail, stride and epilogue), the GEMM of 1x1
+    convolutions and linear layers (row and column tails, one row), softmax and layer norm
+    (tails, a masked run, a residual), each equal to PyTorch's;
     their packed weights show that they, not oneDNN's forms, ran. And the pools, PyTorch's
     there, take uneven padding (they refused it)."""
     # the kernels this process built, not built again in the test's private cache: the

@@ -3,8 +3,9 @@
 // itself (`own_avx512`) and the kernels were oneDNN's and MKL's alone. On a Zen 3 host
 // MobileNetV2 ran 0.64x ONNX Runtime's speed that way, its depthwise convolutions 1.8-2.7x
 // slower than ONNX Runtime's (`own_depthwise_avx2`). The activations of `apply_linear_act8`
-// in registers, the others by PyTorch after the kernel (`activate`). The grouped convolution's
-// forms (`GroupedConvAvx2`) have no AVX-512 siblings and run on any CPU with AVX2.
+// in registers, the others (`act_rows8`) over each tile or row just stored; the grouped
+// convolution's forms (`GroupedConvAvx2`, which have no AVX-512 siblings and run on any CPU
+// with AVX2) leave those to PyTorch after the kernel (`activate`).
 //
 // Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -56,6 +57,131 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 apply_linear_ac
     }
     default:
       return v;
+  }
+}
+
+// 2^k for integral k in [-252, 254] (as floats): 2^(k/2) * 2^(k - k/2), each half a normal
+// float built in the exponent bits (AVX2 has no scalef)
+__attribute__((target("avx2"), always_inline)) inline __m256 pow2_8(__m256 k, __m256 p) {
+  const __m256i ki = _mm256_cvtps_epi32(k), bias = _mm256_set1_epi32(127);
+  const __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+// e^(a + b) in 8 lanes, as activations.h's `exp_ps` (the same reduction and polynomial; 0 below
+// float's normal range, inf past it, a NaN kept), 2^k by `pow2_8`
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 exp_ps8(__m256 a, __m256 b) {
+  const __m256 normal = _mm256_cmp_ps(_mm256_add_ps(a, b), _mm256_set1_ps(-87.3f), _CMP_NLT_UQ);
+  a = _mm256_and_ps(normal, _mm256_min_ps(_mm256_set1_ps(89.0f), a));  // NaN kept
+  b = _mm256_and_ps(normal, b);
+  const __m256 k =
+      _mm256_round_ps(_mm256_mul_ps(_mm256_add_ps(a, b), _mm256_set1_ps(1.44269504088896341f)),
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), a);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  r = _mm256_add_ps(r, b);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  return _mm256_and_ps(normal, pow2_8(k, p));
+}
+
+// `gelu_tanh_arg` of 4 lanes in double: -2u, clamped to +-200
+__attribute__((target("avx2,fma"), always_inline)) inline __m256d gelu_tanh_arg4(__m128 x) {
+  const __m256d v = _mm256_cvtps_pd(x);
+  const __m256d s =
+      _mm256_fmadd_pd(_mm256_mul_pd(v, v), _mm256_set1_pd(0.044715), _mm256_set1_pd(1.0));
+  const __m256d d = _mm256_mul_pd(_mm256_mul_pd(v, _mm256_set1_pd(-1.5957691216057308)), s);
+  return _mm256_max_pd(_mm256_set1_pd(-200.0), _mm256_min_pd(_mm256_set1_pd(200.0), d));
+}
+
+// `act_transcendental` on 8 lanes: sigmoid, silu, gelu and gelu_tanh as there (the same
+// functions, within the same ~5e-7), any other activation v unchanged
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 act_transcendental8(__m256 x,
+                                                                                     Act act) {
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  switch (act) {
+    case Act::kSigmoid:
+      return _mm256_div_ps(one, _mm256_add_ps(one, exp_ps8(_mm256_sub_ps(zero, x), zero)));
+    case Act::kSilu:
+      return _mm256_div_ps(x, _mm256_add_ps(one, exp_ps8(_mm256_sub_ps(zero, x), zero)));
+    case Act::kGeluTanh: {
+      const __m256d d0 = gelu_tanh_arg4(_mm256_castps256_ps128(x));
+      const __m256d d1 = gelu_tanh_arg4(_mm256_extractf128_ps(x, 1));
+      const __m128 h0 = _mm256_cvtpd_ps(d0), h1 = _mm256_cvtpd_ps(d1);
+      const __m128 l0 = _mm256_cvtpd_ps(_mm256_sub_pd(d0, _mm256_cvtps_pd(h0)));
+      const __m128 l1 = _mm256_cvtpd_ps(_mm256_sub_pd(d1, _mm256_cvtps_pd(h1)));
+      return _mm256_div_ps(
+          x, _mm256_add_ps(one, exp_ps8(_mm256_set_m128(h1, h0), _mm256_set_m128(l1, l0))));
+    }
+    case Act::kGelu: {
+      const __m256 half = _mm256_set1_ps(0.5f);
+      const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-16.0f),
+                                      _mm256_min_ps(_mm256_set1_ps(16.0f), x));  // NaN kept
+      const __m256 z = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), xc),
+                                     _mm256_set1_ps(0.70710678118654752f));
+      const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(z, half, one));
+      __m256 p = _mm256_set1_ps(0.17087277f);
+#pragma GCC unroll 9
+      for (float c : {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f,
+                      0.09678418f, 0.37409196f, 1.00002368f, -1.26551223f})
+        p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
+      const __m256 hi = _mm256_mul_ps(xc, xc), lo = _mm256_fmsub_ps(xc, xc, hi);
+      const __m256 erfc = _mm256_mul_ps(
+          t, exp_ps8(_mm256_mul_ps(hi, _mm256_set1_ps(-0.5f)), _mm256_fnmadd_ps(lo, half, p)));
+      const __m256 tail = _mm256_mul_ps(erfc, half);
+      const __m256 negative = _mm256_cmp_ps(xc, zero, _CMP_LT_OQ);
+      return _mm256_mul_ps(x, _mm256_blendv_ps(_mm256_sub_ps(one, tail), tail, negative));
+    }
+    default:
+      return x;
+  }
+}
+
+// A(x) in place for the n floats at p + r * ld of each of ``rows`` rows, two vectors at a time
+template <Act A>
+__attribute__((target("avx2,fma"), always_inline)) inline void act_rows8_of(float* p,
+                                                                            int64_t rows,
+                                                                            int64_t ld,
+                                                                            int64_t n) {
+  for (int64_t r = 0; r < rows; ++r, p += ld) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+      const __m256 v0 = act_transcendental8(_mm256_loadu_ps(p + j), A);
+      const __m256 v1 = act_transcendental8(_mm256_loadu_ps(p + j + 8), A);
+      _mm256_storeu_ps(p + j, v0);
+      _mm256_storeu_ps(p + j + 8, v1);
+    }
+    for (; j < n; j += 8) {
+      const __m256i m = tail_mask8(n - j);
+      _mm256_maskstore_ps(p + j, m, act_transcendental8(_mm256_maskload_ps(p + j, m), A));
+    }
+  }
+}
+
+// act(x) in place over rows, as activations.h's `act_rows`, on 8 lanes: for the activations
+// not `in_registers`, applied by the own AVX2 forms to what they just stored, while it is in L1
+// or L2 (PyTorch's pass over the whole output after the call, as before, read it back from L3
+// or memory)
+__attribute__((target("avx2,fma"), noinline)) void act_rows8(float* p, int64_t rows,
+                                                             int64_t ld, int64_t n, Act act) {
+  switch (act) {
+    case Act::kSigmoid:
+      return act_rows8_of<Act::kSigmoid>(p, rows, ld, n);
+    case Act::kSilu:
+      return act_rows8_of<Act::kSilu>(p, rows, ld, n);
+    case Act::kGelu:
+      return act_rows8_of<Act::kGelu>(p, rows, ld, n);
+    case Act::kGeluTanh:
+      return act_rows8_of<Act::kGeluTanh>(p, rows, ld, n);
+    default:
+      return;
   }
 }
 
@@ -164,6 +290,7 @@ struct DepthwiseAvx2 {
       if (j + 2 <= hi) group<2, false>(image, ih0, j, orow, rrow), j += 2;
       if (j < hi) group<1, false>(image, ih0, j, orow, rrow), ++j;
       for (j = hi; j < ow; ++j) group<1, true>(image, ih0, j, orow, rrow);
+      if (!in_registers(act)) act_rows8(orow, 1, 0, ow * c, act);  // the row, still in L1
     }
   }
 
@@ -192,13 +319,9 @@ c10::optional<Form> own_depthwise_avx2(const at::Tensor& out_buffer, const at::T
                      x_buffer.size(2), c, out_buffer.size(1), out_buffer.size(2), kh, kw, sh, sw,
                      pt, pl, dh, dw, act};
   // the captured tensors hold the buffers and the packed weight alive as long as the form
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() mutable {
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() mutable {
     conv.w = packed->data();
     conv(threads);
-    if (!in_registers(act)) {  // PyTorch's, over the whole output
-      at::Tensor o = out_buffer;
-      activate(o, act);
-    }
   });
 }
 
@@ -240,6 +363,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void store_tile8(
       _mm256_maskstore_ps(c + r * ldc + 8, m1, v1);
     }
   }
+  if (!in_registers(act)) act_rows8(c, MR, ldc, ncols, act);  // the tile, in L1
 }
 
 // MR rows of a (stride lda) by one panel (ncols of its 16 columns real) over all of K
@@ -328,10 +452,6 @@ c10::optional<Form> packed_gemm_avx2(at::Tensor out2, at::Tensor rows, const at:
                    bias ? bias->data_ptr<float>() : nullptr,
                    res2 ? res2->data_ptr<float>() : nullptr, out2.data_ptr<float>(), m, k, n,
                    act}(threads);
-    if (!in_registers(act)) {  // PyTorch's, over the whole output
-      at::Tensor o = out2;
-      activate(o, act);
-    }
   });
 }
 // a convolution's tile with AVX2: MR output pixels (pixel r's window origin at rows[r]) by
@@ -459,16 +579,12 @@ c10::optional<Form> own_conv_avx2(const at::Tensor& out_buffer, const at::Tensor
   for (int64_t ky = 0; ky < kh; ++ky)
     for (int64_t kx = 0; kx < (dw == 1 ? 1 : kw); ++kx)
       conv.taps.push_back((ky * dh * wp + kx * dw) * cin);
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded, act,
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded,
                threads]() mutable {
     conv.packed = packed->data();
     conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
                     : x_buffer.data_ptr<float>();
     conv(threads);
-    if (!in_registers(act)) {  // PyTorch's, over the whole output
-      at::Tensor o = out_buffer;
-      activate(o, act);
-    }
   });
 }
 // whether the CPU runs AVX2 and FMA code (the own grouped forms', which have no AVX-512

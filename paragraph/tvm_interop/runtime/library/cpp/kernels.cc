@@ -403,9 +403,9 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
 }
 
 // softmax of scale * x along ``axis`` into out (an attention's 1 / sqrt(d) absorbed): ATen's,
-// and along the last axis an own AVX-512 form (rows split over the threads), the faster by
-// timing (ATen's took BERT's 128-wide attention rows 1.7x as long as ONNX Runtime's on one
-// thread)
+// and along the last axis an own AVX-512 (or, without it, AVX2) form (rows split over the
+// threads), the faster by timing (ATen's took BERT's 128-wide attention rows 1.7x as long as
+// ONNX Runtime's on one thread)
 ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double scale,
                       int64_t threads) {
   at::Tensor out = to_aten(out_t), x = to_aten(x_t);
@@ -421,17 +421,22 @@ ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double s
   };
 #ifdef PARAGRAPH_AVX512
   const int64_t last = x.dim() - 1;
-  if (own_avx512() && x.dim() >= 1 && (axis == last || axis == -1) &&
+  if ((own_avx512() || own_avx2()) && x.dim() >= 1 && (axis == last || axis == -1) &&
       x.size(last) > 0 && plain_float(x) && plain_float(out) && out.sizes() == x.sizes()) {
     const int64_t n = x.size(last), rows = x.numel() / n;
     // the views hold TVM's buffers alive as long as the form
     const float s = static_cast<float>(scale);
-    auto own = [x, out, rows, n, s](int64_t team) -> Form {
-      return [x, out, rows, n, s, team]() {
+    const bool wide = own_avx512();  // else the AVX2 twin (ATen's alone ran before)
+    auto own = [x, out, rows, n, s, wide](int64_t team) -> Form {
+      return [x, out, rows, n, s, team, wide]() {
         const float* src = x.data_ptr<float>();
         float* dst = out.data_ptr<float>();
-        split_rows(rows, rows * n * 4, team,
-                   [&](int64_t r0, int64_t r1) { softmax_rows(src, dst, r0, r1, n, s); });
+        split_rows(rows, rows * n * 4, team, [&](int64_t r0, int64_t r1) {
+          if (wide)
+            softmax_rows(src, dst, r0, r1, n, s);
+          else
+            softmax_rows_avx2(src, dst, r0, r1, n, s);
+        });
       };
     };
     // and the own form on this thread alone: after a kernel that left the other threads
@@ -447,9 +452,10 @@ ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double s
 
 // layer norm over the last axis of x (+ res) into out. Two forms, the faster chosen by
 // `Fastest`: ATen's add and norm (on the schedule's threads; the sum and the statistics in
-// buffers of their own, allocated once), and, for contiguous float32 tensors of one shape on
-// an AVX-512 CPU, `layer_norm_avx512` (one thread, one pass): BERT's 64 x 1024 residual norms
-// took 96 us each in the model with ATen's two kernels, where ONNX Runtime's fused one takes 37.
+// buffers of their own, allocated once), and, for contiguous float32 tensors of one shape,
+// `layer_norm_avx512` (one thread, one pass; `layer_norm_avx2` without AVX-512): BERT's 64 x
+// 1024 residual norms took 96 us each in the model with ATen's two kernels, where ONNX Runtime's
+// fused one takes 37.
 ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
                         ffi::Tensor beta_t, ffi::Optional<ffi::Tensor> res_t, double eps,
                         int64_t threads) {
@@ -469,7 +475,7 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
   };
 #ifdef PARAGRAPH_AVX512
   const bool fused_ok =
-      own_avx512() && x.dim() >= 1 && x.size(-1) > 0 && plain_float(x) &&
+      (own_avx512() || own_avx2()) && x.dim() >= 1 && x.size(-1) > 0 && plain_float(x) &&
       plain_float(out) && plain_float(gamma) && plain_float(beta) && out.sizes() == x.sizes() &&
       gamma.numel() == x.size(-1) && beta.numel() == x.size(-1) &&
       (!res || (plain_float(*res) && res->sizes() == x.sizes()));
@@ -484,9 +490,9 @@ ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
   // the views hold TVM's buffers alive as long as the form
   Form fused = [x, res, gamma, beta, out, rows, n, feps]() {
 #ifdef PARAGRAPH_AVX512
-    layer_norm_avx512(x.data_ptr<float>(), res ? res->data_ptr<float>() : nullptr,
-                      gamma.data_ptr<float>(), beta.data_ptr<float>(), out.data_ptr<float>(),
-                      rows, n, feps);
+    (own_avx512() ? layer_norm_avx512 : layer_norm_avx2)(
+        x.data_ptr<float>(), res ? res->data_ptr<float>() : nullptr, gamma.data_ptr<float>(),
+        beta.data_ptr<float>(), out.data_ptr<float>(), rows, n, feps);
 #endif
   };
   return fastest_of({fused, aten},

@@ -1,12 +1,14 @@
 // Normalisations of rows over the last axis, paragraph's own (AVX-512): softmax, several rows side
 // by side with a vector exponential (`exp_avx512`, `softmax_group`, `softmax_rows`), and a one-pass
-// layer norm of x (+ res) (`layer_norm_avx512`).
+// layer norm of x (+ res) (`layer_norm_avx512`); and their AVX2 twins for CPUs without AVX-512
+// (`exp_avx2`, `softmax_rows_avx2`, `layer_norm_avx2`), where ATen's forms alone ran before.
 //
 // Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
 #include "common.h"
+#include "avx2.h"
 
 namespace {
 
@@ -147,6 +149,158 @@ __attribute__((target("avx512f"))) void layer_norm_avx512(
       __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(o + i), m), rs);
       _mm512_storeu_ps(o + i, _mm512_fmadd_ps(v, _mm512_loadu_ps(gamma + i),
                                               _mm512_loadu_ps(beta + i)));
+    }
+    for (int64_t i = vec; i < n; ++i) o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
+  }
+}
+#endif
+
+#ifdef PARAGRAPH_AVX512  // x86-64
+// e^x in 8 lanes, as `exp_avx512`: x = k ln 2 + r, e^r by the same polynomial, times 2^k as
+// 2^(k/2) * 2^(k - k/2) built in the exponent bits (AVX2 has no scalef; each half is a normal
+// float, and the product rounds e^x below 2^-149 to 0 as scalef does). NaN stays NaN.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(88.8f), x));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860682030941723e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+#pragma GCC unroll 8
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i ki = _mm256_cvtps_epi32(k), bias = _mm256_set1_epi32(127);
+  const __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+__attribute__((target("avx2"), always_inline)) inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+__attribute__((target("avx2"), always_inline)) inline float hsum8(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// R rows of out = softmax(s x), as `softmax_group` on 8-float vectors: lanes past a row's end
+// (Full false) read as -inf for the maximum and add nothing to the sum
+template <int R, bool Full>
+__attribute__((target("avx2,fma"))) void softmax_group8(const float* __restrict__ x,
+                                                       float* __restrict__ out, int64_t n,
+                                                       float s) {
+  const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256 sv = _mm256_set1_ps(s);
+  __m256 m[R], top[R], sum[R], scale[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) m[r] = lowest;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i mask = tail_mask8(n - i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if constexpr (Full) {
+        m[r] = _mm256_max_ps(m[r], _mm256_mul_ps(_mm256_loadu_ps(x + r * n + i), sv));
+      } else {
+        const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + r * n + i, mask), sv);
+        m[r] = _mm256_max_ps(m[r], _mm256_blendv_ps(lowest, v, _mm256_castsi256_ps(mask)));
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    top[r] = _mm256_set1_ps(hmax8(m[r]));
+    sum[r] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i mask = tail_mask8(n - i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      if constexpr (Full) {
+        const __m256 e = exp_avx2(_mm256_fmsub_ps(_mm256_loadu_ps(x + r * n + i), sv, top[r]));
+        _mm256_storeu_ps(out + r * n + i, e);
+        sum[r] = _mm256_add_ps(sum[r], e);
+      } else {
+        const __m256 e = _mm256_and_ps(
+            exp_avx2(_mm256_fmsub_ps(_mm256_maskload_ps(x + r * n + i, mask), sv, top[r])),
+            _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(out + r * n + i, mask, e);
+        sum[r] = _mm256_add_ps(sum[r], e);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) scale[r] = _mm256_set1_ps(1.0f / hsum8(sum[r]));
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i mask = tail_mask8(n - i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      float* o = out + r * n + i;
+      if constexpr (Full)
+        _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_loadu_ps(o), scale[r]));
+      else
+        _mm256_maskstore_ps(o, mask, _mm256_mul_ps(_mm256_maskload_ps(o, mask), scale[r]));
+    }
+  }
+}
+
+// rows [r0, r1) of out = softmax(s x) over their n values, four at a time
+__attribute__((target("avx2,fma"))) void softmax_rows_avx2(const float* x, float* out,
+                                                           int64_t r0, int64_t r1, int64_t n,
+                                                           float s) {
+  int64_t row = r0;
+  if (n % 8 == 0) {
+    for (; row + 4 <= r1; row += 4) softmax_group8<4, true>(x + row * n, out + row * n, n, s);
+    for (; row < r1; ++row) softmax_group8<1, true>(x + row * n, out + row * n, n, s);
+  } else {
+    for (; row + 4 <= r1; row += 4) softmax_group8<4, false>(x + row * n, out + row * n, n, s);
+    for (; row < r1; ++row) softmax_group8<1, false>(x + row * n, out + row * n, n, s);
+  }
+}
+
+// `layer_norm_avx512` on 8-float vectors (one thread, one pass over the inputs)
+__attribute__((target("avx2,fma"))) void layer_norm_avx2(
+    const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ gamma,
+    const float* __restrict__ beta, float* __restrict__ out, int64_t rows, int64_t n,
+    float eps) {
+  const int64_t vec = n - n % 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict__ xr = x + r * n;
+    const float* __restrict__ rr = res ? res + r * n : nullptr;
+    float* __restrict__ o = out + r * n;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < vec; i += 8) {
+      __m256 v = _mm256_loadu_ps(xr + i);
+      if (rr) v = _mm256_add_ps(v, _mm256_loadu_ps(rr + i));
+      _mm256_storeu_ps(o + i, v);
+      acc = _mm256_add_ps(acc, v);
+    }
+    float sum = hsum8(acc);
+    for (int64_t i = vec; i < n; ++i) {
+      o[i] = xr[i] + (rr ? rr[i] : 0.0f);
+      sum += o[i];
+    }
+    const float mean = sum / static_cast<float>(n);
+    const __m256 m = _mm256_set1_ps(mean);
+    __m256 sq = _mm256_setzero_ps();
+    for (int64_t i = 0; i < vec; i += 8) {
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(o + i), m);
+      sq = _mm256_fmadd_ps(d, d, sq);
+    }
+    float var = hsum8(sq);
+    for (int64_t i = vec; i < n; ++i) var += (o[i] - mean) * (o[i] - mean);
+    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+    const __m256 rs = _mm256_set1_ps(rstd);
+    for (int64_t i = 0; i < vec; i += 8) {
+      const __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(o + i), m), rs);
+      _mm256_storeu_ps(o + i, _mm256_fmadd_ps(v, _mm256_loadu_ps(gamma + i),
+                                              _mm256_loadu_ps(beta + i)));
     }
     for (int64_t i = vec; i < n; ++i) o[i] = (o[i] - mean) * rstd * gamma[i] + beta[i];
   }

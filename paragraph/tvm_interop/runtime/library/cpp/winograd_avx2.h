@@ -2,9 +2,10 @@
 // transforms (F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5) and the one-dimensional F(2, 3), F(4, 3),
 // F(2, 7), F(3, 7)), from the same matrices, on 8-float vectors, and the GEMMs over the
 // transformed positions on the AVX2 GEMM's 6 x 16 tiles and 16-column panels (avx2.h). Without
-// AVX-512 a stride-1 3x3 convolution was oneDNN's direct form or the own implicit GEMM (`ConvAvx2`),
-// each at most 70% of the two cores' FMA peak: ResNet-18 ran 0.89x ONNX Runtime's speed on a
-// Zen 3 where, with the AVX-512 Winograd forms, it ran 1.64x on a Zen 4. Compiled at -O3.
+// AVX-512 a stride-1 3x3 convolution was oneDNN's direct form or the own implicit GEMM
+// (`ConvAvx2`), each at most 70% of the two cores' FMA peak: ResNet-18 ran 0.89x ONNX
+// Runtime's speed on a Zen 3 where, with the AVX-512 Winograd forms, it ran 1.64x on a Zen 4.
+// Compiled at -O3.
 //
 // Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -66,8 +67,8 @@ __attribute__((target("avx2"), always_inline)) inline void store8(float* p, bool
 }
 
 // D = 2: F(m x m, r x r) over m x m tiles; D = 1: F(m, r) along the kernel's one long axis (a
-// 1 x r kernel: tiles of m pixels of a row; r x 1: of a column). As `Winograd`, with the
-// activations that are not piecewise-linear PyTorch's over the whole output after the call
+// 1 x r kernel: tiles of m pixels of a row; r x 1: of a column). As `Winograd`, the
+// activations that are not piecewise-linear over each tile's pixels after its stores
 template <typename F, int D>
 struct WinogradAvx2 {
   static constexpr int kM = F::m, kA = F::a;
@@ -178,6 +179,9 @@ struct WinogradAvx2 {
           }
         }
       }
+      if (!in_registers(act))  // the tile's rows x cols pixels (one-dimensional too), in L1
+        for (int64_t q = 0; q < rows; ++q)
+          act_rows8(out + at + q * ow * cout + c0, cols, cout, c1 - c0, act);
     }
   }
 
@@ -269,13 +273,9 @@ c10::optional<Form> own_winograd_avx2(const at::Tensor& out_buffer, const at::Te
                           out_buffer.data_ptr<float>(), x_buffer.size(0), x_buffer.size(1),
                           x_buffer.size(2), pads[0], pads[1], cin, oh, ow, cout, th, tw, block,
                           act, streamed, down};
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() mutable {
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() mutable {
     conv.u = packed->data();
     conv(threads);
-    if (!in_registers(act)) {  // PyTorch's, over the whole output
-      at::Tensor o = out_buffer;
-      activate(o, act);
-    }
   });
 }
 #endif
