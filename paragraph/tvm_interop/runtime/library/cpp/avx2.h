@@ -3,9 +3,10 @@
 // itself (`own_avx512`) and the kernels were oneDNN's and MKL's alone. On a Zen 3 host
 // MobileNetV2 ran 0.64x ONNX Runtime's speed that way, its depthwise convolutions 1.8-2.7x
 // slower than ONNX Runtime's (`own_depthwise_avx2`). The activations of `apply_linear_act8`
-// in registers, the others (`act_rows8`) over each tile or row just stored; the grouped
-// convolution's forms (`GroupedConvAvx2`, which have no AVX-512 siblings and run on any CPU
-// with AVX2) leave those to PyTorch after the kernel (`activate`).
+// in registers, the others (`act_rows8`) over each tile or row just stored but GELU's erf
+// form, PyTorch's after the kernel (`act_after8`); the grouped convolution's forms
+// (`GroupedConvAvx2`, which have no AVX-512 siblings and run on any CPU with AVX2) leave all
+// of those to PyTorch after the kernel (`activate`).
 //
 // Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -101,8 +102,11 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256d gelu_tanh_arg4
   return _mm256_max_pd(_mm256_set1_pd(-200.0), _mm256_min_pd(_mm256_set1_pd(200.0), d));
 }
 
-// `act_transcendental` on 8 lanes: sigmoid, silu, gelu and gelu_tanh as there (the same
-// functions, within the same ~5e-7), any other activation v unchanged
+// `act_transcendental` on 8 lanes: sigmoid, silu and gelu_tanh as there (the same functions,
+// within the same ~5e-7), any other activation v unchanged. Not GELU's erf form: its erfc
+// (a degree-9 polynomial, an exponential and a division) over a linear layer's tiles took
+// 3x the time of PyTorch's GELU after the call (ViT-B/16's 197 x 3072), which the own AVX2
+// forms leave it to (`act_after8`)
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 act_transcendental8(__m256 x,
                                                                                      Act act) {
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -119,25 +123,6 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 act_transcenden
       const __m128 l1 = _mm256_cvtpd_ps(_mm256_sub_pd(d1, _mm256_cvtps_pd(h1)));
       return _mm256_div_ps(
           x, _mm256_add_ps(one, exp_ps8(_mm256_set_m128(h1, h0), _mm256_set_m128(l1, l0))));
-    }
-    case Act::kGelu: {
-      const __m256 half = _mm256_set1_ps(0.5f);
-      const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-16.0f),
-                                      _mm256_min_ps(_mm256_set1_ps(16.0f), x));  // NaN kept
-      const __m256 z = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), xc),
-                                     _mm256_set1_ps(0.70710678118654752f));
-      const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(z, half, one));
-      __m256 p = _mm256_set1_ps(0.17087277f);
-#pragma GCC unroll 9
-      for (float c : {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f,
-                      0.09678418f, 0.37409196f, 1.00002368f, -1.26551223f})
-        p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
-      const __m256 hi = _mm256_mul_ps(xc, xc), lo = _mm256_fmsub_ps(xc, xc, hi);
-      const __m256 erfc = _mm256_mul_ps(
-          t, exp_ps8(_mm256_mul_ps(hi, _mm256_set1_ps(-0.5f)), _mm256_fnmadd_ps(lo, half, p)));
-      const __m256 tail = _mm256_mul_ps(erfc, half);
-      const __m256 negative = _mm256_cmp_ps(xc, zero, _CMP_LT_OQ);
-      return _mm256_mul_ps(x, _mm256_blendv_ps(_mm256_sub_ps(one, tail), tail, negative));
     }
     default:
       return x;
@@ -166,9 +151,9 @@ __attribute__((target("avx2,fma"), always_inline)) inline void act_rows8_of(floa
 }
 
 // act(x) in place over rows, as activations.h's `act_rows`, on 8 lanes: for the activations
-// not `in_registers`, applied by the own AVX2 forms to what they just stored, while it is in L1
-// or L2 (PyTorch's pass over the whole output after the call, as before, read it back from L3
-// or memory)
+// not `in_registers` but GELU's erf form, applied by the own AVX2 forms to what they just
+// stored, while it is in L1 (PyTorch's pass over the whole output after the call, as before,
+// read it back from L3 or memory)
 __attribute__((target("avx2,fma"), noinline)) void act_rows8(float* p, int64_t rows,
                                                              int64_t ld, int64_t n, Act act) {
   switch (act) {
@@ -176,13 +161,17 @@ __attribute__((target("avx2,fma"), noinline)) void act_rows8(float* p, int64_t r
       return act_rows8_of<Act::kSigmoid>(p, rows, ld, n);
     case Act::kSilu:
       return act_rows8_of<Act::kSilu>(p, rows, ld, n);
-    case Act::kGelu:
-      return act_rows8_of<Act::kGelu>(p, rows, ld, n);
     case Act::kGeluTanh:
       return act_rows8_of<Act::kGeluTanh>(p, rows, ld, n);
     default:
       return;
   }
+}
+
+// the activation the own AVX2 forms leave to PyTorch after the call (GELU's erf form: see
+// `act_transcendental8`) applied to ``o``
+inline void act_after8(at::Tensor o, Act act) {
+  if (act == Act::kGelu) activate(o, act);
 }
 
 // A depthwise convolution (groups = input = output channels) on NHWC float32 buffers, out =
@@ -319,9 +308,10 @@ c10::optional<Form> own_depthwise_avx2(const at::Tensor& out_buffer, const at::T
                      x_buffer.size(2), c, out_buffer.size(1), out_buffer.size(2), kh, kw, sh, sw,
                      pt, pl, dh, dw, act};
   // the captured tensors hold the buffers and the packed weight alive as long as the form
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() mutable {
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() mutable {
     conv.w = packed->data();
     conv(threads);
+    act_after8(out_buffer, act);
   });
 }
 
@@ -402,20 +392,29 @@ struct PackedGemmAvx2 {
   int64_t m, k, n;
   Act act;
 
-  // rows [m0, m1) by panels [p0, p1)
+  // rows [m0, m1) by panels [p0, p1). An activation that is not piecewise-linear goes over
+  // each row block's panels (or each panel's row tiles) once they are stored, in L1: tile by
+  // tile (12 vectors at a time after each tile's FMAs) it cost GELU 2x its time in a long run
   void range(int64_t m0, int64_t m1, int64_t p0, int64_t p1) const {
+    const Act tile_act = in_registers(act) ? act : Act::kNone;
     auto tile = [&](int64_t p, int64_t r) {
       const int64_t n0 = p * kNR8;
       kTiles8[std::min(kMR8, m1 - r) - 1](a + r * k, k, packed + p * k * kNR8, k, c + r * n + n0,
                                          n, std::min(kNR8, n - n0), bias ? bias + n0 : nullptr,
-                                         res ? res + r * n + n0 : nullptr, n, act);
+                                         res ? res + r * n + n0 : nullptr, n, tile_act);
     };
+    const int64_t c0 = p0 * kNR8, c1 = std::min(n, p1 * kNR8);
     if (k * n * 4 <= kWeightInL2Avx2) {
-      for (int64_t r = m0; r < m1; r += kMR8)
+      for (int64_t r = m0; r < m1; r += kMR8) {
         for (int64_t p = p0; p < p1; ++p) tile(p, r);
+        if (tile_act != act) act_rows8(c + r * n + c0, std::min(kMR8, m1 - r), n, c1 - c0, act);
+      }
     } else {
-      for (int64_t p = p0; p < p1; ++p)
+      for (int64_t p = p0; p < p1; ++p) {
         for (int64_t r = m0; r < m1; r += kMR8) tile(p, r);
+        if (tile_act != act)
+          act_rows8(c + m0 * n + p * kNR8, m1 - m0, n, std::min(kNR8, n - p * kNR8), act);
+      }
     }
   }
 
@@ -452,6 +451,7 @@ c10::optional<Form> packed_gemm_avx2(at::Tensor out2, at::Tensor rows, const at:
                    bias ? bias->data_ptr<float>() : nullptr,
                    res2 ? res2->data_ptr<float>() : nullptr, out2.data_ptr<float>(), m, k, n,
                    act}(threads);
+    act_after8(out2, act);
   });
 }
 // a convolution's tile with AVX2: MR output pixels (pixel r's window origin at rows[r]) by
@@ -579,12 +579,13 @@ c10::optional<Form> own_conv_avx2(const at::Tensor& out_buffer, const at::Tensor
   for (int64_t ky = 0; ky < kh; ++ky)
     for (int64_t kx = 0; kx < (dw == 1 ? 1 : kw); ++kx)
       conv.taps.push_back((ky * dh * wp + kx * dw) * cin);
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded,
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, pads, padded, act,
                threads]() mutable {
     conv.packed = packed->data();
     conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
                     : x_buffer.data_ptr<float>();
     conv(threads);
+    act_after8(out_buffer, act);
   });
 }
 // whether the CPU runs AVX2 and FMA code (the own grouped forms', which have no AVX-512

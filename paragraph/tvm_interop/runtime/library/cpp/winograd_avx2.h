@@ -68,7 +68,8 @@ __attribute__((target("avx2"), always_inline)) inline void store8(float* p, bool
 
 // D = 2: F(m x m, r x r) over m x m tiles; D = 1: F(m, r) along the kernel's one long axis (a
 // 1 x r kernel: tiles of m pixels of a row; r x 1: of a column). As `Winograd`, the
-// activations that are not piecewise-linear over each tile's pixels after its stores
+// activations that are not piecewise-linear over each tile's pixels after its stores (GELU's
+// erf form after the call: `act_after8`)
 template <typename F, int D>
 struct WinogradAvx2 {
   static constexpr int kM = F::m, kA = F::a;
@@ -273,9 +274,10 @@ c10::optional<Form> own_winograd_avx2(const at::Tensor& out_buffer, const at::Te
                           out_buffer.data_ptr<float>(), x_buffer.size(0), x_buffer.size(1),
                           x_buffer.size(2), pads[0], pads[1], cin, oh, ow, cout, th, tw, block,
                           act, streamed, down};
-  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, threads]() mutable {
+  return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() mutable {
     conv.u = packed->data();
     conv(threads);
+    act_after8(out_buffer, act);
   });
 }
 #endif
