@@ -1052,7 +1052,11 @@ def test_every_zoo_model_with_vendor_kernels_under_every_schedule(name):
         with make_executor(program, make_schedule(algorithm, program.graph)) as executor:
             assert all(executor.steps[k].args == () for k in vendor_kernels)  # bound once
             for got, ref in zip(executor.run(*inputs), vm, strict=True):
-                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6,
+                # the same kernels, but a kernel still timing its forms runs the next one in
+                # each call, and forms round differently (BERT's layer norms and softmaxes have
+                # two each, with or without AVX-512): float32 rounding of the outputs' scale
+                scale = max(1.0, float(np.abs(ref).max()))
+                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * scale,
                                            err_msg=f"{name}/{algorithm}")
 
 
