@@ -2157,12 +2157,7 @@ def test_the_own_avx2_epilogues_are_exact_and_keep_nan(tmp_path):
     PyTorch's after those forms (`test_the_own_avx2_forms_compute_what_pytorch_does`)."""
     if not {"avx2", "fma"} <= _cpu_flags():
         pytest.skip("the CPU has no AVX2 and FMA")
-    cache = with_native_libraries(tmp_path / "cache")
-    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
-    env.pop("ONEDNN_MAX_CPU_ISA", None)
-    run = subprocess.run([sys.executable, "-c", _AVX2_EPILOGUES_SCRIPT], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _run_held_to_avx2(_AVX2_EPILOGUES_SCRIPT, tmp_path)
     assert run.stdout.split()[-2:] == ["checked", str(len(EPILOGUES) - 1)]
 
 
@@ -2742,12 +2737,7 @@ def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     there, take uneven padding (they refused it)."""
     # the kernels this process built, not built again in the test's private cache: the
     # switch is read when they run
-    cache = with_native_libraries(tmp_path / "cache")
-    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
-    env.pop("ONEDNN_MAX_CPU_ISA", None)
-    run = subprocess.run([sys.executable, "-c", _AVX2_FORMS_SCRIPT], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _run_held_to_avx2(_AVX2_FORMS_SCRIPT, tmp_path)
     conv, depthwise, gemm, worst = run.stdout.split()[-4:]
     assert conv == "True" and depthwise == "True" and gemm == "True"
     assert float(worst) < 1e-5
@@ -2822,16 +2812,24 @@ def test_the_own_avx2_winograd_forms_compute_what_pytorch_does(tmp_path):
     without AVX-512.)"""
     if not {"avx2", "fma"} <= _cpu_flags():
         pytest.skip("the CPU has no AVX2 and FMA")
-    cache = with_native_libraries(tmp_path / "cache")
-    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
-    env.pop("ONEDNN_MAX_CPU_ISA", None)
-    run = subprocess.run([sys.executable, "-c", _AVX2_WINOGRAD_SCRIPT], capture_output=True,
-                         text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _run_held_to_avx2(_AVX2_WINOGRAD_SCRIPT, tmp_path)
     packed, forms_run, worst = run.stdout.split()[-3:]
     assert packed == "True"
     assert int(forms_run) >= 10  # 3x3: two forms; 1x7 and 7x1: two; the rest one each
     assert float(worst) < 2e-5
+
+
+def _run_held_to_avx2(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """``script`` run in a process held to AVX2 (``PARAGRAPH_CPU_ISA=avx2``, oneDNN unlimited)
+    with a cache of its own holding this process's native libraries (the switch is read when
+    the kernels run, not when they are built); it must exit 0."""
+    cache = with_native_libraries(tmp_path / "cache")
+    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
 
 
 def _cpu_flags() -> set[str]:
