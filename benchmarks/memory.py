@@ -11,9 +11,16 @@ process of its own, its peak resident memory read from ``/proc/self/status`` (``
 
 * ``onnxruntime``: import onnxruntime, open the default CPU session, ``--runs`` runs;
 * ``paragraph_build``: ``paragraph.build(model.onnx)`` with its defaults and a fresh cost
-  database, then ``export_library`` (the artifact the next step loads);
-* ``paragraph_load``: ``paragraph.load(artifact)`` and ``--runs`` runs: what a server pays;
-* ``import_only``: the baselines, ``import onnxruntime`` and ``import paragraph`` alone.
+  database, then ``export_library`` (the artifact the next steps load);
+* ``paragraph_load``: ``paragraph.load(artifact)`` and ``--runs`` runs: what a server pays
+  (TVM's runtime alone, `paragraph.lean`);
+* ``paragraph_load_full``: the same with ``PARAGRAPH_LEAN_LOAD=0`` (TVM whole, with its
+  compiler and PyTorch), as every load was before 2026-12-01;
+* ``imports``: the baselines, ``import onnxruntime``, ``import paragraph``, ``import tvm``
+  and TVM's runtime alone.
+
+The inputs are made once, in this process, and read from a file by the steps (making them
+imports onnx, 30 MiB that neither side needs).
 
 Sizes: the ONNX file, the model's weights (the initializers' bytes), the artifact and each of
 its members. Timing is not the point: a row records the load average but is not refused for
@@ -34,6 +41,8 @@ import zipfile
 from pathlib import Path
 
 import corpus  # noqa: E402  (benchmarks/ on the path)
+import corpus_models  # noqa: E402
+import numpy as np
 
 from paragraph.files import atomic_write_json
 from paragraph.machine import describe_machine
@@ -49,12 +58,13 @@ _PEAK = ("import json\n"
 STEPS = {
     "import_onnxruntime": "import onnxruntime\n",
     "import_paragraph": "import paragraph\n",
+    "import_tvm": "import tvm\n",
+    "import_tvm_runtime": "import paragraph.lean\nparagraph.lean.runtime_only_tvm()\n",
     "onnxruntime": textwrap.dedent("""
         import numpy as np, onnxruntime as ort
-        from corpus_models import example_inputs
-        from pathlib import Path
         s = ort.InferenceSession(ONNX, providers=["CPUExecutionProvider"])
-        feed = dict(zip([i.name for i in s.get_inputs()], example_inputs(Path(ONNX))))
+        x = np.load(INPUTS)
+        feed = dict(zip([i.name for i in s.get_inputs()], [x[k] for k in sorted(x.files)]))
         for _ in range(RUNS):
             s.run(None, feed)
         """),
@@ -63,24 +73,28 @@ STEPS = {
         exe = paragraph.build(ONNX)
         exe.export_library(ARTIFACT)
         """),
+    # a server's process: TVM's runtime alone (`paragraph.lean`), unless LEAN is "0"
     "paragraph_load": textwrap.dedent("""
-        import paragraph
-        from corpus_models import example_inputs
-        from pathlib import Path
+        import numpy as np, paragraph
         exe = paragraph.load(ARTIFACT)
-        x = example_inputs(Path(ONNX))
+        x = np.load(INPUTS)
+        x = [x[k] for k in sorted(x.files)]
         for _ in range(RUNS):
             exe.run(*x)
         """),
 }
-
+# the load step again with TVM imported whole (its compiler, and PyTorch through TVM FFI)
+FULL = {"paragraph_load_full": "paragraph_load"}
 
 def step(name: str, onnx: Path, artifact: Path, runs: int, cache: Path, timeout: float
          ) -> dict:
     """Run step ``name`` in a fresh process; its peak MiB and seconds (or its error)."""
-    code = (_PEAK + f"ONNX, ARTIFACT, RUNS = {str(onnx)!r}, {str(artifact)!r}, {runs}\n"
-            + STEPS[name] + "print(json.dumps({'peak_mib': round(_peak(), 1)}))\n")
+    inputs = artifact.with_suffix(".inputs.npz") if artifact.name else artifact
+    code = (_PEAK + f"ONNX, ARTIFACT, INPUTS, RUNS = {str(onnx)!r}, {str(artifact)!r}, "
+            f"{str(inputs)!r}, {runs}\n" + STEPS[FULL.get(name, name)]
+            + "print(json.dumps({'peak_mib': round(_peak(), 1)}))\n")
     env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(cache),
+           "PARAGRAPH_LEAN_LOAD": "0" if name in FULL else "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
                                           os.environ.get("PYTHONPATH", "")])}
     start = time.monotonic()
@@ -113,8 +127,10 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> dict:
                  "date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg(),
                  "onnx_mb": round(onnx.stat().st_size / 2**20, 2),
                  "weights_mb": round(weights_bytes(onnx) / 2**20, 2)}
-    for s in ("onnxruntime", "paragraph_build", "paragraph_load"):
-        if s == "paragraph_load" and not artifact.exists():
+    # the inputs made here, once: a step that made them would import onnx (30 MiB) first
+    np.savez(artifact.with_suffix(".inputs.npz"), *corpus_models.example_inputs(onnx))
+    for s in ("onnxruntime", "paragraph_build", "paragraph_load", "paragraph_load_full"):
+        if s.startswith("paragraph_load") and not artifact.exists():
             row[s] = {"error": "no artifact: the build failed"}
             continue
         row[s] = step(s, onnx, artifact, args.runs, cache, args.timeout)
@@ -128,6 +144,9 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> dict:
     ort, load = row["onnxruntime"].get("peak_mib"), row["paragraph_load"].get("peak_mib")
     if ort and load:
         row["load_vs_onnxruntime"] = round(load / ort, 2)
+    full = row["paragraph_load_full"].get("peak_mib")
+    if ort and full:
+        row["load_full_vs_onnxruntime"] = round(full / ort, 2)
     return row
 
 
@@ -158,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     result = {"benchmark": "memory", "runs": args.runs, "machine": describe_machine(),
               "versions": corpus.versions(), "load_average_before": os.getloadavg(),
               "imports": {s: step(s, Path(), Path(), 0, cache, args.timeout)
-                          for s in ("import_onnxruntime", "import_paragraph")},
+                          for s in ("import_onnxruntime", "import_paragraph", "import_tvm",
+                                    "import_tvm_runtime")},
               "models": []}
     print(f"imports: {result['imports']}", flush=True)
     if args.merge and Path(args.json).exists():

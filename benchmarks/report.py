@@ -694,25 +694,38 @@ def memory_table(r: dict) -> list[str]:
     """What a deployment pays in memory (``memory-cpu.json``, `benchmarks/memory.py`): each
     step's peak resident memory in a fresh process, the artifact against the weights."""
     imports = r["imports"]
+
+    def mib(step: str) -> str:
+        return str(imports.get(step, {}).get("peak_mib", "-"))
+
     out = [f"Peak resident MiB of a fresh process on the {r['machine']['cores']}-core "
            f"{r['machine']['cpu']} ({_date(r)}): ONNX Runtime's default session and "
-           f"{r['runs']} runs; `paragraph.load` of the artifact and {r['runs']} runs; "
-           "`paragraph.build` with its defaults and a fresh cost database. A bare "
-           f"`import onnxruntime` is {imports['import_onnxruntime'].get('peak_mib', '-')} "
-           f"MiB, `import paragraph` {imports['import_paragraph'].get('peak_mib', '-')} (TVM "
-           "and PyTorch load with the first build or load).", "",
+           f"{r['runs']} runs; `paragraph.load` of the artifact and {r['runs']} runs, with "
+           "TVM's runtime alone (`paragraph.lean`, the default where TVM is not imported yet) "
+           "and with TVM whole (`PARAGRAPH_LEAN_LOAD=0`); `paragraph.build` with its defaults "
+           f"and a fresh cost database. A bare `import onnxruntime` is "
+           f"{mib('import_onnxruntime')} MiB, `import paragraph` {mib('import_paragraph')}, "
+           f"`import tvm` {mib('import_tvm')} (its compiler, and PyTorch through TVM FFI), "
+           f"TVM's runtime alone {mib('import_tvm_runtime')}.", "",
            "| model | weights MB | artifact MB (x weights) | ONNX Runtime | paragraph load "
-           "(x ORT) | paragraph build |", "|---|---|---|---|---|---|"]
+           "(x ORT) | load, TVM whole (x ORT) | paragraph build |",
+           "|---|---|---|---|---|---|---|"]
+
     def peak(m: dict, step: str) -> str:
         v = m.get(step, {}).get("peak_mib")
         return "failed" if v is None else f"{v:,.0f}"
 
+    def times(m: dict, key: str) -> str:
+        return f" ({m[key]:.1f}x)" if key in m else ""
+
     for m in r["models"]:
         art = (f"{m['artifact_mb']:.1f} ({m['artifact_vs_weights']:.2f}x)"
                if "artifact_mb" in m else "-")
-        ratio = f" ({m['load_vs_onnxruntime']:.1f}x)" if "load_vs_onnxruntime" in m else ""
+        full = (f"{peak(m, 'paragraph_load_full')}{times(m, 'load_full_vs_onnxruntime')}"
+                if "paragraph_load_full" in m else "-")
         out.append(f"| {m['model']} | {m['weights_mb']:.1f} | {art} | {peak(m, 'onnxruntime')} "
-                   f"| {peak(m, 'paragraph_load')}{ratio} | {peak(m, 'paragraph_build')} |")
+                   f"| {peak(m, 'paragraph_load')}{times(m, 'load_vs_onnxruntime')} | {full} "
+                   f"| {peak(m, 'paragraph_build')} |")
     return out
 
 

@@ -31,6 +31,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 
 from paragraph.errors import GraphError, ModelLoadError, ParagraphError, UnsupportedModelError
 from paragraph.graph import Graph, GraphBuilder, Node, TensorRef, TensorType
+from paragraph.lean import runtime_only_tvm
 from paragraph.version import __version__
 
 hold_libraries_to_isa()  # PARAGRAPH_CPU_ISA=avx2: oneDNN and MKL as on an AVX2-only CPU
@@ -46,6 +47,8 @@ _LAZY = {"build": "paragraph.deploy", "load": "paragraph.deploy",
 
 
 def __getattr__(name: str) -> object:
+    if name == "load":  # a process that only loads artifacts needs TVM's runtime alone
+        runtime_only_tvm()
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'paragraph' has no attribute {name!r}")

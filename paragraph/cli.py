@@ -44,12 +44,12 @@ from paragraph.schedule import Schedule
 from paragraph.timeline import plot_timeline
 from paragraph.timing import time_calls
 from paragraph.tvm_interop import from_relax, load, random_inputs, to_relax
-from paragraph.tvm_interop.build.artifact import KEY_ENV, is_artifact, read_key
 from paragraph.tvm_interop.build.tuning_db import RECORDS
 from paragraph.tvm_interop.measure.device import settle
 from paragraph.tvm_interop.meter.pool import connect
 from paragraph.tvm_interop.meter.remote import Remote, parse_address
 from paragraph.tvm_interop.meter.runs import tolerance
+from paragraph.tvm_interop.runtime.artifact import KEY_ENV, is_artifact, read_key
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, gpu_available, make_executor
 from paragraph.tvm_interop.runtime.library.names import KERNEL_SOURCES
 from paragraph.tvm_interop.runtime.library.torch_kernels import default_kernels

@@ -5,7 +5,7 @@
 (`paragraph.planner.compile`: import, optionally the substitution search with the verified rules,
 build, plan a schedule) and returns a `ParallelExecutable`: the program, the schedule, the
 memory plan the executor uses and the planner's report. ``export_library`` writes all of it as
-one file (`paragraph.tvm_interop.build.artifact`) that `load` runs in another process with the
+one file (`paragraph.tvm_interop.runtime.artifact`) that `load` runs in another process with the
 same schedule. That file holds native code (the compiled kernels), which `load` loads into
 the process: load only files from a trusted source, and give both sides a key
 (``export_library(key=...)``, ``load(key=...)`` or ``$PARAGRAPH_ARTIFACT_KEY``) to check that a
@@ -22,25 +22,29 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
-from tvm import relax
 
 from paragraph.errors import InputError
 from paragraph.inputs import sample_inputs
-from paragraph.passes.ios import IOSOptions
-from paragraph.passes.search import SearchOptions
-from paragraph.planner import CompileOptions, Plan, PlanReport, compile
-from paragraph.progress import Log
+from paragraph.lean import is_runtime_only
 from paragraph.schedule import Schedule
 from paragraph.timing import Timing, time_calls
-from paragraph.tvm_interop.build.artifact import read_artifact, write_artifact
-from paragraph.tvm_interop.meter.protocol import Meter
+from paragraph.tvm_interop.runtime import artifact as runtime_artifact
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, CUDAExecutor, make_executor
 from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
-from paragraph.tvm_interop.runtime.program import KernelProgram
+from paragraph.tvm_interop.runtime.program import KernelProgram, compiler_needed
+
+if TYPE_CHECKING:  # the compiler's side: imported where used, so that `load` needs none of it
+    from tvm import relax
+
+    from paragraph.passes.ios import IOSOptions
+    from paragraph.passes.search import SearchOptions
+    from paragraph.planner import Plan, PlanReport
+    from paragraph.progress import Log
+    from paragraph.tvm_interop.meter.protocol import Meter
 
 
 class ParallelExecutable:
@@ -64,9 +68,9 @@ class ParallelExecutable:
         schedule.validate(program.graph)
         self.program, self.schedule = program, schedule
         self.memory = memory or plan_memory(program.graph, schedule)
-        if isinstance(report, PlanReport):
-            report = report.to_json()
-        self.report: dict[str, Any] = json.loads(json.dumps(dict(report or {}), default=str))
+        # a planner's `PlanReport` (not imported here: the planner needs TVM's compiler)
+        values = report if isinstance(report, Mapping) or report is None else report.to_json()
+        self.report: dict[str, Any] = json.loads(json.dumps(dict(values or {}), default=str))
         self.manifest = dict(manifest or {})
         self._executor: CPUExecutor | CUDAExecutor | None = None
         # held for a whole run or timing, so that `close` cannot stop the executor under it
@@ -137,10 +141,14 @@ class ParallelExecutable:
                        info: Mapping[str, Any] | None = None, *,
                        key: bytes | None = None) -> Path:
         """Write everything this program needs to run as one file (see
-        `paragraph.tvm_interop.build.artifact`); `paragraph.load` reads it back. ``info`` (JSON
+        `paragraph.tvm_interop.runtime.artifact`); `paragraph.load` reads it back. ``info`` (JSON
         values) joins the manifest next to the planner's report. With ``key`` (at least 16
         bytes; default the key file named by ``$PARAGRAPH_ARTIFACT_KEY``, if set) the file is
         signed (HMAC-SHA256), and ``load`` with the same key refuses any other file."""
+        _check_compiler("export_library")
+        # the compiler's side (the lowered module, the VM's library), slow to import
+        from paragraph.tvm_interop.build.artifact import write_artifact
+
         return write_artifact(path, self.program, self.schedule, self.memory,
                               {"report": self.report, **(info or {})}, key=key)
 
@@ -160,7 +168,9 @@ class ParallelExecutable:
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.program.sources().items()))
-        return (f"<ParallelExecutable {counts} kernels on {self.program.target.kind.name}, "
+        on_cpu = self.program.device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
+        where = "cpu" if on_cpu else "cuda"
+        return (f"<ParallelExecutable {counts} kernels on {where}, "
                 f"{self.schedule.describe()}>")
 
 
@@ -185,6 +195,13 @@ def build(mod: Any, target: tvm.target.Target | str | None = None, *,
     ``InterOperatorSchedule`` pass keeps its schedule. Progress goes to ``log`` (default: the
     ``paragraph`` logger, `paragraph.progress`); ``remote`` measures on a device behind TVM's
     RPC tracker (`paragraph.tvm_interop.meter.remote.Remote`)."""
+    _check_compiler("paragraph.build")
+    # the compiler's side (the planner, the search, z3's rules): slow to import, and absent
+    # where `load` imported TVM's runtime alone (`paragraph.lean`)
+    from paragraph.passes.ios import IOSOptions
+    from paragraph.passes.search import SearchOptions  # (as above)
+    from paragraph.planner import CompileOptions, compile  # (as above)
+
     options = CompileOptions(target=target, kernels=kernels, schedule=schedule,
                              search=SearchOptions.of(search), tuning_db=tuning_db, cores=cores,
                              split=split, ios=ios or IOSOptions(), rules=rules,
@@ -203,10 +220,27 @@ def load(path: str | os.PathLike, device: tvm.runtime.Device | None = None, *,
     was exported with; default the key file named by ``$PARAGRAPH_ARTIFACT_KEY``, if set) its
     HMAC-SHA256 signature and every part are checked before anything is written to disk or
     loaded, and an unsigned file, a wrong key or an altered byte is refused. Raises
-    `paragraph.tvm_interop.build.artifact.ArtifactError` for that, and for a file that is not an
+    `paragraph.tvm_interop.runtime.artifact.ArtifactError` for that, and for a file that is not an
     artifact, is truncated or altered, or was made by another format version, TVM, CPU or
-    device."""
-    art = read_artifact(path, device, key=key)
+    device.
+
+    Where this process has not imported TVM yet, ``load`` imports its runtime alone, without
+    its compiler or PyTorch (`paragraph.lean`; ``PARAGRAPH_LEAN_LOAD=0`` turns that off): the
+    program runs the same, and what needs the compiler (``export_library``, ``vm``,
+    ``paragraph.build``) then raises `CompilerNeededError`."""
+    if is_runtime_only():
+        art = runtime_artifact.read_artifact(path, device, key=key)
+    else:
+        # the compiler's side of reading (target, lowered module, VM), slow to import
+        from paragraph.tvm_interop.build.artifact import read_artifact
+
+        art = read_artifact(path, device, key=key)
     return ParallelExecutable(art.program, art.schedule, memory=art.memory,
                               report=art.manifest.get("info", {}).get("report", {}),
                               manifest=art.manifest)
+
+
+def _check_compiler(what: str) -> None:
+    """Refuse ``what`` in a process whose TVM is its runtime alone (`paragraph.lean`)."""
+    if is_runtime_only():
+        raise compiler_needed(what)

@@ -92,18 +92,46 @@ def _cpu_id() -> str | None:
             f"{fields.get('model', '?')} stepping {fields.get('stepping', '?')}")
 
 
-def has_avx512() -> bool | None:
-    """Whether this CPU has AVX-512F (paragraph's own C++ kernels need it), from
-    /proc/cpuinfo's flags; None where they cannot be read. Two VMs both named "AMD EPYC"
-    were a Zen 4 with it and a Zen 3 without."""
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's feature flags as /proc/cpuinfo names them (``avx2``, ``avx512f``, ...);
+    None where they cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return "avx512f" in line.split(":", 1)[1].split()
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
     return None
+
+
+def has_avx512() -> bool | None:
+    """Whether this CPU has AVX-512F (paragraph's own C++ kernels need it), from
+    /proc/cpuinfo's flags; None where they cannot be read. Two VMs both named "AMD EPYC"
+    were a Zen 4 with it and a Zen 3 without."""
+    flags = cpu_flags()
+    return None if flags is None else "avx512f" in flags
+
+
+# the instruction-set flags compiled code may use: an artifact records those of the machine
+# that wrote it (less AVX-512 under the AVX2 switch), and a machine lacking one refuses it
+SIMD_FLAG_PREFIXES = ("sse", "ssse3", "avx", "fma", "f16c", "bmi", "amx", "vaes", "vpclmul",
+                      "gfni", "movbe", "popcnt", "lzcnt", "abm")
+
+
+# what `AVX2_MCPU` (Haswell) has: code compiled under the AVX2 switch uses no more
+AVX2_FLAGS = frozenset({"sse", "sse2", "sse3", "ssse3", "sse4_1", "sse4_2", "avx", "avx2",
+                        "fma", "f16c", "bmi1", "bmi2", "movbe", "popcnt", "abm"})
+
+
+def simd_flags() -> list[str]:
+    """The instruction-set flags (`SIMD_FLAG_PREFIXES`) of this CPU that paragraph's compiled
+    code may use: all of them, or under ``PARAGRAPH_CPU_ISA=avx2`` those of `AVX2_FLAGS`;
+    empty where /proc/cpuinfo cannot be read."""
+    flags = cpu_flags() or frozenset()
+    if forced_isa() == "avx2":
+        flags = flags & AVX2_FLAGS
+    return sorted(f for f in flags if f.startswith(SIMD_FLAG_PREFIXES))
 
 
 def same_machine(recorded: Mapping[str, Any]) -> str | None:

@@ -33,8 +33,8 @@ from paragraph.errors import (
     UnsupportedModelError,
 )
 from paragraph.rules.library import LIBRARY_PATH, _entry_hash, load_library
-from paragraph.tvm_interop.build.artifact import ArtifactError
 from paragraph.tvm_interop.meter.remote import Remote, _probe_tracker
+from paragraph.tvm_interop.runtime.artifact import ArtifactError
 from paragraph.tvm_interop.runtime.memory import Block, MemoryPlan, check_fits
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -22,9 +23,9 @@ from paragraph import models
 from paragraph.errors import InputError
 from paragraph.passes.ios import apply_merges, merge_rule
 from paragraph.planner import Session, plan_schedule, split_program
-from paragraph.tvm_interop.build.artifact import ArtifactError, is_artifact, read_manifest
 from paragraph.tvm_interop.build.program import build_program
 from paragraph.tvm_interop.frontend.relax_graph import random_inputs
+from paragraph.tvm_interop.runtime.artifact import ArtifactError, is_artifact, read_manifest
 from paragraph.tvm_interop.runtime.program import KernelProgram
 from paragraph.tvm_interop.runtime.vm import run_vm
 
@@ -87,24 +88,29 @@ def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_pa
         np.save(tmp_path / f"{name}-in.npy", xi, allow_pickle=False)
         exe.close()
     script = textwrap.dedent(f"""
-        import json
+        import json, sys
         import numpy as np
         import paragraph
-        from paragraph.tvm_interop.runtime.library import native
         d = {str(tmp_path)!r}
         for name in {list(cases)!r}:
             exe = paragraph.load(f"{{d}}/{{name}}.paragraph")
+            # after the first load: importing it first would import TVM whole
+            from paragraph.tvm_interop.runtime.library import native
             x = np.load(f"{{d}}/{{name}}-in.npy", allow_pickle=False)
             np.save(f"{{d}}/{{name}}-out.npy", exe.run(x)[0], allow_pickle=False)
             print(name, json.dumps(exe.schedule.to_json()))
             print("timing", name, native.timing_kernels())
             exe.close()
+        # TVM's runtime alone, and no PyTorch: the C++ vendor kernels link what they call
+        print("lean", paragraph.lean.is_runtime_only(), "torch" in sys.modules)
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    schedules = dict(line.split(" ", 1) for line in lines if not line.startswith("timing "))
+    assert "lean True False" in lines, lines
+    schedules = dict(line.split(" ", 1) for line in lines
+                     if not line.startswith(("timing ", "lean ")))
     # the vendor program's kernels start with the forms its build chose (in its manifest):
     # none times its forms, and none packs a weight for a form it will not run
     assert read_manifest(tmp_path / "searched.paragraph")["forms"]
@@ -198,6 +204,28 @@ def test_foreign_truncated_altered_and_stale_files_are_refused(plain, tmp_path):
     with pytest.raises(ArtifactError, match="not a paragraph artifact"):
         paragraph.load(_rewrite(path, tmp_path / "fmt.paragraph",
                                 _manifest_change(format="something-else")))
+    with pytest.raises(ArtifactError, match="instructions avx9000 this CPU lacks"):
+        paragraph.load(_rewrite(path, tmp_path / "flags.paragraph",
+                                _manifest_change(cpu_flags=["avx2", "avx9000"])))
+
+    def bad_program(name, member):  # a weight index past the weights, its sum made to match
+        if name == "program.json":
+            program = json.loads(member)
+            next(n for n in program["nodes"] if "weight" in n)["weight"] = 999
+            return json.dumps(program).encode()
+        if name == "manifest.json":
+            manifest = json.loads(member)
+            with zipfile.ZipFile(path) as z:
+                program = json.loads(z.read("program.json"))
+            next(n for n in program["nodes"] if "weight" in n)["weight"] = 999
+            data = json.dumps(program).encode()
+            manifest["members"]["program.json"] = {"sha256": hashlib.sha256(data).hexdigest(),
+                                                   "bytes": len(data)}
+            return json.dumps(manifest).encode()
+        return member
+
+    with pytest.raises(ArtifactError, match="weight 999 is not one of the"):
+        paragraph.load(_rewrite(path, tmp_path / "program.paragraph", bad_program))
     target = read_manifest(path)["target"]
     with pytest.raises(ArtifactError, match="compiled for the CPU 'cortex-a72'"):
         paragraph.load(_rewrite(path, tmp_path / "arm.paragraph", _manifest_change(
@@ -364,3 +392,55 @@ def test_weights_taken_out_and_put_back_keep_the_module():
     wrong = [tvm.runtime.tensor(np.zeros((8, 4), "float32"))]
     with pytest.raises(ParagraphError, match=r"weight 0 is float32\(8, 4\)"):
         restored(tvm.ir.load_json(tvm.ir.save_json(bare)), wrong)
+
+
+LEAN_SCRIPT = """
+import sys
+import numpy as np
+import paragraph
+
+exe = paragraph.load(sys.argv[1])  # first: any TVM-facing import before it imports TVM whole
+from paragraph.tvm_interop.runtime.program import CompilerNeededError
+x = np.load(sys.argv[2], allow_pickle=False)
+np.save(sys.argv[3], exe.run(x)[0], allow_pickle=False)
+print("runtime-only", paragraph.lean.is_runtime_only())
+refused = []
+for what, ask in [("vm", exe.vm), ("lowered", lambda: exe.program.lowered),
+                  ("target", lambda: exe.program.target),
+                  ("export", lambda: exe.export_library(sys.argv[3] + ".again")),
+                  ("build", lambda: paragraph.build(sys.argv[1]))]:
+    try:
+        ask()
+    except CompilerNeededError as e:
+        assert "PARAGRAPH_LEAN_LOAD=0" in str(e), e
+        refused.append(what)
+    except paragraph.ParagraphError:  # with the compiler: an artifact is no model to build
+        assert what == "build"
+print("refused", ",".join(refused))
+"""
+
+
+def test_a_process_that_only_loads_imports_tvms_runtime_alone(plain, squeezenet, tmp_path):
+    """`paragraph.load` in a fresh process imports TVM's runtime alone (no compiler, no
+    PyTorch): the program runs the same, and what needs the compiler says so and how to get
+    it; with ``PARAGRAPH_LEAN_LOAD=0`` (or TVM imported first) everything is there."""
+    exe, path = plain
+    x = random_inputs(squeezenet)[0]
+    np.save(tmp_path / "x.npy", x, allow_pickle=False)
+    want = exe.run(x)[0]
+    script = tmp_path / "lean.py"
+    script.write_text(LEAN_SCRIPT)
+    for lean in ("1", "0"):
+        out = tmp_path / f"out{lean}.npy"
+        env = {**os.environ, "PARAGRAPH_LEAN_LOAD": lean}
+        run = subprocess.run([sys.executable, str(script), str(path), str(tmp_path / "x.npy"),
+                              str(out)], capture_output=True, text=True, timeout=300, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        np.testing.assert_allclose(np.load(out), want, rtol=1e-5, atol=1e-6)
+        if lean == "1":
+            assert "runtime-only True" in run.stdout
+            assert "refused vm,lowered,target,export,build" in run.stdout, run.stdout
+        else:
+            assert "runtime-only False" in run.stdout
+            assert "refused \n" in run.stdout + "\n", run.stdout
+            assert is_artifact(tmp_path / "out0.npy.again")

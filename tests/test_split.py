@@ -159,6 +159,9 @@ def test_a_split_that_cannot_be_built_leaves_the_plain_schedule(inception, tmp_p
         raise RuntimeError("lowering failed")
 
     monkeypatch.setattr(planner, "split_program", broken)
+    # the streams kept whatever one stream measures: under load one stream won, and no split
+    # was tried (a fresh-clone run beside another benchmark, 2026-12-01)
+    monkeypatch.setattr(planner, "one_stream_if_faster", lambda plan, *_a, **_k: plan)
     with pytest.warns(RuntimeWarning, match="could not be built.*lowering failed"):
         plan = plan_schedule("critical-path", inception,
                              Session(db=CostDB(tmp_path / "c.sqlite"), cores=2))

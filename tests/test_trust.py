@@ -19,8 +19,8 @@ import paragraph
 from paragraph.cli import main
 from paragraph.graph import Graph, TensorRef
 from paragraph.schedule import ScheduleError
-from paragraph.tvm_interop.build import artifact
-from paragraph.tvm_interop.build.artifact import (
+from paragraph.tvm_interop.runtime import artifact
+from paragraph.tvm_interop.runtime.artifact import (
     KEY_ENV,
     ArtifactError,
     artifact_key,

@@ -27,7 +27,7 @@ import numpy as np
 
 import paragraph
 from paragraph import models
-from paragraph.tvm_interop.build.artifact import read_manifest
+from paragraph.tvm_interop.runtime.artifact import read_manifest
 
 
 def main(full: bool = False) -> None:

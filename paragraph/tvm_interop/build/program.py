@@ -56,9 +56,10 @@ def build_program(mod: tvm.IRModule | Graph, target: tvm.target.Target | str | N
     opgraph, lowered, graph, kernel_operators, model = _lower(mod, target, device, tuning_db,
                                                               kernels)
     compiled = vm_executable(lowered, target)
-    return KernelProgram(lowered, graph, target, device, _link(graph, lowered, target, compiled),
-                         compiled, model=model, operator_graph=opgraph,
-                         kernel_operators=kernel_operators, kernel_source=kernels,
+    return KernelProgram(graph, device, _link(graph, lowered, target, compiled),
+                         Once.of(lowered), Once.of(target), compiled, model=model,
+                         operator_graph=opgraph, kernel_operators=kernel_operators,
+                         kernel_source=kernels,
                          rewrites=tuple(rewrites), input_ranges=index_ranges(opgraph),
                          build_seconds=time.perf_counter() - start)
 
@@ -99,8 +100,8 @@ def program_from_lowered(lowered: tvm.IRModule, target: tvm.target.Target | str 
                 else Once.of(executable))
     # a program given its executable links to it, as a GPU program does
     functions = _link(graph, lowered, target, compiled, shared=executable is None)
-    return KernelProgram(lowered, graph, target, device or default_device(target), functions,
-                         compiled, kernel_source=kernels,
+    return KernelProgram(graph, device or default_device(target), functions, Once.of(lowered),
+                         Once.of(target), compiled, kernel_source=kernels,
                          rewrites=tuple(str(r) for r in info.get("rewrites", ())),
                          input_ranges=ranges, vm_weights=tuple(vm_weights))
 

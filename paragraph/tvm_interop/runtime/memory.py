@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
-from tvm import relax
 
 from paragraph.errors import ModelTooLargeError
 from paragraph.graph import Graph, TensorRef
@@ -283,6 +282,9 @@ def _all_before(users: Iterable[int], k: int, before: dict[int, int],
 def vm_planned_bytes(lowered: tvm.IRModule) -> int:
     """Bytes the TVM VM allocates for ``main`` after StaticPlanBlockMemory (planned storage plus
     the output tensors it allocates separately): the baseline the memory plan is compared to."""
+    # the compiler's Python API: absent from a runtime-only TVM (`paragraph.lean`)
+    from tvm import relax
+
     seq = tvm.transform.Sequential([
         relax.transform.RewriteDataflowReshape(), relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(), relax.transform.CallTIRRewrite(),

@@ -1,20 +1,26 @@
 """A `KernelProgram`: a model's kernels compiled once for one device, with the kernel graph that
 says how they connect. It is the value the executors run, the planner schedules and an
 artifact stores; `paragraph.tvm_interop.build.program` builds it (lowering, kernel source,
-compilation, linking) and nothing changes it afterwards."""
+compilation, linking) and nothing changes it afterwards. A program read from an artifact by
+TVM's runtime alone (`paragraph.tvm_interop.runtime.artifact`) runs the same; only what needs
+the compiler (its lowered module, its target, the TVM VM) is refused, with the reason."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from functools import cache
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import tvm
-from tvm import relax
 
+from paragraph.errors import ParagraphError
 from paragraph.graph import Graph, Node
 from paragraph.inputs import IndexRange
+
+if TYPE_CHECKING:
+    from tvm import relax
 
 T = TypeVar("T")
 
@@ -47,15 +53,37 @@ class Once(Generic[T]):
         return self._value  # type: ignore[return-value]  # made above
 
 
+class CompilerNeededError(ParagraphError):
+    """What a program read by TVM's runtime alone cannot give: its lowered module, target or
+    TVM VM need TVM's compiler, which `paragraph.load` leaves unloaded (`paragraph.lean`)."""
+
+
+def compiler_needed(what: str) -> CompilerNeededError:
+    """The error for ``what``, asked of a process whose TVM is its runtime alone."""
+    return CompilerNeededError(
+        f"{what} needs TVM's compiler, and this process loaded TVM's runtime alone "
+        "(paragraph.load does that where TVM was not imported yet, to save about 400 MiB): "
+        "import tvm before paragraph.load, or set PARAGRAPH_LEAN_LOAD=0")
+
+
+def needs_compiler(what: str) -> Once[Any]:
+    """A value that a program read by TVM's runtime alone does not have: asking raises
+    `CompilerNeededError` naming ``what`` and how to get it."""
+    def refuse() -> Any:
+        raise compiler_needed(what)
+    return Once(refuse)
+
+
 @dataclass(frozen=True)
 class KernelProgram:
-    """A lowered module, its kernel graph, and every kernel compiled once for one device."""
+    """A kernel graph and every kernel compiled once for one device, with the lowered module
+    and target they came from."""
 
-    lowered: tvm.IRModule
     graph: Graph
-    target: tvm.target.Target
     device: tvm.runtime.Device
     functions: Mapping[str, Callable[..., object]]  # kernel function name -> compiled function
+    lowered_module: Once[tvm.IRModule]  # `lowered`: a loaded program's is read on first use
+    target_once: Once[tvm.target.Target]  # `target`
     # the TVM VM's executable of ``lowered`` (the VM baseline, an export, a GPU program's
     # kernels), compiled on first use: on a CPU the kernels come from a shared cache
     compiled: Once[relax.VMExecutable]
@@ -75,6 +103,16 @@ class KernelProgram:
     vm_weights: tuple[tvm.runtime.Tensor, ...] = ()
 
     @property
+    def lowered(self) -> tvm.IRModule:
+        """The lowered module (fused ``main`` and its kernels) the program was built from."""
+        return self.lowered_module.get()
+
+    @property
+    def target(self) -> tvm.target.Target:
+        """The target the kernels were compiled for."""
+        return self.target_once.get()
+
+    @property
     def executable(self) -> relax.VMExecutable:
         """The TVM VM's executable of ``lowered`` (every kernel in one module), compiled on
         first use."""
@@ -92,9 +130,13 @@ class KernelProgram:
     def vm(self) -> relax.VirtualMachine:
         """The TVM VM over the same lowered module and compiled kernels (the baseline);
         ``vm["main"](*inputs)`` runs the model, with `vm_weights` passed after the inputs."""
+        executable = self.executable
+        # the compiler's Python API: absent from a runtime-only TVM (`paragraph.lean`)
+        from tvm import relax
+
         if not self.vm_weights:
-            return relax.VirtualMachine(self.executable, self.device)
-        return _WeightedVM(self.executable, self.device, self.vm_weights)
+            return relax.VirtualMachine(executable, self.device)
+        return _weighted_vm()(executable, self.device, self.vm_weights)
 
     def sources(self) -> dict[str, int]:
         """How many kernels come from each source ("tvm", "vendor")."""
@@ -105,17 +147,25 @@ class KernelProgram:
         return counts
 
 
-class _WeightedVM(relax.VirtualMachine):
-    """A VM whose executable's ``main`` takes the weights after the inputs: ``main`` is
-    given them, so it is called with the inputs alone like any model's."""
+@cache
+def _weighted_vm() -> type:
+    """`_WeightedVM`'s class, made on first use: its base class needs TVM's compiler."""
+    # the compiler's Python API: absent from a runtime-only TVM (`paragraph.lean`)
+    from tvm import relax
 
-    def __init__(self, executable: relax.VMExecutable, device: tvm.runtime.Device,
-                 weights: tuple[tvm.runtime.Tensor, ...]) -> None:
-        super().__init__(executable, device)
-        self._weights = weights
+    class _WeightedVM(relax.VirtualMachine):
+        """A VM whose executable's ``main`` takes the weights after the inputs: ``main`` is
+        given them, so it is called with the inputs alone like any model's."""
 
-    def __getitem__(self, name: str) -> Callable[..., object]:
-        f = super().__getitem__(name)
-        if name != "main":
-            return f
-        return lambda *inputs: f(*inputs, *self._weights)
+        def __init__(self, executable: relax.VMExecutable, device: tvm.runtime.Device,
+                     weights: tuple[tvm.runtime.Tensor, ...]) -> None:
+            super().__init__(executable, device)
+            self._weights = weights
+
+        def __getitem__(self, name: str) -> Callable[..., object]:
+            f = super().__getitem__(name)
+            if name != "main":
+                return f
+            return lambda *inputs: f(*inputs, *self._weights)
+
+    return _WeightedVM

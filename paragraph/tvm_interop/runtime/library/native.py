@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -84,12 +85,22 @@ def _switched_off() -> bool:
                    os.environ.get("PARAGRAPH_NATIVE_VENDOR", "1"))
 
 
-def _library_path(torch: Any, files: Mapping[str, bytes] | None = None,
+def _torch_version() -> str:
+    """The installed PyTorch's version, read without importing it (1.7 s and about 120 MiB
+    that a process running a loaded artifact need not pay: the library links libtorch
+    itself). Raises ImportError where PyTorch is not installed."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError("PyTorch is not installed (the torch extra)") from None
+
+
+def _library_path(files: Mapping[str, bytes] | None = None,
                   kind: str = "vendor_kernels") -> Path:
     """Where the library built from ``files`` (this folder's: `sources`) is cached: named by
     a hash of every file, TVM FFI's and PyTorch's versions (a header's change builds anew)."""
     key = hashlib.sha256(_serialized(sources() if files is None else files)
-                         + tvm_ffi.__version__.encode() + torch.__version__.encode()
+                         + tvm_ffi.__version__.encode() + _torch_version().encode()
                          + _MARGIN_FLAG.encode())
     return cache_dir() / "native" / f"{kind}-{key.hexdigest()[:16]}.so"
 
@@ -127,10 +138,10 @@ def module() -> Any:
         if "module" not in _state:
             _state["module"], _state["reason"] = None, None
             try:
-                import torch  # the kernels link against this PyTorch
-
-                path = _library_path(torch)
+                path = _library_path()
                 if not path.exists():
+                    import torch  # the kernels link against this PyTorch (its headers)
+
                     _build(torch, path)
                 _state["module"] = tvm_ffi.load_module(str(path))
                 _state["path"] = path  # where it was built: a subprocess can load it too
@@ -248,11 +259,11 @@ def variant(files: Mapping[str, bytes]) -> Any:
     for name in files:  # written into one folder: plain names only
         if Path(name).name != name or name.startswith("."):
             raise ValueError(f"not a file name of the kernels' folder: {name!r}")
-    path = _library_path(torch, files, "vendor_variant")
+    path = _library_path(files, "vendor_variant")
     if not path.exists():
         # this source's library: the one this process loaded, else where it would be cached
         loaded = _state.get("path")
-        main = loaded if loaded is not None and loaded.exists() else _library_path(torch)
+        main = loaded if loaded is not None and loaded.exists() else _library_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             if dict(files) == sources() and main.exists():  # this source: a copy

@@ -21,7 +21,7 @@ import tvm_ffi
 from paragraph.errors import ParagraphError
 from paragraph.machine import cpu_count
 from paragraph.timing import clearly_faster
-from paragraph.tvm_interop.runtime.library.names import EPILOGUES, VendorOp
+from paragraph.tvm_interop.runtime.library.names import EPILOGUES, VendorOp, is_vendor_name
 from paragraph.tvm_interop.runtime.threads import configured_threads
 
 
@@ -563,8 +563,12 @@ def bind(name: str, args: tuple, threads: int | None = None) -> Callable[[], Non
     A call through the registered function makes them every time: from DLPack and the layout
     permutes take about 8 us, much of a small kernel's Python time, and the GIL is held
     throughout. ``threads`` caps the call's thread count below its stream's (the schedule's
-    ``kernel_threads``). None for a name registered elsewhere (or not yet), and on a GPU,
-    whose path stays as captured in its CUDA Graphs."""
+    ``kernel_threads``). None for a name registered elsewhere, and on a GPU, whose path stays
+    as captured in its CUDA Graphs. A `VendorOp` name not registered yet is registered here
+    (a program loaded by TVM's runtime alone registers none: PyTorch loads only if a kernel
+    runs here, not in C++)."""
+    if name not in _BINDERS and is_vendor_name(name):
+        ensure_registered(name)
     binder = _BINDERS.get(name)
     if binder is None or any(a.device.dlpack_device_type() != tvm.cpu().dlpack_device_type()
                              for a in args):
