@@ -199,7 +199,7 @@ struct DepthwiseAvx2 {
   // (else every tap lies inside). P * V independent FMA chains: two FMA pipes of four cycles'
   // latency need eight, so fewer pixels take more channel vectors. No vector crosses a call:
   // its callers are not compiled for AVX2, and they would pass it as another ABI expects
-  template <bool Full, int P, int V, bool Check>
+  template <bool Full, int P, int V, bool Check, int KW>
   __attribute__((target("avx2,fma"))) void pixels(const float* image, int64_t k, int64_t left,
                                                   int64_t ih0, int64_t j, float* orow,
                                                   const float* rrow) const {
@@ -215,11 +215,33 @@ struct DepthwiseAvx2 {
     }
     const int64_t iw0 = j * sw - pl;
     alignas(32) static const float zeros[64] = {};
+    // each pixel's offset from the first one's window, made once: computed per tap (an
+    // integer multiply per load) the form ran at a quarter of the FMA pipes' rate
+    int64_t off[P];
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) off[p] = p * sw * c;
+    const int64_t tap = dw * c;
     for (int64_t ky = 0; ky < kh; ++ky) {
       const int64_t ih = ih0 + ky * dh;
       if (ih < 0 || ih >= h) continue;
       const float* xr = image + ih * wd * c + k;
       const float* wr = w + ky * kw * c + k;
+      if (!Check) {  // every tap inside the row; a 3- or 5-wide kernel's taps unrolled (KW)
+        const float* base = xr + iw0 * c;
+        const int64_t taps = KW ? KW : kw;
+#pragma GCC unroll 5
+        for (int64_t kx = 0; kx < taps; ++kx, base += tap) {
+#pragma GCC unroll 8
+          for (int v = 0; v < V; ++v) {
+            const __m256 wv = load<Full>(wr + kx * c + 8 * v, m);
+#pragma GCC unroll 8
+            for (int p = 0; p < P; ++p)
+              acc[p * V + v] =
+                  _mm256_fmadd_ps(load<Full>(base + off[p] + 8 * v, m), wv, acc[p * V + v]);
+          }
+        }
+        continue;
+      }
       for (int64_t kx = 0; kx < kw; ++kx) {
 #pragma GCC unroll 8
         for (int v = 0; v < V; ++v) {
@@ -227,7 +249,7 @@ struct DepthwiseAvx2 {
 #pragma GCC unroll 8
           for (int p = 0; p < P; ++p) {
             const int64_t iw = iw0 + p * sw + kx * dw;
-            const float* at = !Check || (iw >= 0 && iw < wd) ? xr + iw * c + 8 * v : zeros;
+            const float* at = iw >= 0 && iw < wd ? xr + iw * c + 8 * v : zeros;
             acc[p * V + v] = _mm256_fmadd_ps(load<Full>(at, m), wv, acc[p * V + v]);
           }
         }
@@ -251,18 +273,25 @@ struct DepthwiseAvx2 {
   }
 
   // P pixels from j, every channel vector: 8 / P vectors at a time while that many are left
-  template <int P, bool Check>
+  template <int P, bool Check, int KW>
   void group(const float* image, int64_t ih0, int64_t j, float* orow, const float* rrow) const {
     constexpr int V = 8 / P;
     int64_t k = 0;
     if (V > 1)
       for (; k + 8 * V <= c; k += 8 * V)
-        pixels<true, P, V, Check>(image, k, 8, ih0, j, orow, rrow);
-    for (; k + 8 <= c; k += 8) pixels<true, P, 1, Check>(image, k, 8, ih0, j, orow, rrow);
-    if (k < c) pixels<false, P, 1, Check>(image, k, c - k, ih0, j, orow, rrow);
+        pixels<true, P, V, Check, KW>(image, k, 8, ih0, j, orow, rrow);
+    for (; k + 8 <= c; k += 8) pixels<true, P, 1, Check, KW>(image, k, 8, ih0, j, orow, rrow);
+    if (k < c) pixels<false, P, 1, Check, KW>(image, k, c - k, ih0, j, orow, rrow);
   }
 
   void rows(int64_t r0, int64_t r1) const {
+    if (kw == 3) return rows_of<3>(r0, r1);
+    if (kw == 5) return rows_of<5>(r0, r1);
+    return rows_of<0>(r0, r1);
+  }
+
+  template <int KW>
+  void rows_of(int64_t r0, int64_t r1) const {
     // the pixels [lo, hi) whose windows lie inside the row: iw0 >= 0 and iw0 + (kw-1)*dw < wd
     const int64_t lo = std::min(ow, (pl + sw - 1) / sw);
     const int64_t last = wd - 1 - (kw - 1) * dw + pl;  // the largest j * sw allowed
@@ -272,13 +301,13 @@ struct DepthwiseAvx2 {
       const float* image = x + img * h * wd * c;
       float* orow = out + r * ow * c;
       const float* rrow = res ? res + r * ow * c : nullptr;
-      for (int64_t j = 0; j < lo; ++j) group<1, true>(image, ih0, j, orow, rrow);
+      for (int64_t j = 0; j < lo; ++j) group<1, true, 0>(image, ih0, j, orow, rrow);
       int64_t j = lo;
-      for (; j + 8 <= hi; j += 8) group<8, false>(image, ih0, j, orow, rrow);
-      if (j + 4 <= hi) group<4, false>(image, ih0, j, orow, rrow), j += 4;
-      if (j + 2 <= hi) group<2, false>(image, ih0, j, orow, rrow), j += 2;
-      if (j < hi) group<1, false>(image, ih0, j, orow, rrow), ++j;
-      for (j = hi; j < ow; ++j) group<1, true>(image, ih0, j, orow, rrow);
+      for (; j + 8 <= hi; j += 8) group<8, false, KW>(image, ih0, j, orow, rrow);
+      if (j + 4 <= hi) group<4, false, KW>(image, ih0, j, orow, rrow), j += 4;
+      if (j + 2 <= hi) group<2, false, KW>(image, ih0, j, orow, rrow), j += 2;
+      if (j < hi) group<1, false, KW>(image, ih0, j, orow, rrow), ++j;
+      for (j = hi; j < ow; ++j) group<1, true, 0>(image, ih0, j, orow, rrow);
       if (!in_registers(act)) act_rows8(orow, 1, 0, ow * c, act);  // the row, still in L1
     }
   }
