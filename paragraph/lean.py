@@ -21,31 +21,39 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 ENV = "PARAGRAPH_LEAN_LOAD"  # "0": import TVM whole, as `import tvm` does
+_lock = threading.Lock()  # two first loads at once: one imports, the other finds it done
 
 
 def runtime_only_tvm() -> bool:
     """Import TVM's runtime alone (without its compiler or PyTorch) unless TVM is imported
     already or ``$PARAGRAPH_LEAN_LOAD`` is ``0``; whether this process's TVM is runtime-only
     afterwards."""
-    if "tvm" not in sys.modules and os.environ.get(ENV, "1").strip() != "0":
-        before = os.environ.get("TVM_USE_RUNTIME_LIB")
-        hold_torch = "torch" not in sys.modules
-        os.environ["TVM_USE_RUNTIME_LIB"] = "1"  # read once, when TVM loads its library
-        if hold_torch:  # TVM FFI imports PyTorch if it can: make it fail, for this import
-            sys.modules["torch"] = None  # type: ignore[assignment]
-        try:
-            # the point of this module: TVM imported, but its runtime only (a slow import)
-            import tvm  # noqa: F401
-        finally:
-            if before is None:
-                os.environ.pop("TVM_USE_RUNTIME_LIB", None)
-            else:
-                os.environ["TVM_USE_RUNTIME_LIB"] = before
-            if hold_torch and sys.modules.get("torch", 0) is None:
-                del sys.modules["torch"]
+    with _lock:
+        if "tvm" not in sys.modules and os.environ.get(ENV, "1").strip() != "0":
+            _import_runtime_only()
     return is_runtime_only()
+
+
+def _import_runtime_only() -> None:
+    """``import tvm`` with ``TVM_USE_RUNTIME_LIB=1`` and PyTorch held back, both undone after."""
+    before = os.environ.get("TVM_USE_RUNTIME_LIB")
+    hold_torch = "torch" not in sys.modules
+    os.environ["TVM_USE_RUNTIME_LIB"] = "1"  # read once, when TVM loads its library
+    if hold_torch:  # TVM FFI imports PyTorch if it can: make it fail, for this import
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        # the point of this module: TVM imported, but its runtime only (a slow import)
+        import tvm  # noqa: F401
+    finally:
+        if before is None:
+            os.environ.pop("TVM_USE_RUNTIME_LIB", None)
+        else:
+            os.environ["TVM_USE_RUNTIME_LIB"] = before
+        if hold_torch and sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
 
 
 def is_runtime_only() -> bool:
