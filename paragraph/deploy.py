@@ -226,7 +226,7 @@ def load(path: str | os.PathLike, device: tvm.runtime.Device | None = None, *,
 
     Where this process has not imported TVM yet, ``load`` imports its runtime alone, without
     its compiler or PyTorch (`paragraph.lean`; ``PARAGRAPH_LEAN_LOAD=0`` turns that off): the
-    program runs the same, and what needs the compiler (``export_library``, ``vm``,
+    program runs the same (``vm`` too), and what needs the compiler (``export_library``,
     ``paragraph.build``) then raises `CompilerNeededError`."""
     if is_runtime_only():
         art = runtime_artifact.read_artifact(path, device, key=key)

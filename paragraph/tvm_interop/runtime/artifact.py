@@ -25,7 +25,7 @@ Reading needs TVM's runtime only: the program is linked from ``program.json``, t
 library and the vendor kernels, so a process that only loads and runs artifacts need not load
 TVM's compiler or PyTorch (`paragraph.lean`; ResNet-18's process peaked at 578 MiB with them).
 Given `CompilerParts` (`paragraph.tvm_interop.build.artifact` does) the program also has its
-target, lowered module and VM executable.
+target and lowered module; without, its TVM VM runs the library as it is.
 
 **An artifact is native code.** Loading one dlopens ``kernels.so``, which runs with the
 loading process's rights: load only artifacts from a source you trust. The SHA-256 sums in
@@ -514,8 +514,8 @@ def read_artifact(path: str | os.PathLike, device: tvm.runtime.Device | None = N
                   key: bytes | None = None, compiler: CompilerParts | None = None) -> Artifact:
     """Load the artifact at ``path``: checked (see the module docstring), its library loaded,
     its program linked on ``device`` (the artifact's kind's first when None), ready to run.
-    Without ``compiler`` the program has no target, lowered module or TVM VM (asking raises
-    `CompilerNeededError`): what TVM's runtime alone can read.
+    Without ``compiler`` the program has no target or lowered module (asking raises
+    `CompilerNeededError`): what TVM's runtime alone can read; its TVM VM runs.
 
     The artifact holds native code that runs in this process: load only one from a trusted
     source. With a key (``key``, else ``$PARAGRAPH_ARTIFACT_KEY``'s file: `artifact_key`)
@@ -544,10 +544,9 @@ def read_artifact(path: str | os.PathLike, device: tvm.runtime.Device | None = N
     library = _load_library(members["kernels.so"], what)
     native.choose_forms(forms)  # before the kernels bind: each packs its chosen form only
     functions = _link(graph, library, device, what)
-    if compiler is None:
-        lowered, target_once, compiled = (needs_compiler("the lowered module"),
-                                          needs_compiler("the target"),
-                                          needs_compiler("the TVM VM"))
+    if compiler is None:  # TVM's runtime runs the VM from the library as it is
+        lowered, target_once = needs_compiler("the lowered module"), needs_compiler("the target")
+        compiled: Once[Any] = Once(lambda: _registered(graph, library))
     else:
         parts = compiler
         lowered = Once(lambda: parts.lowered(members[LOWERED], weights))

@@ -2,18 +2,18 @@
 says how they connect. It is the value the executors run, the planner schedules and an
 artifact stores; `paragraph.tvm_interop.build.program` builds it (lowering, kernel source,
 compilation, linking) and nothing changes it afterwards. A program read from an artifact by
-TVM's runtime alone (`paragraph.tvm_interop.runtime.artifact`) runs the same; only what needs
-the compiler (its lowered module, its target, the TVM VM) is refused, with the reason."""
+TVM's runtime alone (`paragraph.tvm_interop.runtime.artifact`) runs the same, its TVM VM too;
+only what needs the compiler (its lowered module, its target) is refused, with the reason."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import tvm
+import tvm.runtime.vm
 
 from paragraph.errors import ParagraphError
 from paragraph.graph import Graph, Node
@@ -54,8 +54,8 @@ class Once(Generic[T]):
 
 
 class CompilerNeededError(ParagraphError):
-    """What a program read by TVM's runtime alone cannot give: its lowered module, target or
-    TVM VM need TVM's compiler, which `paragraph.load` leaves unloaded (`paragraph.lean`)."""
+    """What a program read by TVM's runtime alone cannot give: its lowered module and target
+    need TVM's compiler, which `paragraph.load` leaves unloaded (`paragraph.lean`)."""
 
 
 def compiler_needed(what: str) -> CompilerNeededError:
@@ -85,8 +85,9 @@ class KernelProgram:
     lowered_module: Once[tvm.IRModule]  # `lowered`: a loaded program's is read on first use
     target_once: Once[tvm.target.Target]  # `target`
     # the TVM VM's executable of ``lowered`` (the VM baseline, an export, a GPU program's
-    # kernels), compiled on first use: on a CPU the kernels come from a shared cache
-    compiled: Once[relax.VMExecutable]
+    # kernels), compiled on first use: on a CPU the kernels come from a shared cache. A
+    # program read by TVM's runtime alone has the artifact's library (a runtime module) here
+    compiled: Once[relax.VMExecutable | tvm.runtime.Module]
     # the model's operator graph as prepared for lowering (batch norm decomposed, constants
     # folded), before any kernel source's dispatch: what the planner's rewrites start from;
     # None for a program loaded from a lowered module
@@ -113,7 +114,7 @@ class KernelProgram:
         return self.target_once.get()
 
     @property
-    def executable(self) -> relax.VMExecutable:
+    def executable(self) -> relax.VMExecutable | tvm.runtime.Module:
         """The TVM VM's executable of ``lowered`` (every kernel in one module), compiled on
         first use."""
         return self.compiled.get()
@@ -127,16 +128,13 @@ class KernelProgram:
         """The compiled function of a kernel node (DPS: inputs, then outputs)."""
         return self.functions[node.attrs["func"]]
 
-    def vm(self) -> relax.VirtualMachine:
+    def vm(self) -> tvm.runtime.vm.VirtualMachine:
         """The TVM VM over the same lowered module and compiled kernels (the baseline);
-        ``vm["main"](*inputs)`` runs the model, with `vm_weights` passed after the inputs."""
-        executable = self.executable
-        # the compiler's Python API: absent from a runtime-only TVM (`paragraph.lean`)
-        from tvm import relax
-
+        ``vm["main"](*inputs)`` runs the model, with `vm_weights` passed after the inputs.
+        (TVM's runtime runs it: Relax's VirtualMachine is this class.)"""
         if not self.vm_weights:
-            return relax.VirtualMachine(executable, self.device)
-        return _weighted_vm()(executable, self.device, self.vm_weights)
+            return tvm.runtime.vm.VirtualMachine(self.executable, self.device)
+        return _WeightedVM(self.executable, self.device, self.vm_weights)
 
     def sources(self) -> dict[str, int]:
         """How many kernels come from each source ("tvm", "vendor")."""
@@ -147,25 +145,17 @@ class KernelProgram:
         return counts
 
 
-@cache
-def _weighted_vm() -> type:
-    """`_WeightedVM`'s class, made on first use: its base class needs TVM's compiler."""
-    # the compiler's Python API: absent from a runtime-only TVM (`paragraph.lean`)
-    from tvm import relax
+class _WeightedVM(tvm.runtime.vm.VirtualMachine):
+    """A VM whose executable's ``main`` takes the weights after the inputs: ``main`` is
+    given them, so it is called with the inputs alone like any model's."""
 
-    class _WeightedVM(relax.VirtualMachine):
-        """A VM whose executable's ``main`` takes the weights after the inputs: ``main`` is
-        given them, so it is called with the inputs alone like any model's."""
+    def __init__(self, executable: relax.VMExecutable | tvm.runtime.Module,
+                 device: tvm.runtime.Device, weights: tuple[tvm.runtime.Tensor, ...]) -> None:
+        super().__init__(executable, device)
+        self._weights = weights
 
-        def __init__(self, executable: relax.VMExecutable, device: tvm.runtime.Device,
-                     weights: tuple[tvm.runtime.Tensor, ...]) -> None:
-            super().__init__(executable, device)
-            self._weights = weights
-
-        def __getitem__(self, name: str) -> Callable[..., object]:
-            f = super().__getitem__(name)
-            if name != "main":
-                return f
-            return lambda *inputs: f(*inputs, *self._weights)
-
-    return _WeightedVM
+    def __getitem__(self, name: str) -> Callable[..., object]:
+        f = super().__getitem__(name)
+        if name != "main":
+            return f
+        return lambda *inputs: f(*inputs, *self._weights)
