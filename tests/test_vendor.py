@@ -2585,12 +2585,7 @@ def test_the_avx2_switch_runs_without_the_own_avx512_kernels(tmp_path):
     the outputs stay equal to TVM's. A cache of its own (TVM's kernels for a Haswell, the
     costs), with this process's C++ kernels in it: the switch is read when they run, not
     when they are built."""
-    cache = with_native_libraries(tmp_path / "cache")
-    env = {**os.environ, "PARAGRAPH_CPU_ISA": "avx2", "PARAGRAPH_CACHE_DIR": str(cache)}
-    env.pop("ONEDNN_MAX_CPU_ISA", None)
-    run = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], capture_output=True, text=True,
-                         env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _run_held_to_avx2(_ISA_SCRIPT, tmp_path)
     # measured and given vendor kernels by default, as on an AVX2 machine (not taken for
     # another machine's target: TVM kernels and an unmeasured schedule)
     assert run.stdout.split()[-5:] == ["True", "haswell", "AVX2", "False", "True"]
