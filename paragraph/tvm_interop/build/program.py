@@ -65,13 +65,11 @@ def build_program(mod: tvm.IRModule | Graph, target: tvm.target.Target | str | N
 
 
 def program_from_lowered(lowered: tvm.IRModule, target: tvm.target.Target | str | None = None,
-                         *, device: tvm.runtime.Device | None = None,
-                         executable: relax.VMExecutable | None = None,
-                         vm_weights: Sequence[tvm.runtime.Tensor] = ()) -> KernelProgram:
+                         *, device: tvm.runtime.Device | None = None) -> KernelProgram:
     """The program of a module that `with_program_info` wrote (a lowered module with its
-    metadata on ``main``), compiled (or linked to ``executable``, e.g. one loaded from an
-    artifact, whose ``main`` takes ``vm_weights`` after the inputs) without lowering it
-    again. Raises `ParagraphError` for any other module."""
+    metadata on ``main``), compiled without lowering it again. Raises `ParagraphError` for
+    any other module. (An artifact's program is read from its kernel graph instead:
+    `paragraph.tvm_interop.runtime.artifact`.)"""
     info = lowered_info(lowered)
     if info is None:
         raise ParagraphError(f"the module is not a lowered paragraph program (main has no "
@@ -96,14 +94,12 @@ def program_from_lowered(lowered: tvm.IRModule, target: tvm.target.Target | str 
                                                      "func": n.attrs["func"]})
                        if n.id in views else n for n in graph.nodes], graph.outputs,
                       graph.meta)
-    compiled = (vm_executable(lowered, target) if executable is None
-                else Once.of(executable))
-    # a program given its executable links to it, as a GPU program does
-    functions = _link(graph, lowered, target, compiled, shared=executable is None)
+    compiled = vm_executable(lowered, target)
+    functions = _link(graph, lowered, target, compiled)
     return KernelProgram(graph, device or default_device(target), functions, Once.of(lowered),
                          Once.of(target), compiled, kernel_source=kernels,
                          rewrites=tuple(str(r) for r in info.get("rewrites", ())),
-                         input_ranges=ranges, vm_weights=tuple(vm_weights))
+                         input_ranges=ranges)
 
 
 def vm_executable(lowered: tvm.IRModule, target: tvm.target.Target
@@ -114,12 +110,11 @@ def vm_executable(lowered: tvm.IRModule, target: tvm.target.Target
 
 
 def _link(graph: Graph, lowered: tvm.IRModule, target: tvm.target.Target,
-          compiled: Once[relax.VMExecutable], shared: bool = True
-          ) -> dict[str, Callable[..., object]]:
+          compiled: Once[relax.VMExecutable]) -> dict[str, Callable[..., object]]:
     """Kernel function name -> compiled function for every kernel of ``graph``: a CPU
-    program's TVM kernels from the shared cache (`compiled_kernels`; with ``shared``), a GPU
-    program's from its VM executable, vendor kernels by their global names."""
-    own = compiled_kernels(lowered, target) if shared and _shares_kernels(target) else None
+    program's TVM kernels from the shared cache (`compiled_kernels`), a GPU program's from its
+    VM executable, vendor kernels by their global names."""
+    own = compiled_kernels(lowered, target) if _shares_kernels(target) else None
     functions: dict[str, Callable[..., object]] = {}
     for n in graph.nodes:
         if n.kind != "kernel" or n.attrs["func"] in functions:
@@ -129,7 +124,7 @@ def _link(graph: Graph, lowered: tvm.IRModule, target: tvm.target.Target,
             fn = own.get(name) if own is not None else _exported(compiled, lowered, target,
                                                                  name)
         else:
-            if is_vendor_name(name):  # e.g. a program loaded in a fresh process
+            if is_vendor_name(name):  # the TVM VM calls it by this name
                 ensure_registered(name)
             fn = tvm.get_global_func(name, allow_missing=True)
         if fn is None:

@@ -548,8 +548,10 @@ def read_artifact(path: str | os.PathLike, device: tvm.runtime.Device | None = N
         lowered, target_once = needs_compiler("the lowered module"), needs_compiler("the target")
         compiled: Once[Any] = Once(lambda: _registered(graph, library))
     else:
-        parts = compiler
-        lowered = Once(lambda: parts.lowered(members[LOWERED], weights))
+        # the program keeps lowered.json's bytes alone (not the kernel library's and the
+        # other members') for its lowered module, read on first use
+        parts, lowered_json = compiler, members[LOWERED]
+        lowered = Once(lambda: parts.lowered(lowered_json, weights))
         target_once = Once.of(target)
         compiled = Once(lambda: parts.executable(_registered(graph, library)))
     program = KernelProgram(graph, device, functions, lowered, target_once, compiled,
