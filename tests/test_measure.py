@@ -1,6 +1,7 @@
 """Measurement: the SQLite cost database, concurrent timing, the analytical estimate."""
 
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -119,11 +120,16 @@ def test_time_kernel_leaves_out_the_dispatch(executor):
     # (once a CI run timed this kernel alone at 3.5x its dispatched time)
     time_steps([steps], repeat=1, warmup=SETTLE_RUNS)
     small = min(steps, key=lambda st: time_steps([[st]], repeat=3, warmup=1).median_ms)
-    alone = time_kernel(small, repeat=9)
-    dispatched = time_steps([[small]], repeat=9, warmup=2)
-    assert len(alone.samples) == 9
+    # alternating rounds, medians: a CI host once held a core through all nine samples of one
+    # side (130 us a run alone against 44 dispatched), which a single pair cannot tell apart
+    alone, dispatched = [], []
+    for _ in range(5):
+        timing = time_kernel(small, repeat=3)
+        assert len(timing.samples) == 3
+        alone.append(timing.median_ms)
+        dispatched.append(time_steps([[small]], repeat=3, warmup=1).median_ms)
     # a worker's wake-up (tens of microseconds) is in every dispatched run, not in time_kernel
-    assert alone.median_ms < dispatched.median_ms
+    assert statistics.median(alone) < statistics.median(dispatched), (alone, dispatched)
 
 
 def test_time_in_sequence_times_each_step_where_it_runs(executor):
