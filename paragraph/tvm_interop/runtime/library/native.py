@@ -1,13 +1,16 @@
-"""The CPU vendor kernels in C++ (``cpp/``: ``kernels.cc``, the one translation unit, and a
-header per family that it includes): convolutions, products (with a constant matrix or of two
-activations), concatenations, softmax and layer norm bound once to TVM's buffers as TVM FFI
-functions (PyTorch's oneDNN and MKL calls, and paragraph's own GEMM and layer norm where
-those are faster, chosen per shape by timing), which the native stream runner calls without
-the GIL. Built on first use with the system C++ compiler against
-PyTorch's and TVM FFI's headers (about 30 s), cached under `paragraph.files.cache_dir`.
-Without a compiler or PyTorch's headers, or with ``PARAGRAPH_NATIVE=0`` or
-``PARAGRAPH_NATIVE_VENDOR=0``, `bind` returns None and the executor binds the Python kernels
-of `runtime` (same results)."""
+"""The CPU vendor kernels in C++ (``cpp/``): convolutions, products (with a constant matrix or
+of two activations), concatenations, pools, softmax and layer norm bound once to TVM's buffers
+as TVM FFI functions (PyTorch's oneDNN and MKL calls, and paragraph's own forms where those are
+faster, chosen per shape by timing), which the native stream runner calls without the GIL.
+
+Two libraries: the kernels' (``kernels.cc`` and a header per family, TVM FFI's headers only),
+which Python loads, and the ATen library (``aten_forms.cc``, which links libtorch_cpu), which
+the kernels' loads only when a kernel first runs a form of PyTorch's (``cpp/aten.h``): a process
+whose kernels all chose own forms (a deployed artifact's) never maps libtorch_cpu, ~105 MiB
+resident. Built on first use with the system C++ compiler (the ATen library against PyTorch's
+headers; about 30 s), cached under `paragraph.files.cache_dir`. Without a compiler or PyTorch's
+headers, or with ``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``, `bind` returns None and
+the executor binds the Python kernels of `runtime` (same results)."""
 
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from paragraph.tvm_interop.runtime.library.names import POOLS, VendorOp, is_vend
 from paragraph.tvm_interop.runtime.native import build_library
 
 CPP = Path(__file__).parent / "cpp"  # the kernels' folder: kernels.cc and its headers
-SOURCE = CPP / "kernels.cc"  # the one translation unit: it includes the headers beside it
+SOURCE = CPP / "kernels.cc"  # the kernels' translation unit: it includes the headers beside it
+ATEN_SOURCE = CPP / "aten_forms.cc"  # the ATen library's (a revision before it had none)
 SUFFIXES = (".cc", ".h")  # the files of the folder that make the kernels
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -105,29 +109,70 @@ def _library_path(files: Mapping[str, bytes] | None = None,
     return cache_dir() / "native" / f"{kind}-{key.hexdigest()[:16]}.so"
 
 
+def _aten_path(kernels: Path) -> Path:
+    """Where the ATen library of the kernels' library ``kernels`` lies: beside it, named by the
+    same hash (one build's pair)."""
+    return kernels.with_name(kernels.name.replace("vendor_", "vendor_aten_", 1))
+
+
+def _two_libraries(folder: Path) -> bool:
+    """Whether ``folder``'s revision splits the kernels from the ATen library (an older one
+    built one library that linked libtorch itself)."""
+    return (folder / ATEN_SOURCE.name).exists()
+
+
 def _build(torch: Any, out: Path, folder: Path = CPP) -> None:
-    """Compile ``folder``'s ``kernels.cc`` (its headers found beside it) to ``out``."""
+    """Compile ``folder``'s ``kernels.cc`` (its headers found beside it) to ``out`` and, where
+    the folder has one, ``aten_forms.cc`` to the ATen library beside it (`_aten_path`), that
+    one first: the kernels' library, which `module` looks for, is written last."""
     from torch.utils import cpp_extension  # optional (the torch extra), slow to import
 
     lib = Path(torch.__file__).parent / "lib"
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     # the folder on the quoted include path only (-iquote, not -I): a header of its own named
-    # as a system one (threads.h is C11's) must not stand in for it in an #include <...>
+    # as a system one (threads.h is C11's) must not stand in for it in an #include <...>; both
+    # libraries with PyTorch's C++ ABI, so that the types of aten_forms.h pass between them
     flags = (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-w", f"-iquote{folder}", _MARGIN_FLAG)
-    build = functools.partial(build_library, folder / SOURCE.name, out,
-                              includes=tuple(cpp_extension.include_paths()),
-                              libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"))
+    aten = functools.partial(build_library, folder / ATEN_SOURCE.name, _aten_path(out),
+                             includes=tuple(cpp_extension.include_paths()),
+                             libs=(f"-L{lib}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"))
+    # the kernels' library links no libtorch; its rpath is PyTorch's lib folder all the same,
+    # for the libgomp.so.1 PyTorch ships there: one OpenMP runtime for both libraries (and
+    # torch), so a calling thread has one team, whichever runs
+    kernels = functools.partial(build_library, folder / SOURCE.name, out,
+                                libs=(f"-Wl,-rpath,{lib}", "-ldl"))
+    if not _two_libraries(folder):  # an older revision: one library that links libtorch
+        kernels = functools.partial(build_library, folder / SOURCE.name, out,
+                                    includes=tuple(cpp_extension.include_paths()),
+                                    libs=(f"-L{lib}", "-ltorch_cpu", "-lc10",
+                                          f"-Wl,-rpath,{lib}"))
+
+    def build(with_flags: tuple[str, ...]) -> None:
+        if _two_libraries(folder):
+            aten(flags=with_flags)
+        kernels(flags=with_flags)
+
     try:
-        # OpenMP for the own GEMM's threads: the runtime already loaded is PyTorch's libgomp
+        # OpenMP for the own kernels' threads: the runtime already loaded is PyTorch's libgomp
         # (same soname), so its kernels and torch's share one pool per calling thread
-        build(flags=(*flags, "-fopenmp"))
+        build((*flags, "-fopenmp"))
     except RuntimeError as exc:  # a compiler without OpenMP: the own GEMM runs on one thread
         said = str(exc).partition("failed:\n")[2].lower()  # the compiler's words, not the command
         if "openmp" not in said and "omp" not in said:
             raise
         warnings.warn(f"building paragraph's C++ vendor kernels without OpenMP ({exc}); their "
                       "own GEMM runs on one thread", RuntimeWarning, stacklevel=2)
-        build(flags=flags)
+        build(flags)
+
+
+def _load(path: Path) -> Any:
+    """The kernels' library at ``path`` loaded (a library of its own: a second path is a second
+    library, with its own state), told where its ATen library lies where it has one."""
+    m = tvm_ffi.load_module(str(path))
+    aten = _aten_path(path)
+    if aten.exists():  # (an older revision's single library has none)
+        m["paragraph_vendor_set_aten_library"](str(aten))
+    return m
 
 
 def module() -> Any:
@@ -139,11 +184,11 @@ def module() -> Any:
             _state["module"], _state["reason"] = None, None
             try:
                 path = _library_path()
-                if not path.exists():
-                    import torch  # the kernels link against this PyTorch (its headers)
+                if not (path.exists() and _aten_path(path).exists()):
+                    import torch  # the ATen library links this PyTorch (its headers)
 
                     _build(torch, path)
-                _state["module"] = tvm_ffi.load_module(str(path))
+                _state["module"] = _load(path)
                 _state["path"] = path  # where it was built: a subprocess can load it too
             except Exception as exc:  # the Python kernels work: warn once, go on
                 reraise_interrupt(exc)  # but a Ctrl+C TVM disguised stops (not a fallback)
@@ -260,24 +305,27 @@ def variant(files: Mapping[str, bytes]) -> Any:
         if Path(name).name != name or name.startswith("."):
             raise ValueError(f"not a file name of the kernels' folder: {name!r}")
     path = _library_path(files, "vendor_variant")
-    if not path.exists():
-        # this source's library: the one this process loaded, else where it would be cached
+    two = ATEN_SOURCE.name in files  # (an older revision: one library, which links libtorch)
+    if not (path.exists() and (not two or _aten_path(path).exists())):
+        # this source's libraries: the ones this process loaded, else where they would be cached
         loaded = _state.get("path")
         main = loaded if loaded is not None and loaded.exists() else _library_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            if dict(files) == sources() and main.exists():  # this source: a copy
-                copy = Path(tmp) / path.name
-                shutil.copyfile(main, copy)
-                os.replace(copy, path)
-            else:  # `build_library` writes the library atomically
+            if dict(files) == sources() and main.exists() and _aten_path(main).exists():
+                # this source: copies, the ATen library's first (a variant of its own state)
+                for source, target in ((_aten_path(main), _aten_path(path)), (main, path)):
+                    copy = Path(tmp) / target.name
+                    shutil.copyfile(source, copy)
+                    os.replace(copy, target)
+            else:  # `build_library` writes each library atomically
                 folder = Path(tmp) / "cpp"
                 folder.mkdir()
                 for name, text in files.items():
                     (folder / name).write_bytes(text)
                 _build(torch, path, folder)
-    # a file of its own: loaded as a second library, not the one `module` holds
-    return tvm_ffi.load_module(str(path))
+    # files of their own: loaded as second libraries, not the ones `module` holds
+    return _load(path)
 
 
 @contextmanager

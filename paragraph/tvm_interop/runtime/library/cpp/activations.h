@@ -1,8 +1,9 @@
 // The activations the kernels fuse after a convolution or product (`names.EPILOGUES`): their
-// names (`Act`, `act_of`, which refuses any other), PyTorch's in place after a library's call
-// (`activate`), and the own kernels' on 16 lanes: the piecewise-linear ones in the epilogue's
-// registers (`in_registers`, `apply_linear_act`), the others, with a vector exponential
-// (`exp_ps`, `act_transcendental`), over what an epilogue stored (`act_rows`).
+// names (act.h's `Act`; `act_of`, which refuses any other) and the own kernels' on 16 lanes:
+// the piecewise-linear ones in the epilogue's registers (`in_registers`, `apply_linear_act`),
+// the others, with a vector exponential (`exp_ps`, `act_transcendental`), over what an
+// epilogue stored (`act_rows`). PyTorch's, in place after a library's call, are the ATen
+// library's (aten.h's `activate`).
 //
 //   relu         max(x, 0)                relu6      min(max(x, 0), 6)
 //   hardsigmoid  relu6(x + 3) / 6         hardswish  x * relu6(x + 3) / 6
@@ -13,30 +14,14 @@
 // value (relative, over float's normal range; a result below it is 0); PyTorch's float32
 // GELUs, whose 1 + erf and 1 + tanh cancel for negative x, are less exact there.
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
 #include "common.h"
+#include "act.h"
 
 namespace {
-
-enum class Act {
-  kNone,
-  kRelu,
-  kRelu6,
-  kHardswish,
-  kHardsigmoid,  // (the piecewise-linear ones first: see `in_registers`)
-  kSigmoid,
-  kSilu,
-  kGelu,
-  kGeluTanh
-};
-
-// the names, as `names.EPILOGUES` (and "" for none), in Act's order
-constexpr std::array<const char*, 9> kActNames = {"",          "relu",    "relu6", "hardswish",
-                                                  "hardsigmoid", "sigmoid", "silu",  "gelu",
-                                                  "gelu_tanh"};
 
 // the activation named ``name`` ("" for none); any other name is an error, not a silent
 // identity: a kernel bound with a name it does not know would return the wrong values
@@ -48,36 +33,6 @@ Act act_of(const std::string& name) {
     known += (i > 1 ? ", " : "") + std::string(kActNames[i]);
   TVM_FFI_THROW(ValueError) << "paragraph's vendor kernels know no activation '" << name
                             << "' (they fuse " << known << ")";
-}
-
-// o = act(o) in place, PyTorch's: after a library's call (oneDNN's fuses relu alone, MKL's none)
-void activate(at::Tensor& o, Act act) {
-  switch (act) {
-    case Act::kNone:
-      return;
-    case Act::kRelu:
-      o.relu_();
-      return;
-    case Act::kRelu6:
-      at::hardtanh_(o, 0, 6);  // F.relu6's
-      return;
-    case Act::kHardswish:
-      at::hardswish_(o);
-      return;
-    case Act::kHardsigmoid:
-      at::hardsigmoid_(o);
-      return;
-    case Act::kSigmoid:
-      o.sigmoid_();
-      return;
-    case Act::kSilu:
-      at::silu_(o);
-      return;
-    case Act::kGelu:
-    case Act::kGeluTanh:
-      at::gelu_(o, act == Act::kGelu ? "none" : "tanh");
-      return;
-  }
 }
 
 #ifdef PARAGRAPH_AVX512

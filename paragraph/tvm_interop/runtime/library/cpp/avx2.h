@@ -8,7 +8,7 @@
 // (`GroupedConvAvx2`, which have no AVX-512 siblings and run on any CPU with AVX2) leave all
 // of those to PyTorch after the kernel (`activate`).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -170,7 +170,7 @@ __attribute__((target("avx2,fma"), noinline)) void act_rows8(float* p, int64_t r
 
 // the activation the own AVX2 forms leave to PyTorch after the call (GELU's erf form: see
 // `act_transcendental8`) applied to ``o``
-inline void act_after8(at::Tensor o, Act act) {
+inline void act_after8(View o, Act act) {
   if (act == Act::kGelu) activate(o, act);
 }
 
@@ -320,14 +320,14 @@ struct DepthwiseAvx2 {
 
 // the own AVX2 depthwise form where the CPU and the tensors allow it (see `DepthwiseAvx2`),
 // else None; pads: top, left (bottom and right follow from the output's size)
-c10::optional<Form> own_depthwise_avx2(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                                       const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
-                                       c10::optional<at::Tensor> res_buffer, int64_t sh,
+std::optional<Form> own_depthwise_avx2(const View& out_buffer, const View& x_buffer,
+                                       const View& w_buffer, std::optional<View> bias,
+                                       std::optional<View> res_buffer, int64_t sh,
                                        int64_t sw, int64_t pt, int64_t pl, int64_t dh,
                                        int64_t dw, Act act, int64_t threads) {
   const int64_t c = x_buffer.size(3);
   if (!own_avx2() || !depthwise_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer))
-    return c10::nullopt;
+    return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
   auto packed = packed_depthwise(w_buffer);
   DepthwiseAvx2 conv{x_buffer.data_ptr<float>(), nullptr,
@@ -467,11 +467,11 @@ struct PackedGemmAvx2 {
 
 // the own AVX2 GEMM's form of out2 = act(rows @ W + bias + res2), W's element (n, k) at
 // w[n * sn + k * sk]; None where the CPU or the tensors do not allow it
-c10::optional<Form> packed_gemm_avx2(at::Tensor out2, at::Tensor rows, const at::Tensor& w,
-                                     int64_t sn, int64_t sk, c10::optional<at::Tensor> bias,
-                                     c10::optional<at::Tensor> res2, Act act, int64_t threads) {
+std::optional<Form> packed_gemm_avx2(View out2, View rows, const View& w,
+                                     int64_t sn, int64_t sk, std::optional<View> bias,
+                                     std::optional<View> res2, Act act, int64_t threads) {
   const int64_t m = rows.size(0), k = rows.size(1), n = out2.size(1);
-  if (!own_avx2() || !gemm_tensors_ok(out2, rows, w, bias, res2)) return c10::nullopt;
+  if (!own_avx2() || !gemm_tensors_ok(out2, rows, w, bias, res2)) return std::nullopt;
   auto packed = lazy_packed(w, "panels16", [w, n, k, sn, sk]() {
     return pack_panels(w, n, k, sn, sk, kNR8);
   });
@@ -585,14 +585,14 @@ struct ConvAvx2 {
 
 // the own AVX2 convolution's form where the CPU and the tensors allow it (see `ConvAvx2`),
 // else None; pads: top, left, bottom, right
-c10::optional<Form> own_conv_avx2(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                                  const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
-                                  c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
+std::optional<Form> own_conv_avx2(const View& out_buffer, const View& x_buffer,
+                                  const View& w_buffer, std::optional<View> bias,
+                                  std::optional<View> res_buffer, int64_t sh, int64_t sw,
                                   std::array<int64_t, 4> pads, int64_t dh, int64_t dw, Act act,
                                   int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   if (!own_avx2() || !conv_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer))
-    return c10::nullopt;
+    return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
   auto packed = lazy_packed(w_buffer, "panels16", [w_buffer, cout, k]() {
     return pack_panels(w_buffer, cout, k, k, 1, kNR8);
@@ -790,10 +790,10 @@ struct GroupedConvAvx2 {
 // call where a NaN was computed (its output is rewritten whole, so no residual written in
 // place: it would be read again); w_buffer: (cout, kh, kw, cin / groups); pads: top, left
 // (bottom and right follow from the output's size)
-c10::optional<Form> own_grouped_conv_avx2(const at::Tensor& out_buffer,
-                                          const at::Tensor& x_buffer, const at::Tensor& w_buffer,
-                                          c10::optional<at::Tensor> bias,
-                                          c10::optional<at::Tensor> res_buffer, int64_t sh,
+std::optional<Form> own_grouped_conv_avx2(const View& out_buffer,
+                                          const View& x_buffer, const View& w_buffer,
+                                          std::optional<View> bias,
+                                          std::optional<View> res_buffer, int64_t sh,
                                           int64_t sw, int64_t pt, int64_t pl, int64_t dh,
                                           int64_t dw, int64_t groups, Act act, Form exact,
                                           int64_t nr, int64_t threads) {
@@ -802,7 +802,7 @@ c10::optional<Form> own_grouped_conv_avx2(const at::Tensor& out_buffer,
   if (!cpu_avx2_fma() || groups < 2 || !plain_float(x_buffer) ||
       !conv_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer, groups) ||
       (res_buffer && res_buffer->data_ptr() == out_buffer.data_ptr()))
-    return c10::nullopt;
+    return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), ntaps = kh * kw;
   const int64_t cin_g = cin / groups, cout_g = cout / groups;
   const int64_t panels = (cout + nr - 1) / nr;
@@ -818,8 +818,8 @@ c10::optional<Form> own_grouped_conv_avx2(const at::Tensor& out_buffer,
   }
   auto packed = lazy_packed(w_buffer, "grouped" + std::to_string(nr),
                             [w_buffer, in0, span, boff, total, cout, ntaps, cin_g, cout_g, nr]() {
-    at::Tensor out = at::zeros({total}, w_buffer.options().dtype(at::kFloat));
-    const at::Tensor w = w_buffer.contiguous();
+    View out = View::zeros({total});
+    const View w = w_buffer.contiguous();
     const float* src = w.data_ptr<float>();
     float* dst = out.data_ptr<float>();
     const int64_t panels = static_cast<int64_t>(in0.size());
@@ -848,7 +848,7 @@ c10::optional<Form> own_grouped_conv_avx2(const at::Tensor& out_buffer,
       return;
     }
     if (!in_registers(act)) {  // PyTorch's, over the whole output
-      at::Tensor o = out_buffer;
+      View o = out_buffer;
       activate(o, act);
     }
   });

@@ -6,7 +6,7 @@
 // names the entry point and the mismatch (TVM FFI raises it in Python as a ValueError, which
 // `runtime/library/native.py`'s `bind` turns into a `KernelShapeError`).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -15,10 +15,10 @@
 namespace {
 
 // "(1, 3, 224, 224) float": a tensor as a message shows it
-std::string described(const at::Tensor& t) {
+std::string described(const View& t) {
   std::string text = "(";
   for (int64_t i = 0; i < t.dim(); ++i) text += (i ? ", " : "") + std::to_string(t.size(i));
-  return text + (t.dim() == 1 ? ",) " : ") ") + std::string(t.dtype().name());
+  return text + (t.dim() == 1 ? ",) " : ") ") + std::string(dtype_name(t.scalar_type()));
 }
 
 // the sizes of a window's output along one axis: floor((in + pads - dilation (k - 1) - 1) /
@@ -35,20 +35,20 @@ int64_t window_outputs(int64_t in, int64_t pad_before, int64_t pad_after, int64_
     if (!(ok)) TVM_FFI_THROW(ValueError) << (kernel) << ": " << message;        \
   } while (0)
 
-void check_rank(const char* kernel, const char* what, const at::Tensor& t, int64_t rank) {
+void check_rank(const char* kernel, const char* what, const View& t, int64_t rank) {
   PARAGRAPH_REQUIRE(t.dim() == rank, kernel,
                     what << " must have " << rank << " dimensions, got " << described(t));
 }
 
-void check_dtype(const char* kernel, const char* what, const at::Tensor& t,
-                 const at::Tensor& like) {
+void check_dtype(const char* kernel, const char* what, const View& t,
+                 const View& like) {
   PARAGRAPH_REQUIRE(t.scalar_type() == like.scalar_type(), kernel,
                     what << " is " << described(t) << ", not of the output's dtype "
-                         << like.dtype().name());
+                         << dtype_name(like.scalar_type()));
 }
 
-void check_same_sizes(const char* kernel, const char* what, const at::Tensor& t,
-                      const at::Tensor& like, const char* like_what) {
+void check_same_sizes(const char* kernel, const char* what, const View& t,
+                      const View& like, const char* like_what) {
   PARAGRAPH_REQUIRE(t.sizes() == like.sizes(), kernel,
                     what << " " << described(t) << " does not match " << like_what << " "
                          << described(like));
@@ -56,8 +56,8 @@ void check_same_sizes(const char* kernel, const char* what, const at::Tensor& t,
 
 // an operand of one element per channel (a bias, a pool's scale or shift, a norm's gamma or
 // beta): ``count`` elements, one per ``each``
-void check_per_channel(const char* kernel, const char* what, const at::Tensor& t, int64_t count,
-                       const char* each, const at::Tensor& out) {
+void check_per_channel(const char* kernel, const char* what, const View& t, int64_t count,
+                       const char* each, const View& out) {
   PARAGRAPH_REQUIRE(t.numel() == count, kernel,
                     what << " " << described(t) << " has " << t.numel() << " elements, not "
                          << count << " (one per " << each << ")");
@@ -93,8 +93,8 @@ void check_window(const char* kernel, int64_t h, int64_t w, int64_t oh, int64_t 
 
 // a convolution: x, w and out as logical NCHW / OIHW views (whatever the buffers' layout),
 // params as the entry point takes them (stride, padding 2 or 4, dilation, groups)
-void check_conv2d(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
-                  const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& res,
+void check_conv2d(const View& out, const View& x, const View& w,
+                  const std::optional<View>& bias, const std::optional<View>& res,
                   const std::vector<int64_t>& p) {
   const char* kernel = "paragraph_vendor_conv2d";
   PARAGRAPH_REQUIRE(p.size() == 7 || p.size() == 9, kernel,
@@ -131,8 +131,8 @@ void check_conv2d(const at::Tensor& out, const at::Tensor& x, const at::Tensor& 
 }
 
 // (..., K) @ W (K, N) into (..., N): every dimension of the output but the last the input's
-void check_linear(const char* kernel, const at::Tensor& out, const at::Tensor& a,
-                  const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+void check_linear(const char* kernel, const View& out, const View& a,
+                  const View& w, const std::optional<View>& bias) {
   check_rank(kernel, "the weight", w, 2);
   PARAGRAPH_REQUIRE(a.dim() >= 1 && out.dim() == a.dim(), kernel,
                     "the input " << described(a) << " and the output " << described(out)
@@ -155,8 +155,8 @@ void check_linear(const char* kernel, const at::Tensor& out, const at::Tensor& a
 
 // a product of two activations: (..., K) @ (K, N) (then as a linear layer), or (B..., M, K)
 // @ (B..., K, N) into (B..., M, N) with the same batch dimensions
-void check_product(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
-                   const c10::optional<at::Tensor>& bias) {
+void check_product(const View& out, const View& a, const View& b,
+                   const std::optional<View>& bias) {
   const char* kernel = "paragraph_vendor_product";
   if (b.dim() == 2) {
     check_linear(kernel, out, a, b, bias);
@@ -183,7 +183,7 @@ void check_product(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
 }
 
 // parts joined along ``axis`` (negative: from the end) into out
-void check_concat(const at::Tensor& out, const std::vector<at::Tensor>& parts, int64_t axis) {
+void check_concat(const View& out, const std::vector<View>& parts, int64_t axis) {
   const char* kernel = "paragraph_vendor_concat";
   PARAGRAPH_REQUIRE(!parts.empty(), kernel, "nothing to join");
   PARAGRAPH_REQUIRE(axis >= -out.dim() && axis < out.dim(), kernel,
@@ -191,7 +191,7 @@ void check_concat(const at::Tensor& out, const std::vector<at::Tensor>& parts, i
   const int64_t at_axis = axis < 0 ? axis + out.dim() : axis;
   int64_t total = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    const at::Tensor& part = parts[i];
+    const View& part = parts[i];
     const std::string what = "part " + std::to_string(i);
     PARAGRAPH_REQUIRE(part.dim() == out.dim(), kernel,
                       what << " " << described(part) << " and the output " << described(out)
@@ -210,7 +210,7 @@ void check_concat(const at::Tensor& out, const std::vector<at::Tensor>& parts, i
                                          << out.size(at_axis));
 }
 
-void check_softmax(const at::Tensor& out, const at::Tensor& x, int64_t axis) {
+void check_softmax(const View& out, const View& x, int64_t axis) {
   const char* kernel = "paragraph_vendor_softmax";
   PARAGRAPH_REQUIRE(x.dim() >= 1 && axis >= -x.dim() && axis < x.dim(), kernel,
                     "axis " << axis << " of the input " << described(x));
@@ -219,8 +219,8 @@ void check_softmax(const at::Tensor& out, const at::Tensor& x, int64_t axis) {
 }
 
 // a pool on NHWC buffers; params: window (2), stride (2), padding (top, left, bottom, right)
-void check_pool2d(const at::Tensor& out, const at::Tensor& x, const std::vector<int64_t>& p,
-                  const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& shift) {
+void check_pool2d(const View& out, const View& x, const std::vector<int64_t>& p,
+                  const std::optional<View>& scale, const std::optional<View>& shift) {
   const char* kernel = "paragraph_vendor_pool2d";
   PARAGRAPH_REQUIRE(p.size() == 8, kernel,
                     "8 parameters (window 2, stride 2, padding 4), got " << p.size());
@@ -240,8 +240,8 @@ void check_pool2d(const at::Tensor& out, const at::Tensor& x, const std::vector<
   }
 }
 
-void check_layer_norm(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma,
-                      const at::Tensor& beta, const c10::optional<at::Tensor>& res) {
+void check_layer_norm(const View& out, const View& x, const View& gamma,
+                      const View& beta, const std::optional<View>& res) {
   const char* kernel = "paragraph_vendor_layer_norm";
   PARAGRAPH_REQUIRE(x.dim() >= 1, kernel, "the input " << described(x) << " has no axis");
   check_same_sizes(kernel, "the output", out, x, "the input");

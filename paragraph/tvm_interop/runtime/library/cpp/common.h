@@ -1,20 +1,15 @@
-// What every family of the kernels uses: the system, ATen and TVM FFI includes (and
-// PARAGRAPH_AVX512 on x86-64, where the own AVX-512 kernels are compiled), TVM's buffers as ATen
-// tensors (`to_aten`, `nchw`), an output zeroed before a kernel adds into it (`zero_for`), the
-// tensors the own kernels take (`plain_float`), the text of packing and choice keys (`ints`,
-// `shape_key`), a kernel's body as a TVM FFI function (`wrap`), the AVX-512 tail masks
+// What every family of the kernels uses: the system and TVM FFI includes (and PARAGRAPH_AVX512
+// on x86-64, where the own AVX-512 kernels are compiled), TVM's buffers as Views (view.h:
+// `to_view`, `nchw`; no ATen here: aten.h), the tensors the own kernels take (`plain_float`),
+// the text of packing and choice keys (`ints`, `shape_key`), a kernel's body as a TVM FFI
+// function (`wrap`), the AVX-512 tail masks
 // (`tail_mask`) and the NaN-keeping relu of the concat's and pools' epilogues (`relu_keep_nan`;
 // the convolutions' and products' activations are activations.h's).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/DLConvertor.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
@@ -48,7 +43,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <vector>
+
+#include "view.h"
 
 namespace ffi = tvm::ffi;
 
@@ -67,32 +65,38 @@ inline bool own_avx512() {
   return ok;
 }
 
-at::Tensor to_aten(const ffi::Tensor& t) {
-  // a torch view of TVM's buffer: the DLPack capsule keeps the TVM tensor alive
-  return at::fromDLPack(t.ToDLPack());
+// a View of TVM's buffer, which the View holds alive
+View to_view(const ffi::Tensor& t) {
+  View v;
+  const DLDataType d = t.dtype();
+  const int bits = d.bits * d.lanes;
+  if (d.code == kDLFloat && bits == 32) v.type = DType::kFloat;
+  else if (d.code == kDLFloat && bits == 64) v.type = DType::kDouble;
+  else if (d.code == kDLFloat && bits == 16) v.type = DType::kHalf;
+  else if (d.code == kDLBfloat && bits == 16) v.type = DType::kBFloat16;
+  else if (d.code == kDLInt && bits == 8) v.type = DType::kInt8;
+  else if (d.code == kDLUInt && bits == 8) v.type = DType::kUInt8;
+  else if (d.code == kDLInt && bits == 16) v.type = DType::kInt16;
+  else if (d.code == kDLInt && bits == 32) v.type = DType::kInt32;
+  else if (d.code == kDLInt && bits == 64) v.type = DType::kInt64;
+  else if (d.code == kDLBool || (d.code == kDLUInt && bits == 1)) v.type = DType::kBool;
+  const DLTensor* dl = t.GetDLTensorPtr();
+  v.data = static_cast<char*>(dl->data) + dl->byte_offset;
+  v.shape.assign(dl->shape, dl->shape + dl->ndim);
+  if (dl->strides != nullptr)
+    v.step.assign(dl->strides, dl->strides + dl->ndim);
+  else
+    v.step = View::contiguous_strides(v.shape);
+  v.keep = std::make_shared<ffi::Tensor>(t);
+  v.cpu = t.device().device_type == kDLCPU;
+  return v;
 }
 
-at::Tensor nchw(const at::Tensor& t) { return t.permute({0, 3, 1, 2}); }  // NHWC -> NCHW view
-
-void memset_zero(const at::Tensor& t) {
-  std::memset(t.data_ptr(), 0, t.numel() * t.element_size());
-}
-
-// zero an output before a kernel that adds into it: on several threads as a parallel region,
-// which also keeps the OpenMP worker from falling asleep (its spin lasts ~30 us; one thread
-// took ~35 us to zero a 3 MB output) and the kernel's own region from waking it
-void zero_for(const at::Tensor& t) {
-  if (at::get_num_threads() > 1) {
-    at::Tensor z = t;
-    z.zero_();
-  } else {
-    memset_zero(t);
-  }
-}
+View nchw(const View& t) { return t.permute({0, 3, 1, 2}); }  // NHWC -> NCHW view
 
 // a contiguous float32 CPU tensor: what the AVX-512 kernels read and write
-bool plain_float(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu();
+bool plain_float(const View& t) {
+  return t.scalar_type() == kFloat && t.is_contiguous() && t.device().is_cpu();
 }
 
 std::string ints(const std::vector<int64_t>& v) {
@@ -101,9 +105,9 @@ std::string ints(const std::vector<int64_t>& v) {
   return out;
 }
 
-std::string shape_key(const std::vector<at::Tensor>& ts) {
+std::string shape_key(const std::vector<View>& ts) {
   std::string key;
-  for (const at::Tensor& t : ts) {
+  for (const View& t : ts) {
     key += "(";
     for (int64_t d : t.sizes()) key += std::to_string(d) + ",";
     key += ")";
@@ -112,7 +116,8 @@ std::string shape_key(const std::vector<at::Tensor>& ts) {
 }
 
 ffi::Function wrap(std::function<void()> body) {
-  // torch's errors become TVM FFI errors, which the stream runner reports by kernel
+  // the ATen library's (torch's) errors become TVM FFI errors, which the stream runner reports
+  // by kernel
   return ffi::Function::FromTyped([body = std::move(body)]() {
     try {
       body();

@@ -2,7 +2,7 @@
 // another, copied (through the relu where fused) a vector at a time with AVX-512
 // (`concat_rows_avx512`), else by memcpy or `copy_relu` (`own_concat`).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -66,32 +66,32 @@ __attribute__((target("avx512f"))) void concat_rows_avx512(float* dst,
 // NHWC tensors (Inception-v3's eleven joins) 10-30% slower than ONNX Runtime's concat on one
 // thread and on two, and its relu was a second pass over the output (NASNet's joins: 2x).
 // None where a part is not contiguous or of another dtype (cat_out takes those).
-c10::optional<Form> own_concat(at::Tensor out, std::vector<at::Tensor> parts, int64_t axis,
+std::optional<Form> own_concat(View out, std::vector<View> parts, int64_t axis,
                                bool relu, int64_t threads) {
   if (!out.is_contiguous() || !out.device().is_cpu() || axis < 0 || axis >= out.dim() ||
-      (relu && out.scalar_type() != at::kFloat))
-    return c10::nullopt;
+      (relu && out.scalar_type() != kFloat))
+    return std::nullopt;
   int64_t outer = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= out.size(d);
   const int64_t esize = out.element_size();
   std::vector<std::pair<const char*, int64_t>> src;  // a part's data and its row in bytes
   int64_t row = 0;
-  for (const at::Tensor& t : parts) {
+  for (const View& t : parts) {
     if (!t.is_contiguous() || t.scalar_type() != out.scalar_type() || !t.device().is_cpu())
-      return c10::nullopt;
+      return std::nullopt;
     const int64_t bytes = outer ? t.numel() / outer * esize : 0;
     src.emplace_back(static_cast<const char*>(t.data_ptr()), bytes);
     row += bytes;
   }
-  if (row * outer != out.numel() * esize) return c10::nullopt;
+  if (row * outer != out.numel() * esize) return std::nullopt;
   char* dst = static_cast<char*>(out.data_ptr());
   // the tensors held as long as the form: the forms not chosen are dropped (`keep_chosen`),
   // and with them PyTorch's, which had held them; a caller that kept the function but not
   // its buffers had the copies write freed memory
   parts.push_back(out);
-  auto held = std::make_shared<const std::vector<at::Tensor>>(std::move(parts));
+  auto held = std::make_shared<const std::vector<View>>(std::move(parts));
 #ifdef PARAGRAPH_AVX512
-  if (out.scalar_type() == at::kFloat && own_avx512()) {
+  if (out.scalar_type() == kFloat && own_avx512()) {
     std::vector<const float*> fparts;
     std::vector<int64_t> counts;
     for (const auto& [data, bytes] : src) {

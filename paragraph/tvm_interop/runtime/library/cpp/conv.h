@@ -1,10 +1,10 @@
-// Convolutions with groups = 1: oneDNN's in place on a weight it packed once (`onednn_conv`, also
-// the form of depthwise convolutions and of linear layers), and paragraph's own as an implicit GEMM
-// on the packed GEMM's panels and tile parts (`conv_tile`, `ImplicitConv`, `own_conv`), its input
-// padded or reordered from NCHW into a scratch buffer of the calling thread (`padded_input`,
-// `nhwc_row`).
+// Convolutions with groups = 1: oneDNN's in place on a weight it packed once (`onednn_conv`, the
+// ATen library's; also the form of depthwise and grouped convolutions), and paragraph's own as
+// an implicit GEMM on the packed GEMM's panels and tile parts (`conv_tile`, `ImplicitConv`,
+// `own_conv`), its input padded or reordered from NCHW into a scratch buffer of the calling
+// thread (`padded_input`, `nhwc_row`).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -14,80 +14,17 @@
 #include "packing.h"
 #include "forms.h"
 #include "gemm.h"
+#include "finite.h"
+#include "aten.h"
 
 namespace {
-
-const c10::OperatorHandle& in_place_conv() {
-  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
-      "mkldnn::_convolution_pointwise_", "binary");
-  return op;
-}
-
-// whether any of n floats (as bits) is NaN or infinite, its exponent field all ones: four
-// vectors a step with AVX2, else one at a time (on a Zen 3, 0.8 MB already in cache: 15 us
-// against the scalar loop's 126, which cost ResNet-50 5% end to end before it)
-#ifdef PARAGRAPH_AVX512
-// the lanes of the 8 floats at u whose exponent field is all ones
-__attribute__((target("avx2"), always_inline)) inline __m256i nonfinite_lanes(const uint32_t* u) {
-  const __m256i e = _mm256_set1_epi32(0x7f800000);
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
-  return _mm256_cmpeq_epi32(_mm256_and_si256(v, e), e);
-}
-
-__attribute__((target("avx2"))) bool nonfinite_avx2(const uint32_t* u, int64_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_or_si256(a0, nonfinite_lanes(u + i));
-    a1 = _mm256_or_si256(a1, nonfinite_lanes(u + i + 8));
-    a2 = _mm256_or_si256(a2, nonfinite_lanes(u + i + 16));
-    a3 = _mm256_or_si256(a3, nonfinite_lanes(u + i + 24));
-  }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_or_si256(a0, nonfinite_lanes(u + i));
-  const __m256i all = _mm256_or_si256(_mm256_or_si256(a0, a1), _mm256_or_si256(a2, a3));
-  bool bad = !_mm256_testz_si256(all, all);
-  for (; i < n; ++i) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
-  return bad;
-}
-#endif
-
-bool nonfinite_bits(const uint32_t* u, int64_t n) {
-#ifdef PARAGRAPH_AVX512
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return nonfinite_avx2(u, n);
-#endif
-  bool bad = false;
-  for (int64_t i = 0; i < n; ++i) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
-  return bad;
-}
-
-// whether any of t's values is NaN or infinite: one pass over a float32 tensor whose elements
-// lie in one dense block, shared by the calling thread's OpenMP team where it is large
-// (256 KB and more); ATen's check for any other tensor
-bool any_nonfinite(const at::Tensor& t) {
-  if (t.scalar_type() != at::kFloat || !t.device().is_cpu() || !t.is_non_overlapping_and_dense())
-    return !at::isfinite(t).all().item<bool>();
-  const uint32_t* u = static_cast<const uint32_t*>(t.data_ptr());
-  const int64_t n = t.numel();
-#ifdef _OPENMP
-  if (n >= (1 << 16) && omp_get_max_threads() > 1) {
-    const int64_t parts = omp_get_max_threads(), step = (n + parts - 1) / parts;
-    int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
-    for (int64_t p = 0; p < parts; ++p)
-      bad |= nonfinite_bits(u + p * step, std::max<int64_t>(0, std::min(step, n - p * step)));
-    return bad != 0;
-  }
-#endif
-  return nonfinite_bits(u, n);
-}
 
 // ``form`` where the weight (``weight_finite``, a constant checked once), the input, the bias
 // and the residual hold no NaN or infinity, else ``exact``, whose every output reads its own
 // window alone: for a form that would spread one (a Winograd tile mixes its inputs, so one
 // infinity makes NaN of outputs whose window does not hold it, and one NaN the whole tile's)
-Form finite_only(Form form, Form exact, at::Tensor x, c10::optional<at::Tensor> bias,
-                 c10::optional<at::Tensor> res, bool weight_finite) {
+Form finite_only(Form form, Form exact, View x, std::optional<View> bias,
+                 std::optional<View> res, bool weight_finite) {
   if (!weight_finite) return exact;
   return [=]() {
     if (any_nonfinite(x) || (bias && any_nonfinite(*bias)) || (res && any_nonfinite(*res)))
@@ -97,46 +34,19 @@ Form finite_only(Form form, Form exact, at::Tensor x, c10::optional<at::Tensor> 
   };
 }
 
-// out = act(conv(x, w) + bias + out), in place: out starts as zero or the residual. oneDNN
-// fuses relu; any other activation is PyTorch's, after it, on out_buffer (out's storage).
-// oneDNN's relu post-op is MAXPS(v, 0), which makes a NaN 0 where PyTorch, ONNX Runtime and the
-// own forms keep it: relu is fused only where no NaN can arise (the weight finite,
-// ``weight_finite``, a constant checked once at binding; the input, bias and residual checked
-// each call, a read of what oneDNN reads anyway), else it is PyTorch's after the call
-Form onednn_conv(at::Tensor out, at::Tensor x, std::shared_ptr<LazyPacked> packed,
-                 c10::optional<at::Tensor> bias,
-                 c10::optional<at::Tensor> res, std::vector<int64_t> padding,
-                 std::vector<int64_t> stride, std::vector<int64_t> dilation, int64_t groups,
-                 std::vector<int64_t> pre_pad, Act act, at::Tensor out_buffer,
-                 bool weight_finite) {
-  return [=]() mutable {
-    const bool fuse_relu = act == Act::kRelu && weight_finite && !any_nonfinite(x) &&
-                           !(bias && any_nonfinite(*bias)) && !(res && any_nonfinite(*res));
-    at::Tensor xp = pre_pad.empty() ? x : at::constant_pad_nd(x, pre_pad);
-    if (res) {
-      // the memory plan may give the output the residual's buffer (written in place)
-      if (res->data_ptr() != out.data_ptr()) out.copy_(*res);
-    } else {
-      zero_for(out_buffer);
-    }
-    torch::jit::Stack stack;
-    stack.reserve(13);
-    stack.emplace_back(out);
-    stack.emplace_back(xp);
-    stack.emplace_back(packed->tensor());
-    stack.emplace_back(bias ? c10::IValue(*bias) : c10::IValue());
-    stack.emplace_back(padding);
-    stack.emplace_back(stride);
-    stack.emplace_back(dilation);
-    stack.emplace_back(groups);
-    stack.emplace_back(std::string("add"));
-    stack.emplace_back(c10::IValue());
-    stack.emplace_back(fuse_relu ? c10::IValue(std::string("relu")) : c10::IValue());
-    stack.emplace_back(c10::List<c10::optional<at::Scalar>>());
-    stack.emplace_back(c10::IValue());
-    in_place_conv().callBoxed(&stack);
-    if (!fuse_relu) activate(out_buffer, act);
-  };
+// out = act(conv(x, w) + bias + out), in place (out starts as zero or the residual), oneDNN's on
+// the weight w packed once for ``input_size`` (the padded input's): the ATen library's form
+// (aten_forms.cc), made on its first call; x, w and out NCHW / OIHW views, out_buffer out's
+// storage
+Form onednn_conv(View out, View x, View w, std::optional<View> bias, std::optional<View> res,
+                 std::vector<int64_t> padding, std::vector<int64_t> stride,
+                 std::vector<int64_t> dilation, int64_t groups, std::vector<int64_t> pre_pad,
+                 std::vector<int64_t> input_size, Act act, View out_buffer, bool weight_finite,
+                 int64_t threads) {
+  return deferred([=](const AtenForms& aten) {
+    return aten.conv(out, x, w, bias, res, padding, stride, dilation, groups, pre_pad,
+                     input_size, act, out_buffer, weight_finite, threads);
+  });
 }
 
 #ifdef PARAGRAPH_AVX512
@@ -289,7 +199,7 @@ __attribute__((target("avx512f"))) void nhwc_row(float* d, const float* s, int64
 // the input with zero borders (top, left, bottom, right) in the calling thread's scratch
 // buffer, rows copied over the team; the buffer lives as long as the thread (the stream). x is
 // NHWC, contiguous or a view of a contiguous NCHW tensor (reordered as it is copied)
-const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t pb, int64_t pr,
+const float* padded_input(const View& x, int64_t pt, int64_t pl, int64_t pb, int64_t pr,
                           int64_t threads) {
   thread_local std::vector<float> scratch;
   const int64_t n = x.size(0), h = x.size(1), w = x.size(2), c = x.size(3);
@@ -324,20 +234,20 @@ const float* padded_input(const at::Tensor& x, int64_t pt, int64_t pl, int64_t p
 }
 
 // x (NHWC sizes) is a view of a contiguous NCHW float32 CPU tensor
-bool nchw_view(const at::Tensor& x) {
-  return x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() == 4 &&
+bool nchw_view(const View& x) {
+  return x.scalar_type() == kFloat && x.device().is_cpu() && x.dim() == 4 &&
          x.permute({0, 3, 1, 2}).is_contiguous();
 }
 
 // whether an own implicit-GEMM convolution (AVX-512 or AVX2) takes these tensors: float32 NHWC
 // buffers (the input may be an NCHW tensor's view), a (cout, kh, kw, cin / groups) weight
-bool conv_tensors_ok(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                     const at::Tensor& w_buffer, const c10::optional<at::Tensor>& bias,
-                     const c10::optional<at::Tensor>& res_buffer, int64_t groups = 1) {
+bool conv_tensors_ok(const View& out_buffer, const View& x_buffer,
+                     const View& w_buffer, const std::optional<View>& bias,
+                     const std::optional<View>& res_buffer, int64_t groups = 1) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   return groups >= 1 && cin % groups == 0 && cout % groups == 0 &&
          (plain_float(x_buffer) || nchw_view(x_buffer)) && plain_float(out_buffer) &&
-         w_buffer.scalar_type() == at::kFloat && w_buffer.dim() == 4 &&
+         w_buffer.scalar_type() == kFloat && w_buffer.dim() == 4 &&
          w_buffer.size(0) == cout && w_buffer.size(3) * groups == cin &&
          out_buffer.size(0) == x_buffer.size(0) && (!bias || plain_float(*bias)) &&
          (!res_buffer || plain_float(*res_buffer)) && out_buffer.numel() != 0 && cin != 0;
@@ -345,14 +255,14 @@ bool conv_tensors_ok(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
 
 // the own convolution's form where the CPU and the tensors allow it (see `ImplicitConv`), else
 // None; pads: top, left, bottom, right
-c10::optional<Form> own_conv(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                             const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
-                             c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
+std::optional<Form> own_conv(const View& out_buffer, const View& x_buffer,
+                             const View& w_buffer, std::optional<View> bias,
+                             std::optional<View> res_buffer, int64_t sh, int64_t sw,
                              std::array<int64_t, 4> pads, int64_t dh, int64_t dw, Act act,
                              int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   if (!own_avx512() || !conv_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer))
-    return c10::nullopt;
+    return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), k = kh * kw * cin;
   // (cout, kh, kw, cin) is W's (n, k) at n * k + k: one packing shared with the 1x1 GEMM's
   auto packed = lazy_packed(w_buffer, "panels",

@@ -2,7 +2,7 @@
 // buffers: four output pixels a channel vector at a time, the taps in the padding skipped
 // (`Depthwise`, `own_depthwise`).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -203,19 +203,19 @@ struct Depthwise {
 
 // the tensors a depthwise form reads and writes as the own forms take them (this one and
 // avx2.h's): contiguous float32, the weight (C, kh, kw, 1) of the input's channels
-bool depthwise_tensors_ok(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                          const at::Tensor& w_buffer, const c10::optional<at::Tensor>& bias,
-                          const c10::optional<at::Tensor>& res_buffer) {
+bool depthwise_tensors_ok(const View& out_buffer, const View& x_buffer,
+                          const View& w_buffer, const std::optional<View>& bias,
+                          const std::optional<View>& res_buffer) {
   const int64_t c = x_buffer.size(3);
   return plain_float(x_buffer) && plain_float(out_buffer) &&
-         w_buffer.scalar_type() == at::kFloat && w_buffer.dim() == 4 && w_buffer.size(0) == c &&
+         w_buffer.scalar_type() == kFloat && w_buffer.dim() == 4 && w_buffer.size(0) == c &&
          w_buffer.size(3) == 1 && out_buffer.size(3) == c &&
          out_buffer.size(0) == x_buffer.size(0) && (!bias || plain_float(*bias)) &&
          (!res_buffer || plain_float(*res_buffer));
 }
 
 // the depthwise weight packed [kh][kw][C] on first use, shared by the own forms
-std::shared_ptr<LazyPacked> packed_depthwise(const at::Tensor& w_buffer) {
+std::shared_ptr<LazyPacked<View>> packed_depthwise(const View& w_buffer) {
   const int64_t c = w_buffer.size(0), kh = w_buffer.size(1), kw = w_buffer.size(2);
   return lazy_packed(w_buffer, "depthwise", [w_buffer, c, kh, kw]() {
     return w_buffer.reshape({c, kh * kw}).t().contiguous();  // [kh * kw][c]
@@ -224,14 +224,14 @@ std::shared_ptr<LazyPacked> packed_depthwise(const at::Tensor& w_buffer) {
 
 // the own depthwise form where the CPU and the tensors allow it (see `Depthwise`), else None;
 // pads: top, left (bottom and right follow from the output's size)
-c10::optional<Form> own_depthwise(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                                  const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
-                                  c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
+std::optional<Form> own_depthwise(const View& out_buffer, const View& x_buffer,
+                                  const View& w_buffer, std::optional<View> bias,
+                                  std::optional<View> res_buffer, int64_t sh, int64_t sw,
                                   int64_t pt, int64_t pl, int64_t dh, int64_t dw, Act act,
                                   int64_t threads) {
   const int64_t c = x_buffer.size(3);
   if (!own_avx512() || !depthwise_tensors_ok(out_buffer, x_buffer, w_buffer, bias, res_buffer))
-    return c10::nullopt;
+    return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
   auto packed = packed_depthwise(w_buffer);
   Depthwise conv{x_buffer.data_ptr<float>(), nullptr,

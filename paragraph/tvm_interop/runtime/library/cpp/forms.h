@@ -6,13 +6,14 @@
 // (`ForceForm`, `MostForms`: the differential fuzzer runs each form in turn), exported by
 // kernels.cc.
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
 #include "common.h"
 #include "threads.h"
 #include "packing.h"
+#include "aten.h"
 
 namespace {
 
@@ -115,8 +116,8 @@ struct Fastest {
     for (size_t j = 0; j < forms.size(); ++j)
       if (static_cast<int>(j) != chosen) forms[j] = Form();
     samples.clear();
-    std::lock_guard<std::mutex> lock(packed_mutex);
-    sweep_packed();
+    sweep_packed<View>();
+    if (const AtenForms* aten = aten_if_loaded()) aten->sweep_packed();
   }
 };
 

@@ -1,11 +1,11 @@
-// Products by a constant matrix: MKL's in place (`gemm`), and paragraph's own AVX-512 GEMM: the
-// weight packed once into 32-column panels (`pack_panels`), register tiles of up to 12 x 32 with
-// the epilogue fused and the next operands prefetched (`gemm_tile`, `kTiles1`, `kTiles2`), and the
-// threads' split of rows or panels (`PackedGemm`, `packed_gemm`). The tiles' parts (`Prefetch`,
-// `store_tile`, `prefetch_epilogue`, `accumulate`) are also the convolutions' (conv.h; winograd.h
-// runs `kTiles1`, `kTiles2`).
+// Products by a constant matrix: MKL's in place (`gemm`, the ATen library's), and paragraph's
+// own AVX-512 GEMM: the weight packed once into 32-column panels (`pack_panels`), register tiles
+// of up to 12 x 32 with the epilogue fused and the next operands prefetched (`gemm_tile`,
+// `kTiles1`, `kTiles2`), and the threads' split of rows or panels (`PackedGemm`,
+// `packed_gemm`). The tiles' parts (`Prefetch`, `store_tile`, `prefetch_epilogue`,
+// `accumulate`) are also the convolutions' (conv.h; winograd.h runs `kTiles1`, `kTiles2`).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -14,31 +14,18 @@
 #include "threads.h"
 #include "packing.h"
 #include "forms.h"
+#include "aten.h"
 
 namespace {
 
-// rows @ weight (+ bias) into out2, then the residual and the activation, in place (MKL);
-// where out2 is the residual's own buffer, the product is added to it (GEMM's beta = 1)
-Form gemm(at::Tensor out2, at::Tensor rows, at::Tensor weight, c10::optional<at::Tensor> bias,
-          c10::optional<at::Tensor> res2, Act act) {
-  if (res2 && res2->data_ptr() == out2.data_ptr()) {
-    return [=]() {
-      at::Tensor o = out2;
-      o.addmm_(rows, weight);
-      if (bias) o.add_(*bias);
-      activate(o, act);
-    };
-  }
-  return [=]() {
-    at::Tensor o = out2;
-    if (bias) {
-      at::addmm_out(o, *bias, rows, weight);
-    } else {
-      at::mm_out(o, rows, weight);
-    }
-    if (res2) o.add_(*res2);
-    activate(o, act);
-  };
+// rows @ weight (+ bias) into out2, then the residual and the activation, in place (MKL's, the
+// ATen library's, made on the form's first call); where out2 is the residual's own buffer, the
+// product is added to it (GEMM's beta = 1)
+Form gemm(View out2, View rows, View weight, std::optional<View> bias,
+          std::optional<View> res2, Act act, int64_t threads) {
+  return deferred([=](const AtenForms& aten) {
+    return aten.gemm(out2, rows, weight, bias, res2, act, threads);
+  });
 }
 
 #ifdef PARAGRAPH_AVX512
@@ -60,10 +47,10 @@ constexpr int64_t kWeightInL2 = 256 << 10;
 
 // element (n, k) of W at w[n * sn + k * sk], packed as above in panels of ``nr`` columns (the
 // AVX2 GEMM's are 16 wide: avx2.h)
-at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, int64_t sk,
+View pack_panels(const View& w, int64_t n, int64_t k, int64_t sn, int64_t sk,
                        int64_t nr = kNR) {
   const int64_t panels = (n + nr - 1) / nr;
-  at::Tensor packed = at::zeros({panels * k * nr}, w.options().dtype(at::kFloat));
+  View packed = View::zeros({panels * k * nr});
   const float* src = w.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
   for (int64_t j = 0; j < n; ++j)
@@ -73,10 +60,10 @@ at::Tensor pack_panels(const at::Tensor& w, int64_t n, int64_t k, int64_t sn, in
 
 // the tensors a packed GEMM form reads and writes as the own forms take them (this one and
 // avx2.h's): contiguous float32 rows, output, bias and residual, a float32 weight, some rows
-bool gemm_tensors_ok(const at::Tensor& out2, const at::Tensor& rows, const at::Tensor& w,
-                     const c10::optional<at::Tensor>& bias,
-                     const c10::optional<at::Tensor>& res2) {
-  return plain_float(rows) && plain_float(out2) && w.scalar_type() == at::kFloat &&
+bool gemm_tensors_ok(const View& out2, const View& rows, const View& w,
+                     const std::optional<View>& bias,
+                     const std::optional<View>& res2) {
+  return plain_float(rows) && plain_float(out2) && w.scalar_type() == kFloat &&
          (!bias || plain_float(*bias)) && (!res2 || plain_float(*res2)) && rows.size(0) > 0 &&
          rows.size(1) > 0;
 }
@@ -296,11 +283,11 @@ struct PackedGemm {
 
 // the packed form of out2 = act(rows @ W + bias + res2), W's element (n, k) at
 // w[n * sn + k * sk]; None where the CPU or the tensors do not allow it
-c10::optional<Form> packed_gemm(at::Tensor out2, at::Tensor rows, const at::Tensor& w,
-                                int64_t sn, int64_t sk, c10::optional<at::Tensor> bias,
-                                c10::optional<at::Tensor> res2, Act act, int64_t threads) {
+std::optional<Form> packed_gemm(View out2, View rows, const View& w,
+                                int64_t sn, int64_t sk, std::optional<View> bias,
+                                std::optional<View> res2, Act act, int64_t threads) {
   const int64_t m = rows.size(0), k = rows.size(1), n = out2.size(1);
-  if (!own_avx512() || !gemm_tensors_ok(out2, rows, w, bias, res2)) return c10::nullopt;
+  if (!own_avx512() || !gemm_tensors_ok(out2, rows, w, bias, res2)) return std::nullopt;
   auto packed = lazy_packed(w, "panels", [w, n, k, sn, sk]() { return pack_panels(w, n, k, sn, sk); });
   return Form([=]() {
     PackedGemm{rows.data_ptr<float>(), packed->data(),

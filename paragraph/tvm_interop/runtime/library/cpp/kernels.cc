@@ -11,20 +11,24 @@
 // a one-pass layer norm, concatenation and pools; on CPUs without AVX-512, AVX2 forms of the
 // GEMM and the depthwise convolution (avx2.h).
 //
-// This file is the one translation unit: it includes the headers of this folder, one per family
-// (each after those it uses), and holds the operator entry points, which check every shape they
-// are given against each other and their parameters (checks.h: a mismatch is a ValueError that
-// names the entry point, never a read or write out of bounds), then bind a kernel's forms to
-// TVM's buffers, and the exported functions. Everything but the exports lies in one anonymous
-// namespace, as in one file.
+// This file is the kernels' translation unit: it includes the headers of this folder, one per
+// family (each after those it uses), and holds the operator entry points, which check every
+// shape they are given against each other and their parameters (checks.h: a mismatch is a
+// ValueError that names the entry point, never a read or write out of bounds), then bind a
+// kernel's forms to TVM's buffers (as Views, view.h), and the exported functions. Everything
+// but the exports lies in one anonymous namespace, as in one file. PyTorch's forms are the ATen library's
+// (aten_forms.cc, a translation unit of its own that links libtorch_cpu): each is a deferred
+// form at its place among a kernel's forms, and this library, which links no libtorch, loads
+// that one only when such a form first runs (aten.h).
 //
-// Built by `runtime/library/native.py` with the system C++ compiler against PyTorch's and TVM
-// FFI's headers, this folder on the quoted include path; loaded with `tvm_ffi.load_module`.
+// Built by `runtime/library/native.py` with the system C++ compiler against TVM FFI's headers,
+// this folder on the quoted include path; loaded with `tvm_ffi.load_module`.
 #include "common.h"
 #include "checks.h"
 #include "activations.h"
 #include "threads.h"
 #include "packing.h"
+#include "aten.h"
 #include "forms.h"
 #include "gemm.h"
 #include "conv.h"
@@ -49,19 +53,19 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   // is then the input's NHWC view
   const bool nchw_in = std::string(layout) == "NCHW2NHWC";
   const bool nhwc = nchw_in || std::string(layout) == "NHWC";
-  at::Tensor out_buffer = to_aten(out_t), x_buffer = to_aten(x_t), w_buffer = to_aten(w_t);
+  View out_buffer = to_view(out_t), x_buffer = to_view(x_t), w_buffer = to_view(w_t);
   // ranks first: the views below permute four dimensions
   check_rank("paragraph_vendor_conv2d", "the input", x_buffer, 4);
   check_rank("paragraph_vendor_conv2d", "the weight", w_buffer, 4);
   check_rank("paragraph_vendor_conv2d", "the output", out_buffer, 4);
   if (nchw_in) x_buffer = x_buffer.permute({0, 2, 3, 1});
-  at::Tensor out = nhwc ? nchw(out_buffer) : out_buffer;
-  at::Tensor x = nhwc ? nchw(x_buffer) : x_buffer;
-  at::Tensor w = nhwc ? nchw(w_buffer) : w_buffer;
-  c10::optional<at::Tensor> bias, res, res_buffer;
-  if (bias_t.has_value()) bias = to_aten(bias_t.value());
+  View out = nhwc ? nchw(out_buffer) : out_buffer;
+  View x = nhwc ? nchw(x_buffer) : x_buffer;
+  View w = nhwc ? nchw(w_buffer) : w_buffer;
+  std::optional<View> bias, res, res_buffer;
+  if (bias_t.has_value()) bias = to_view(bias_t.value());
   if (res_t.has_value()) {
-    res_buffer = to_aten(res_t.value());
+    res_buffer = to_view(res_t.value());
     check_rank("paragraph_vendor_conv2d", "the residual", *res_buffer, 4);
     res = nhwc ? nchw(*res_buffer) : *res_buffer;
   }
@@ -80,24 +84,17 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
   std::vector<int64_t> dilation{p[at_dil], p[at_dil + 1]};
   int64_t groups = p[at_dil + 2];
   use_threads(threads);
-  std::vector<int64_t> input_size = x.sizes().vec();
+  std::vector<int64_t> input_size = x.sizes();
   if (!pre_pad.empty()) {
     input_size[2] += pre_pad[2] + pre_pad[3];
     input_size[3] += pre_pad[0] + pre_pad[1];
   }
-  // the weight in oneDNN's blocked format for this input shape and thread count, once
-  auto packed = lazy_packed(
-      w, "conv" + ints(padding) + ints(stride) + ints(dilation) + ints({groups}) +
-             ints(input_size),
-      [w, padding, stride, dilation, groups, input_size]() {
-        return at::mkldnn_reorder_conv2d_weight(w.to_mkldnn(), padding, stride, dilation,
-                                                groups, input_size);
-      });
   std::string a(act);
   const Act fused = act_of(a);  // (an unknown name is an error here, at binding)
   const bool weight_finite = !any_nonfinite(w);  // (a constant: packed once)
-  Form onednn = onednn_conv(out, x, packed, bias, res, padding, stride, dilation, groups,
-                            pre_pad, fused, out_buffer, weight_finite);
+  // oneDNN's, on the weight in its blocked format for this input shape and thread count
+  Form onednn = onednn_conv(out, x, w, bias, res, padding, stride, dilation, groups, pre_pad,
+                            input_size, fused, out_buffer, weight_finite, threads);
   // the key of a timed choice among this convolution's forms of ``family``
   auto key = [&](const std::string& family) {
     return family + (nchw_in ? "c" : "") + std::to_string(threads) + a + ints(p) +
@@ -191,10 +188,10 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
     return single_form(onednn, threads);
   }
   int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
-  c10::optional<at::Tensor> res2;
+  std::optional<View> res2;
   if (res_buffer) res2 = res_buffer->reshape({-1, cout});
   Form mkl = gemm(out_buffer.view({-1, cout}), x_buffer.view({-1, cin}),
-                  w_buffer.reshape({cout, cin}).t(), bias, res2, fused);
+                  w_buffer.reshape({cout, cin}).t(), bias, res2, fused, threads);
   std::vector<Form> forms{onednn, mkl};
 #ifdef PARAGRAPH_AVX512
   if (auto own = packed_gemm(out_buffer.view({-1, cout}), x_buffer.view({-1, cin}), w_buffer,
@@ -210,36 +207,30 @@ ffi::Function Conv2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor w_t,
 // (..., K) @ W (K, N) with a constant W, optional bias and activation, on TVM's buffers
 ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
                      ffi::Optional<ffi::Tensor> bias_t, ffi::String act, int64_t threads) {
-  at::Tensor out = to_aten(out_t), a = to_aten(a_t), w = to_aten(w_t);
-  c10::optional<at::Tensor> bias;
-  if (bias_t.has_value()) bias = to_aten(bias_t.value());
+  View out = to_view(out_t), a = to_view(a_t), w = to_view(w_t);
+  std::optional<View> bias;
+  if (bias_t.has_value()) bias = to_view(bias_t.value());
   check_linear("paragraph_vendor_linear", out, a, w, bias);
   int64_t k = w.size(0), n = w.size(1);
-  at::Tensor rows = a.reshape({-1, k}), out2 = out.view({-1, n});
+  View rows = a.reshape({-1, k}), out2 = out.view({-1, n});
   int64_t m = rows.size(0);
   std::string act_s(act);
   const Act fused = act_of(act_s);
   use_threads(threads);
   // oneDNN's form: a 1x1 convolution over m pixels in NHWC, the weight packed once
-  auto packed = lazy_packed(w, "linear" + ints({m}), [w, n, k, m]() {
-    at::Tensor w4 = w.t().contiguous().view({n, k, 1, 1});
-    return at::mkldnn_reorder_conv2d_weight(w4.to_mkldnn(), {0, 0}, {1, 1}, {1, 1}, 1,
-                                            {1, k, 1, m});
-  });
-  at::Tensor x4 = rows.view({1, m, 1, k}).permute({0, 3, 2, 1});
-  at::Tensor out4 = out2.view({1, m, 1, n}).permute({0, 3, 2, 1});
   const bool weight_finite = !any_nonfinite(w);  // (a constant: packed once)
-  Form onednn = onednn_conv(out4, x4, packed, bias, c10::nullopt, {0, 0}, {1, 1}, {1, 1}, 1, {},
-                            fused, out2, weight_finite);
-  Form mkl = gemm(out2, rows, w, bias, c10::nullopt, fused);
+  Form onednn = deferred([=](const AtenForms& aten) {
+    return aten.linear(out2, rows, w, bias, fused, weight_finite, threads);
+  });
+  Form mkl = gemm(out2, rows, w, bias, std::nullopt, fused, threads);
   std::vector<Form> forms{onednn, mkl};
 #ifdef PARAGRAPH_AVX512
   // the own GEMM (an RNN's steps: the SRU's 1 x 1024 x 1024 products 1.5x faster end to end;
   // with the next panel prefetched, BERT's 64-row products too)
   if (w.is_contiguous()) {
-    if (auto own = packed_gemm(out2, rows, w, 1, n, bias, c10::nullopt, fused, threads))
+    if (auto own = packed_gemm(out2, rows, w, 1, n, bias, std::nullopt, fused, threads))
       forms.push_back(*own);
-    if (auto own = packed_gemm_avx2(out2, rows, w, 1, n, bias, c10::nullopt, fused, threads))
+    if (auto own = packed_gemm_avx2(out2, rows, w, 1, n, bias, std::nullopt, fused, threads))
       forms.push_back(*own);
   }
   if (auto own = own_gemv(out2, rows, w, bias, fused, threads)) forms.push_back(*own);
@@ -255,26 +246,21 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
 // and for the batched product the own kernel beside it, the faster by timing
 ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
                       ffi::Optional<ffi::Tensor> bias_t, ffi::String act, int64_t threads) {
-  at::Tensor out = to_aten(out_t), a = to_aten(a_t), b = to_aten(b_t);
-  c10::optional<at::Tensor> bias;
-  if (bias_t.has_value()) bias = to_aten(bias_t.value());
+  View out = to_view(out_t), a = to_view(a_t), b = to_view(b_t);
+  std::optional<View> bias;
+  if (bias_t.has_value()) bias = to_view(bias_t.value());
   check_product(out, a, b, bias);
   std::string act_s(act);
   const Act fused = act_of(act_s);
   if (b.dim() == 2) {
     Form mm = gemm(out.view({-1, b.size(1)}), a.reshape({-1, a.size(-1)}), b, bias,
-                   c10::nullopt, fused);
+                   std::nullopt, fused, threads);
     return single_form(mm, threads);
   }
-  at::Tensor a3 = a.reshape({-1, a.size(-2), a.size(-1)});
-  at::Tensor b3 = b.reshape({-1, b.size(-2), b.size(-1)});
-  at::Tensor o3 = out.view({-1, out.size(-2), out.size(-1)});
-  Form mkl = [a3, b3, o3, fused, threads]() {
-    use_threads(threads);
-    at::Tensor o = o3;
-    at::bmm_out(o, a3, b3);
-    activate(o, fused);
-  };
+  View a3 = a.reshape({-1, a.size(-2), a.size(-1)});
+  View b3 = b.reshape({-1, b.size(-2), b.size(-1)});
+  View o3 = out.view({-1, out.size(-2), out.size(-1)});
+  Form mkl = deferred([=](const AtenForms& aten) { return aten.bmm(o3, a3, b3, fused, threads); });
   auto own = own_bmm(o3, a3, b3, fused, threads);  // the activation in its tiles' stores
   if (!own) return wrap(mkl);
   return fastest_of({mkl, *own}, "bmm" + std::to_string(threads) + act_s + shape_key({a3, b3}),
@@ -284,9 +270,9 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
 // tensors joined along ``axis`` into out (then relu): the own concat and PyTorch's, the faster
 ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t axis,
                      ffi::String act, int64_t threads) {
-  at::Tensor out = to_aten(out_t);
-  std::vector<at::Tensor> parts;
-  for (const ffi::Tensor& t : parts_t) parts.push_back(to_aten(t));
+  View out = to_view(out_t);
+  std::vector<View> parts;
+  for (const ffi::Tensor& t : parts_t) parts.push_back(to_view(t));
   std::string act_s(act);
   // a join fuses relu alone (its copy is all the work it does: an activation with an
   // exponential would be a kernel's worth of its own)
@@ -296,11 +282,8 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
                               << "'";
   check_concat(out, parts, axis);
   const bool relu = fused == Act::kRelu;
-  Form torch_cat = [out, parts, axis, relu]() {
-    at::Tensor o = out;
-    at::cat_out(o, parts, axis);
-    if (relu) o.relu_();
-  };
+  Form torch_cat = deferred(
+      [=](const AtenForms& aten) { return aten.concat(out, parts, axis, relu, threads); });
   auto own = own_concat(out, parts, axis, relu, threads);
   if (!own) {
     return single_form(torch_cat, threads);
@@ -321,48 +304,23 @@ ffi::Function Concat(ffi::Tensor out_t, ffi::Array<ffi::Tensor> parts_t, int64_t
 ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> params,
                      bool is_max, bool include_pad, ffi::Optional<ffi::Tensor> scale_t,
                      ffi::Optional<ffi::Tensor> shift_t, bool relu, int64_t threads) {
-  at::Tensor out_buffer = to_aten(out_t), x_buffer = to_aten(x_t);
+  View out_buffer = to_view(out_t), x_buffer = to_view(x_t);
   std::vector<int64_t> p(params.begin(), params.end());
-  c10::optional<at::Tensor> given_scale, given_shift;
-  if (scale_t.has_value()) given_scale = to_aten(scale_t.value());
-  if (shift_t.has_value()) given_shift = to_aten(shift_t.value());
+  std::optional<View> given_scale, given_shift;
+  if (scale_t.has_value()) given_scale = to_view(scale_t.value());
+  if (shift_t.has_value()) given_shift = to_view(shift_t.value());
   check_pool2d(out_buffer, x_buffer, p, given_scale, given_shift);
-  at::Tensor scale, shift;  // the epilogue's, (C) each
+  View scale, shift;  // the epilogue's, (C) each
   if (given_scale) {
     scale = given_scale->reshape({-1});
     shift = given_shift->reshape({-1});
   }
-  at::Tensor x = nchw(x_buffer), out = nchw(out_buffer);
-  // PyTorch's pools on NCHW views of the NHWC buffers; PyTorch pads evenly, so uneven padding
-  // (top, left, bottom, right) is a padded copy first (-inf for a max, zeros for an average,
-  // which without counting the padding is divided by the window's count of real elements):
+  // PyTorch's pools on NCHW views of the NHWC buffers (uneven padding a padded copy first):
   // without AVX-512 this form is the only one, and it refused uneven padding
-  const bool even = p[4] == p[6] && p[5] == p[7];
-  Form aten = [=]() {
-    at::Tensor o = out;
-    if (even && is_max) {
-      o.copy_(at::max_pool2d(x, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}));
-    } else if (even) {
-      o.copy_(at::avg_pool2d(x, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}, false, include_pad));
-    } else {
-      const std::vector<int64_t> pads{p[5], p[7], p[4], p[6]};  // left, right, top, bottom
-      if (is_max) {
-        at::Tensor xp = at::constant_pad_nd(x, pads, -std::numeric_limits<double>::infinity());
-        o.copy_(at::max_pool2d(xp, {p[0], p[1]}, {p[2], p[3]}, {0, 0}));
-      } else {
-        at::Tensor sum = at::avg_pool2d(at::constant_pad_nd(x, pads, 0), {p[0], p[1]},
-                                        {p[2], p[3]}, {0, 0}, false, true);
-        if (!include_pad) {
-          at::Tensor real = at::constant_pad_nd(
-              at::ones({1, 1, x.size(2), x.size(3)}, x.options()), pads, 0);
-          sum = sum / at::avg_pool2d(real, {p[0], p[1]}, {p[2], p[3]}, {0, 0}, false, true);
-        }
-        o.copy_(sum);
-      }
-    }
-    if (scale.defined()) o.copy_(at::addcmul(shift.view({-1, 1, 1}), o, scale.view({-1, 1, 1})));
-    if (relu) o.relu_();
-  };
+  Form aten = deferred([=](const AtenForms& forms) {
+    return forms.pool2d(out_buffer, x_buffer, p, is_max, include_pad, given_scale, given_shift,
+                        relu, threads);
+  });
 #ifdef PARAGRAPH_AVX512
   const bool plain = plain_float(x_buffer) && plain_float(out_buffer) &&
                      x_buffer.size(0) == out_buffer.size(0) &&
@@ -408,17 +366,10 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
 // ONNX Runtime's on one thread)
 ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double scale,
                       int64_t threads) {
-  at::Tensor out = to_aten(out_t), x = to_aten(x_t);
+  View out = to_view(out_t), x = to_view(x_t);
   check_softmax(out, x, axis);
-  Form aten = [out, x, axis, scale]() {
-    at::Tensor o = out;
-    if (scale != 1.0) {  // scaled into the output, normalised there in place
-      at::mul_out(o, x, at::Scalar(scale));
-      at::_softmax_out(o, o, axis, false);
-    } else {
-      at::_softmax_out(o, x, axis, false);
-    }
-  };
+  Form aten = deferred(
+      [=](const AtenForms& forms) { return forms.softmax(out, x, axis, scale, threads); });
 #ifdef PARAGRAPH_AVX512
   const int64_t last = x.dim() - 1;
   if ((own_avx512() || own_avx2()) && x.dim() >= 1 && (axis == last || axis == -1) &&
@@ -459,20 +410,13 @@ ffi::Function Softmax(ffi::Tensor out_t, ffi::Tensor x_t, int64_t axis, double s
 ffi::Function LayerNorm(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Tensor gamma_t,
                         ffi::Tensor beta_t, ffi::Optional<ffi::Tensor> res_t, double eps,
                         int64_t threads) {
-  at::Tensor out = to_aten(out_t), x = to_aten(x_t), gamma = to_aten(gamma_t),
-             beta = to_aten(beta_t);
-  c10::optional<at::Tensor> res;
-  if (res_t.has_value()) res = to_aten(res_t.value());
+  View out = to_view(out_t), x = to_view(x_t), gamma = to_view(gamma_t), beta = to_view(beta_t);
+  std::optional<View> res;
+  if (res_t.has_value()) res = to_view(res_t.value());
   check_layer_norm(out, x, gamma, beta, res);
-  std::vector<int64_t> stat_shape = x.sizes().vec();
-  stat_shape.back() = 1;
-  at::Tensor mean = at::empty(stat_shape, x.options()), rstd = at::empty(stat_shape, x.options());
-  at::Tensor sum = res ? at::empty_like(x) : x;
-  std::vector<int64_t> normalized{x.size(-1)};
-  Form aten = [=]() mutable {
-    if (res) at::add_out(sum, x, *res);
-    at::native_layer_norm_out(out, mean, rstd, sum, normalized, gamma, beta, eps);
-  };
+  Form aten = deferred([=](const AtenForms& forms) {
+    return forms.layer_norm(out, x, gamma, beta, res, eps, threads);
+  });
 #ifdef PARAGRAPH_AVX512
   const bool fused_ok =
       (own_avx512() || own_avx2()) && x.dim() >= 1 && x.size(-1) > 0 && plain_float(x) &&
@@ -518,6 +462,17 @@ void CopyBytes(int64_t dst, int64_t src, int64_t bytes, int64_t threads) {
   });
 }
 
+// the keys of the packed weights held now, the own forms' and (where it is loaded) the ATen
+// library's (address, packing, shape, strides, @threads): for tests of what is shared
+ffi::Array<ffi::String> PackedKeys() {
+  std::vector<std::string> keys = packed_keys<View>();
+  if (const AtenForms* aten = aten_if_loaded())
+    for (std::string& key : aten->packed_keys()) keys.push_back(std::move(key));
+  ffi::Array<ffi::String> out;
+  for (const std::string& key : keys) out.push_back(ffi::String(key));
+  return out;
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_bind_team, BindTeam);
@@ -529,6 +484,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_chosen_forms, ChosenForms);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_timing_calls, TimingCalls);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_timing_kernels, TimingKernels);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_packed_keys, PackedKeys);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_set_aten_library, SetAtenLibrary);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_conv2d, Conv2d);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_linear, Linear);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(paragraph_vendor_product, Product);

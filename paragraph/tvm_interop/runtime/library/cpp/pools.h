@@ -3,7 +3,7 @@
 // x 3 averages), the input's order and carried columns (max pools), with an average pool's
 // per-channel scale, shift and relu fused (`Pool`).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 

@@ -2,7 +2,7 @@
 // to back (`own_gemv`, a classifier's), and batched products of two small activations without
 // packing (`own_bmm`, attention's scores and context).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -72,12 +72,12 @@ __attribute__((target("avx512f"))) void gemv_finish(float* o, const float* parts
 // weight (a classifier's): the weight, cold in a model (Inception-v3's 8 MB), streamed front to
 // back (`gemv_share`) rather than in the GEMM's panels; on two threads each streams its half of
 // the rows of w into its own sums, added at the end
-c10::optional<Form> own_gemv(const at::Tensor& out2, const at::Tensor& rows, const at::Tensor& w,
-                             const c10::optional<at::Tensor>& bias, Act act, int64_t threads) {
+std::optional<Form> own_gemv(const View& out2, const View& rows, const View& w,
+                             const std::optional<View>& bias, Act act, int64_t threads) {
   if (!own_avx512() || rows.size(0) != 1 || !plain_float(w) ||
-      !rows.is_contiguous() || rows.scalar_type() != at::kFloat || !plain_float(out2) ||
+      !rows.is_contiguous() || rows.scalar_type() != kFloat || !plain_float(out2) ||
       (bias && !plain_float(*bias)))
-    return c10::nullopt;
+    return std::nullopt;
   const int64_t k = w.size(0), n = w.size(1);
   auto scratch = std::make_shared<std::vector<float>>(n * std::max<int64_t>(threads - 1, 0));
   return Form([out2, rows, w, bias, act, threads, k, n, scratch]() {
@@ -154,12 +154,12 @@ __attribute__((target("avx512f"))) void bmm_rows(const float* a, const float* b,
 // ONNX Runtime 12-13; here each 12-row block of each product is one task, the tasks split
 // over the threads, the activation applied as each tile is stored. None where a tensor is not
 // contiguous float32 or the CPU lacks AVX-512.
-c10::optional<Form> own_bmm(at::Tensor o3, at::Tensor a3, at::Tensor b3, Act act,
+std::optional<Form> own_bmm(View o3, View a3, View b3, Act act,
                             int64_t threads) {
 #ifdef PARAGRAPH_AVX512
   if (!own_avx512() || !plain_float(o3) || !plain_float(a3) ||
       !plain_float(b3) || o3.numel() == 0 || a3.size(2) == 0)
-    return c10::nullopt;
+    return std::nullopt;
   return Form([o3, a3, b3, act, threads]() {
     const int64_t batch = a3.size(0), m = a3.size(1), k_len = a3.size(2), n = b3.size(2);
     const int64_t blocks = (m + 11) / 12, tasks = batch * blocks;
@@ -176,7 +176,7 @@ c10::optional<Form> own_bmm(at::Tensor o3, at::Tensor a3, at::Tensor b3, Act act
     });
   });
 #else
-  return c10::nullopt;
+  return std::nullopt;
 #endif
 }
 

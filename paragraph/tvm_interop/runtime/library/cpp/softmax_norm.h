@@ -3,7 +3,7 @@
 // layer norm of x (+ res) (`layer_norm_avx512`); and their AVX2 twins for CPUs without AVX-512
 // (`exp_avx2`, `softmax_rows_avx2`, `layer_norm_avx2`), where ATen's forms alone ran before.
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 

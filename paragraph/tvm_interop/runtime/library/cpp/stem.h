@@ -2,7 +2,7 @@
 // `own_stem`): few input channels, NHWC output, every tap a broadcast input value times a
 // vector of output channels.
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -132,23 +132,25 @@ struct Stem {
 // the own stem form for an NCHW input (x_buffer its NHWC view) of up to 4 channels, undilated,
 // where the CPU and tensors allow it (see `Stem`), else None; pads: top, left (bottom and right
 // follow from the output's size)
-c10::optional<Form> own_stem(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                             const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
-                             c10::optional<at::Tensor> res_buffer, int64_t sh, int64_t sw,
+std::optional<Form> own_stem(const View& out_buffer, const View& x_buffer,
+                             const View& w_buffer, std::optional<View> bias,
+                             std::optional<View> res_buffer, int64_t sh, int64_t sw,
                              int64_t pt, int64_t pl, int64_t dh, int64_t dw, Act act,
                              int64_t threads) {
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   if (!own_avx512() || !nchw_view(x_buffer) || !plain_float(out_buffer) || cin > 4 ||
-      cin == 0 || dh != 1 || dw != 1 || w_buffer.scalar_type() != at::kFloat ||
+      cin == 0 || dh != 1 || dw != 1 || w_buffer.scalar_type() != kFloat ||
       w_buffer.dim() != 4 || w_buffer.size(0) != cout || w_buffer.size(3) != cin ||
       out_buffer.size(0) != x_buffer.size(0) || out_buffer.numel() == 0 ||
       (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)))
-    return c10::nullopt;
+    return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2), cpad = (cout + 15) / 16 * 16;
   auto packed = lazy_packed(w_buffer, "stem", [w_buffer, kh, kw, cin, cout, cpad]() {
     // OHWI -> [ky][kx][ci][cout], the output channels zero-padded to whole vectors
-    at::Tensor p = at::zeros({kh, kw, cin, cpad}, w_buffer.options());
-    p.narrow(3, 0, cout).copy_(w_buffer.permute({1, 2, 3, 0}));
+    View p = View::zeros({kh, kw, cin, cpad});
+    View head = p;  // its first cout channels
+    head.shape[3] = cout;
+    w_buffer.permute({1, 2, 3, 0}).copy_into(head);
     return p;
   });
   Stem conv{x_buffer.data_ptr<float>(), nullptr,

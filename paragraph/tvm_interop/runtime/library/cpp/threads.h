@@ -3,7 +3,7 @@
 // a grid of panels x tiles split into equal shares (`panel_share`), and a stream's team bound to
 // its CPUs (`BindTeam`, exported by kernels.cc).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -11,8 +11,15 @@
 
 namespace {
 
+// the calling thread's OpenMP team size for the regions that follow: OpenMP's own (the runtime
+// PyTorch's libgomp is, where both are loaded: native.py links this library so), which the ATen
+// forms read too (they set MKL's count besides: aten_forms.cc)
 void use_threads(int64_t n) {
-  if (at::get_num_threads() != n) at::set_num_threads(static_cast<int>(n));
+#ifdef _OPENMP
+  if (omp_get_max_threads() != n) omp_set_num_threads(static_cast<int>(n));
+#else
+  (void)n;
+#endif
 }
 
 // share(t, nt) for each thread t of a team of ``threads`` OpenMP threads (nt as OpenMP gave);

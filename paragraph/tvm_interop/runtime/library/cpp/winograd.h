@@ -4,7 +4,7 @@
 // (`Winograd`), the weight transformed and packed once (`pack_winograd`) and the forms
 // (`own_winograd`). Compiled at -O3 (this header only).
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -415,12 +415,11 @@ int64_t winograd_packed_bytes(int64_t cout, int64_t cin) {
 }
 
 template <typename F, int D, int64_t NR = kNR>
-at::Tensor pack_winograd(const at::Tensor& w, int64_t cout, int64_t cin) {
+View pack_winograd(const View& w, int64_t cout, int64_t cin) {
   constexpr int kA = F::a, kR = F::r, kP = D == 2 ? kA * kA : kA;
   const int64_t panels = (cout + NR - 1) / NR;
-  at::Tensor packed = at::zeros({winograd_packed_bytes<F, D, NR>(cout, cin) / 4},
-                                w.options().dtype(at::kFloat));
-  const at::Tensor wc = w.contiguous();
+  View packed = View::zeros({winograd_packed_bytes<F, D, NR>(cout, cin) / 4});
+  const View wc = w.contiguous();
   const float* src = wc.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
   auto put = [&](int64_t xi, int64_t o, int64_t i, double value) {
@@ -471,25 +470,25 @@ constexpr int64_t kWinogradStreamed = 1 << 20, kWinogradStreamedBlock = 3 << 20,
 // (Inception-v3 1.4-1.8% faster with only these blocks, ResNet-50 0.7-2% slower: so a form
 // of its own, chosen by timing)
 template <typename F, int D>
-c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                                 const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
-                                 c10::optional<at::Tensor> res_buffer,
+std::optional<Form> own_winograd(const View& out_buffer, const View& x_buffer,
+                                 const View& w_buffer, std::optional<View> bias,
+                                 std::optional<View> res_buffer,
                                  std::array<int64_t, 4> pads, Act act, int64_t threads,
                                  bool small_blocks = false) {
   constexpr int64_t kM = F::m, kR = F::r;
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   const int64_t oh = out_buffer.size(1), ow = out_buffer.size(2);
-  if (w_buffer.dim() != 4) return c10::nullopt;
+  if (w_buffer.dim() != 4) return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
   const bool down = D == 1 && kh == kR && kw == 1;  // r x 1: tiles along a column
   if (!(D == 2 ? kh == kR && kw == kR : down || (kh == 1 && kw == kR)) ||
       !own_avx512() || !plain_float(x_buffer) || !plain_float(out_buffer) ||
-      w_buffer.scalar_type() != at::kFloat || w_buffer.size(0) != cout ||
+      w_buffer.scalar_type() != kFloat || w_buffer.size(0) != cout ||
       w_buffer.size(3) != cin || out_buffer.size(0) != x_buffer.size(0) ||
       (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)) ||
       out_buffer.numel() == 0 || cin == 0 || oh != x_buffer.size(1) + pads[0] + pads[2] - kh + 1 ||
       ow != x_buffer.size(2) + pads[1] + pads[3] - kw + 1)
-    return c10::nullopt;
+    return std::nullopt;
   auto packed = lazy_packed(w_buffer, F::name + std::string(D == 1 ? "/1d" : ""),
                             [w_buffer, cout, cin]() { return pack_winograd<F, D>(w_buffer, cout, cin); });
   const bool across = D == 2 || !down, along = D == 2 || down;  // tiled across, down
@@ -503,7 +502,7 @@ c10::optional<Form> own_winograd(const at::Tensor& out_buffer, const at::Tensor&
   if (small_blocks) {
     const int64_t tiles = x_buffer.size(0) * th * tw, small = block_of(kWinogradSmallBlock);
     if (!streamed || (tiles + small - 1) / small == (tiles + block - 1) / block)
-      return c10::nullopt;
+      return std::nullopt;
     block = small;
   }
   Winograd<F, D> conv{x_buffer.data_ptr<float>(), nullptr,

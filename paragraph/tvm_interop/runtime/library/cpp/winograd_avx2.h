@@ -7,7 +7,7 @@
 // Runtime's speed on a Zen 3 where, with the AVX-512 Winograd forms, it ran 1.64x on a Zen 4.
 // Compiled at -O3.
 //
-// Included only by kernels.cc, the one translation unit of the kernels: its definitions lie in
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
 #pragma once
 
@@ -240,24 +240,24 @@ struct WinogradAvx2 {
 // the kernel's shape allow it (see `own_winograd`, whose checks and blocks these are), else
 // None; pads: top, left, bottom, right
 template <typename F, int D>
-c10::optional<Form> own_winograd_avx2(const at::Tensor& out_buffer, const at::Tensor& x_buffer,
-                                      const at::Tensor& w_buffer, c10::optional<at::Tensor> bias,
-                                      c10::optional<at::Tensor> res_buffer,
+std::optional<Form> own_winograd_avx2(const View& out_buffer, const View& x_buffer,
+                                      const View& w_buffer, std::optional<View> bias,
+                                      std::optional<View> res_buffer,
                                       std::array<int64_t, 4> pads, Act act, int64_t threads) {
   constexpr int64_t kM = F::m, kR = F::r;
   const int64_t cin = x_buffer.size(3), cout = out_buffer.size(3);
   const int64_t oh = out_buffer.size(1), ow = out_buffer.size(2);
-  if (w_buffer.dim() != 4) return c10::nullopt;
+  if (w_buffer.dim() != 4) return std::nullopt;
   const int64_t kh = w_buffer.size(1), kw = w_buffer.size(2);
   const bool down = D == 1 && kh == kR && kw == 1;
   if (!(D == 2 ? kh == kR && kw == kR : down || (kh == 1 && kw == kR)) || !own_avx2() ||
       !plain_float(x_buffer) || !plain_float(out_buffer) ||
-      w_buffer.scalar_type() != at::kFloat || w_buffer.size(0) != cout ||
+      w_buffer.scalar_type() != kFloat || w_buffer.size(0) != cout ||
       w_buffer.size(3) != cin || out_buffer.size(0) != x_buffer.size(0) ||
       (bias && !plain_float(*bias)) || (res_buffer && !plain_float(*res_buffer)) ||
       out_buffer.numel() == 0 || cin == 0 || oh != x_buffer.size(1) + pads[0] + pads[2] - kh + 1 ||
       ow != x_buffer.size(2) + pads[1] + pads[3] - kw + 1)
-    return c10::nullopt;
+    return std::nullopt;
   auto packed = lazy_packed(w_buffer, F::name + std::string(D == 1 ? "/1d" : "") + "/16",
                             [w_buffer, cout, cin]() {
                               return pack_winograd<F, D, kNR8>(w_buffer, cout, cin);

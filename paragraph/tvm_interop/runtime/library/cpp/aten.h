@@ -1,0 +1,71 @@
+// The ATen library as the kernels see it: its path, given by Python at load
+// (`SetAtenLibrary`, exported by kernels.cc), the library loaded on first need (`aten`), a form
+// of it at its place among a kernel's forms, made on its first call (`deferred`), and PyTorch's
+// activations in place (`activate`). A process whose kernels run only own forms never maps
+// libtorch_cpu (~105 MiB resident: a deployed artifact's chosen forms); one that times every
+// form (a fresh build) loads it at the first call of such a form.
+//
+// Included only by kernels.cc, the kernels' translation unit: its definitions lie in
+// kernels.cc's anonymous namespace, after those of the headers it includes.
+#pragma once
+
+#include <dlfcn.h>
+
+#include "common.h"
+#include "aten_forms.h"
+
+namespace {
+
+std::mutex aten_mutex;
+std::string aten_path;                     // where Python said the ATen library lies
+std::atomic<const AtenForms*> aten_table{nullptr};  // its forms, once loaded
+
+// the ATen library's path (native.py gives it once the kernels are loaded)
+void SetAtenLibrary(ffi::String path) {
+  std::lock_guard<std::mutex> lock(aten_mutex);
+  aten_path = std::string(path);
+}
+
+// the ATen library's forms, the library loaded on the first call (with its own symbols: a
+// second build's beside it, `native.variant`, keeps its own)
+const AtenForms& aten() {
+  if (const AtenForms* table = aten_table.load()) return *table;
+  std::lock_guard<std::mutex> lock(aten_mutex);
+  if (const AtenForms* table = aten_table.load()) return *table;
+  if (aten_path.empty())
+    TVM_FFI_THROW(RuntimeError) << "paragraph's vendor kernels were not given their ATen library "
+                                   "(paragraph_vendor_set_aten_library)";
+  void* handle = dlopen(aten_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr)
+    TVM_FFI_THROW(RuntimeError) << "paragraph's ATen library " << aten_path
+                                << " did not load: " << dlerror();
+  using Entry = const void* (*)(int64_t, int64_t);
+  auto entry = reinterpret_cast<Entry>(dlsym(handle, "paragraph_aten_forms"));
+  const void* table = entry ? entry(kAtenFormsVersion, sizeof(AtenForms)) : nullptr;
+  if (table == nullptr)
+    TVM_FFI_THROW(RuntimeError) << "paragraph's ATen library " << aten_path
+                                << " is of another build than the kernels";
+  aten_table.store(static_cast<const AtenForms*>(table));
+  return *aten_table.load();
+}
+
+// the ATen library's forms where it is loaded already, else null (nothing loads it)
+const AtenForms* aten_if_loaded() { return aten_table.load(); }
+
+// the form ``make`` makes of the ATen library's, made on its first call: its index among the
+// kernel's forms stays where it was (an artifact's choices name forms by index), and a kernel
+// that never runs it never loads the library. Copies share the one form made.
+Form deferred(std::function<Form(const AtenForms&)> make) {
+  auto made = std::make_shared<Form>();
+  return [make = std::move(make), made]() {
+    if (!*made) *made = make(aten());
+    (*made)();
+  };
+}
+
+// o = act(o) in place, PyTorch's (the own AVX2 forms leave GELU's erf form to it)
+void activate(const View& o, Act act) {
+  if (act != Act::kNone) aten().activate(o, act);
+}
+
+}  // namespace
