@@ -449,3 +449,78 @@ def test_a_process_that_only_loads_imports_tvms_runtime_alone(plain, squeezenet,
             assert "runtime-only False" in run.stdout
             assert "refused \n" in run.stdout + "\n", run.stdout
             assert is_artifact(tmp_path / "out0.npy.again")
+
+
+# the index of an own form among the forms of each C++ vendor kernel family (the key's start,
+# `native.chosen_forms`), PyTorch's oneDNN or MKL form first where a family has one (forms.h)
+_OWN_FORM = {"concat": 1, "conv2d": 2, "conv_avx2_": 1, "conv_kxk": 1, "depthwise": 1,
+             "depthwise2": 1, "grouped2_": 1, "linear": 2, "bmm": 1, "softmax": 0,
+             "layer_norm": 0, "maxpool": 0, "avgpool3": 0}
+
+TORCH_FREE_SCRIPT = """
+import sys
+import numpy as np
+import paragraph
+
+def torch_mapped():
+    return "libtorch_cpu" in open("/proc/self/maps").read()
+
+x = np.load(sys.argv[2], allow_pickle=False)
+exe = paragraph.load(sys.argv[1])
+np.save(sys.argv[3], exe.run(x)[0], allow_pickle=False)
+from paragraph.tvm_interop.runtime.library import native
+print("own", native.timing_kernels(), torch_mapped(), "torch" in sys.modules)
+exe.close()
+# PyTorch's forms of the same kernels (each family's first): the ATen library loads
+exe = paragraph.load(sys.argv[1])
+with native.forced_form(0):
+    np.save(sys.argv[3] + ".aten.npy", exe.run(x)[0], allow_pickle=False)
+print("aten", torch_mapped())
+"""
+
+
+def _own_forms(chosen: dict[str, int]) -> dict[str, int]:
+    """An own form for every kernel of ``chosen`` (key -> form), by the key's family."""
+    own = {}
+    for key in chosen:
+        family = max((f for f in _OWN_FORM if key.startswith(f)), key=len, default=None)
+        assert family is not None, f"no own form known for {key}"
+        # the AVX2 pools: PyTorch's form, then the own one
+        own[key] = 1 if family in ("maxpool", "avgpool3") and key.endswith("avx2") else \
+            _OWN_FORM[family]
+    return own
+
+
+def test_an_artifact_of_own_forms_runs_without_libtorch(squeezenet, tmp_path):
+    """The C++ vendor kernels link no libtorch: PyTorch's forms are a library of their own
+    (``cpp/aten_forms.cc``), loaded when one first runs. An artifact whose kernels chose own
+    forms alone runs in a fresh process without mapping libtorch_cpu (~105 MiB resident), with
+    the outputs of its build; PyTorch's forms of the same kernels, forced, load it and agree."""
+    from paragraph.tvm_interop.runtime.library import native
+
+    if native.module() is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    exe = paragraph.build(squeezenet, kernels="vendor", schedule="opara")
+    x = random_inputs(squeezenet)[0]
+    for _ in range(100):  # until every kernel has timed its forms and chosen one
+        exe.run(x)
+        if native.timing_kernels() == 0:
+            break
+    chosen = native.chosen_forms()
+    assert chosen and native.timing_kernels() == 0, chosen
+    native.choose_forms(_own_forms(chosen))  # what the export records: own forms, whatever won
+    path = exe.export_library(tmp_path / "own.paragraph")
+    assert read_manifest(path)["forms"] == native.chosen_forms()
+    want = exe.run(x)[0]
+    exe.close()
+    np.save(tmp_path / "x.npy", x, allow_pickle=False)
+    script = tmp_path / "torch_free.py"
+    script.write_text(TORCH_FREE_SCRIPT)
+    out = tmp_path / "out.npy"
+    run = subprocess.run([sys.executable, str(script), str(path), str(tmp_path / "x.npy"),
+                          str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "own 0 False False" in run.stdout, run.stdout
+    assert "aten True" in run.stdout, run.stdout
+    np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.load(str(out) + ".aten.npy"), want, rtol=1e-4, atol=1e-5)

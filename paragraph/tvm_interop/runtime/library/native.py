@@ -58,8 +58,9 @@ _MARGIN_FLAG = f"-DPARAGRAPH_MARGIN={MARGIN!r}"
 
 
 def sources(folder: Path = CPP) -> dict[str, bytes]:
-    """The C++ kernels' files in ``folder`` (``kernels.cc`` and its headers): name -> text, by
-    name. What `revision`, the cached library's name and `variant` take: every file of it."""
+    """The C++ kernels' files in ``folder`` (``kernels.cc``, ``aten_forms.cc`` and their
+    headers): name -> text, by name. What `revision`, the cached libraries' name and `variant`
+    take: every file of it."""
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
             if p.is_file() and p.suffix in SUFFIXES and not p.name.startswith(".")}
 
