@@ -465,17 +465,16 @@ import paragraph
 def torch_mapped():
     return "libtorch_cpu" in open("/proc/self/maps").read()
 
-x = np.load(sys.argv[2], allow_pickle=False)
+x = np.load(sys.argv[3], allow_pickle=False)
 exe = paragraph.load(sys.argv[1])
-np.save(sys.argv[3], exe.run(x)[0], allow_pickle=False)
+np.save(sys.argv[4], exe.run(x)[0], allow_pickle=False)
 from paragraph.tvm_interop.runtime.library import native
 print("own", native.timing_kernels(), torch_mapped(), "torch" in sys.modules)
 exe.close()
-# PyTorch's forms of the same kernels (each family's first): the ATen library loads
-exe = paragraph.load(sys.argv[1])
-with native.forced_form(0):
-    np.save(sys.argv[3] + ".aten.npy", exe.run(x)[0], allow_pickle=False)
-print("aten", torch_mapped())
+# the same kernels with PyTorch's forms chosen: the ATen library loads on their first call
+exe = paragraph.load(sys.argv[2])
+np.save(sys.argv[4] + ".aten.npy", exe.run(x)[0], allow_pickle=False)
+print("aten", native.timing_kernels(), torch_mapped(), "torch" in sys.modules)
 """
 
 
@@ -495,7 +494,8 @@ def test_an_artifact_of_own_forms_runs_without_libtorch(squeezenet, tmp_path):
     """The C++ vendor kernels link no libtorch: PyTorch's forms are a library of their own
     (``cpp/aten_forms.cc``), loaded when one first runs. An artifact whose kernels chose own
     forms alone runs in a fresh process without mapping libtorch_cpu (~105 MiB resident), with
-    the outputs of its build; PyTorch's forms of the same kernels, forced, load it and agree."""
+    the outputs of its build; one whose kernels chose PyTorch's forms loads it (at their first
+    call, from the ATen library) and agrees."""
     from paragraph.tvm_interop.runtime.library import native
 
     if native.module() is None:
@@ -511,16 +511,20 @@ def test_an_artifact_of_own_forms_runs_without_libtorch(squeezenet, tmp_path):
     native.choose_forms(_own_forms(chosen))  # what the export records: own forms, whatever won
     path = exe.export_library(tmp_path / "own.paragraph")
     assert read_manifest(path)["forms"] == native.chosen_forms()
+    native.choose_forms(dict.fromkeys(chosen, 0))  # each family's first: PyTorch's
+    aten = exe.export_library(tmp_path / "aten.paragraph")
+    assert set(read_manifest(aten)["forms"].values()) == {0}
     want = exe.run(x)[0]
     exe.close()
     np.save(tmp_path / "x.npy", x, allow_pickle=False)
     script = tmp_path / "torch_free.py"
     script.write_text(TORCH_FREE_SCRIPT)
     out = tmp_path / "out.npy"
-    run = subprocess.run([sys.executable, str(script), str(path), str(tmp_path / "x.npy"),
-                          str(out)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, str(script), str(path), str(aten),
+                          str(tmp_path / "x.npy"), str(out)],
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "own 0 False False" in run.stdout, run.stdout
-    assert "aten True" in run.stdout, run.stdout
+    assert "aten 0 True False" in run.stdout, run.stdout
     np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.load(str(out) + ".aten.npy"), want, rtol=1e-4, atol=1e-5)
