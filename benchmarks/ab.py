@@ -6,8 +6,9 @@ Usage: python benchmarks/ab.py [--models resnet50,inception_v3] [--threads 2] [-
            [--profile CLASS] [--json F]
 
 ``--base`` is a git revision (every ``.cc`` and ``.h`` file of its
-``paragraph/tvm_interop/runtime/library/cpp/``: ``kernels.cc`` and the headers it includes; of a
-revision from before the headers, its one ``kernels.cc``, or before that
+``paragraph/tvm_interop/runtime/library/cpp/``: ``kernels.cc``, ``aten_forms.cc`` and their headers
+(each build with its own ATen library); of a revision from before the headers, its one
+``kernels.cc``, or before that
 ``paragraph/tvm_interop/vendor/native_kernels.cc``), the path of a copy of such a folder, or the
 path of a single-file ``kernels.cc``. Both builds load as libraries of their own
 (`paragraph.tvm_interop.runtime.library.native.variant`), each with its own chosen forms and packed

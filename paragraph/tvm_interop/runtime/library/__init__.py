@@ -57,7 +57,7 @@ residual and activation after it): oneDNN's in-place call costs about 24 us befo
 MKL's 3 us, so small ones run faster as GEMMs and large ones on oneDNN; the first calls on
 each thread count time both and keep the faster (`runtime._Fastest`).
 On the CPU the executor binds convolutions and products with a constant matrix to their C++
-forms (`native.bind`, the same PyTorch calls from ``cpp/kernels.cc``): a Python vendor call
+forms (`native.bind`, the same PyTorch calls from ``cpp/aten_forms.cc``): a Python vendor call
 takes the GIL twice, and on two concurrent streams small kernels queued for it (RandWire's
 streams were busy 40% longer than their kernels alone; in C++ they are not). Concatenations,
 softmax and batched products, and the TVM VM's calls, stay in Python.

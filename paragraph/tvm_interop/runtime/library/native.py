@@ -5,12 +5,12 @@ faster, chosen per shape by timing), which the native stream runner calls withou
 
 Two libraries: the kernels' (``kernels.cc`` and a header per family, TVM FFI's headers only),
 which Python loads, and the ATen library (``aten_forms.cc``, which links libtorch_cpu), which
-the kernels' loads only when a kernel first runs a form of PyTorch's (``cpp/aten.h``): a process
-whose kernels all chose own forms (a deployed artifact's) never maps libtorch_cpu, ~105 MiB
-resident. Built on first use with the system C++ compiler (the ATen library against PyTorch's
-headers; about 30 s), cached under `paragraph.files.cache_dir`. Without a compiler or PyTorch's
-headers, or with ``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``, `bind` returns None and
-the executor binds the Python kernels of `runtime` (same results)."""
+the kernels' library loads only when a kernel first runs a form of PyTorch's (``cpp/aten.h``):
+a process whose kernels all chose own forms (a deployed artifact's) never maps libtorch_cpu,
+~105 MiB resident. Built on first use with the system C++ compiler (the ATen library against
+PyTorch's headers; about 30 s), cached under `paragraph.files.cache_dir`. Without a compiler or
+PyTorch's headers, or with ``PARAGRAPH_NATIVE=0`` or ``PARAGRAPH_NATIVE_VENDOR=0``, `bind`
+returns None and the executor binds the Python kernels of `runtime` (same results)."""
 
 from __future__ import annotations
 
@@ -293,12 +293,13 @@ def reason() -> str | None:
 def variant(files: Mapping[str, bytes]) -> Any:
     """The C++ vendor kernels built from ``files`` (file name -> text: the whole ``cpp/``
     folder of another revision, as `sources` reads this one, or a single ``kernels.cc`` of a
-    revision before the headers) and loaded as a library of their own beside `module`'s, with
-    its own state (chosen forms, packed weights): for comparing a kernel change in one process
-    (`benchmarks/ab.py`), where separate processes of the same code differed by up to 10%
-    on the shared VM. Built once per set of files, in a folder of their own (an interrupted
-    build leaves nothing); raises where they cannot be built."""
-    import torch  # the kernels link against this PyTorch
+    revision before the headers; one library that links libtorch where the files have no
+    ``aten_forms.cc``) and loaded as a library of their own beside `module`'s, with its own
+    state (chosen forms, packed weights; its own ATen library too): for comparing a kernel
+    change in one process (`benchmarks/ab.py`), where separate processes of the same code
+    differed by up to 10% on the shared VM. Built once per set of files, in a folder of their
+    own (an interrupted build leaves nothing); raises where they cannot be built."""
+    import torch  # the libraries are built against this PyTorch
 
     if SOURCE.name not in files:
         raise ValueError(f"the kernels' files have no {SOURCE.name}: {sorted(files)}")

@@ -213,11 +213,10 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
   check_linear("paragraph_vendor_linear", out, a, w, bias);
   int64_t k = w.size(0), n = w.size(1);
   View rows = a.reshape({-1, k}), out2 = out.view({-1, n});
-  int64_t m = rows.size(0);
   std::string act_s(act);
   const Act fused = act_of(act_s);
   use_threads(threads);
-  // oneDNN's form: a 1x1 convolution over m pixels in NHWC, the weight packed once
+  // oneDNN's form: a 1x1 convolution over the rows as pixels in NHWC, the weight packed once
   const bool weight_finite = !any_nonfinite(w);  // (a constant: packed once)
   Form onednn = deferred([=](const AtenForms& aten) {
     return aten.linear(out2, rows, w, bias, fused, weight_finite, threads);
