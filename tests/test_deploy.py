@@ -496,10 +496,13 @@ def test_an_artifact_of_own_forms_runs_without_libtorch(squeezenet, tmp_path):
     forms alone runs in a fresh process without mapping libtorch_cpu (~105 MiB resident), with
     the outputs of its build; one whose kernels chose PyTorch's forms loads it (at their first
     call, from the ATen library) and agrees."""
+    from paragraph.machine import cpu_flags
     from paragraph.tvm_interop.runtime.library import native
 
     if native.module() is None:
         pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    if not {"avx2", "fma"} <= (cpu_flags() or frozenset()):
+        pytest.skip("the own forms need AVX2 and FMA (without them PyTorch's are the only ones)")
     exe = paragraph.build(squeezenet, kernels="vendor", schedule="opara")
     x = random_inputs(squeezenet)[0]
     for _ in range(100):  # until every kernel has timed its forms and chosen one
