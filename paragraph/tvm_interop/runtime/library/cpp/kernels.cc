@@ -16,10 +16,10 @@
 // shape they are given against each other and their parameters (checks.h: a mismatch is a
 // ValueError that names the entry point, never a read or write out of bounds), then bind a
 // kernel's forms to TVM's buffers (as Views, view.h), and the exported functions. Everything
-// but the exports lies in one anonymous namespace, as in one file. PyTorch's forms are the ATen library's
-// (aten_forms.cc, a translation unit of its own that links libtorch_cpu): each is a deferred
-// form at its place among a kernel's forms, and this library, which links no libtorch, loads
-// that one only when such a form first runs (aten.h).
+// but the exports lies in one anonymous namespace, as in one file. PyTorch's forms are the
+// ATen library's (aten_forms.cc, a translation unit of its own that links libtorch_cpu): each
+// is a deferred form at its place among a kernel's forms, and this library, which links no
+// libtorch, loads that one only when such a form first runs (aten.h).
 //
 // Built by `runtime/library/native.py` with the system C++ compiler against TVM FFI's headers,
 // this folder on the quoted include path; loaded with `tvm_ffi.load_module`.
