@@ -3,11 +3,11 @@
 ``import tvm`` loads TVM's compiler (a 260 MB library and the Relax Python API) and, through
 TVM FFI, PyTorch whenever it is installed: 406 MiB resident before any model, against 46 MiB
 for ``import onnxruntime`` (2026-12-01, a 2-vCPU Zen 3: `benchmarks/memory.py`). Running an
-artifact needs neither: its kernels are compiled, and paragraph's C++ vendor kernels link the
-PyTorch library they call themselves. `runtime_only_tvm`, called by ``paragraph.load`` before
-TVM is first imported, imports TVM with ``TVM_USE_RUNTIME_LIB=1`` and with PyTorch's Python
-package held back, which leaves 82 MiB. It changes nothing where TVM is imported already, or
-where ``PARAGRAPH_LEAN_LOAD=0``.
+artifact needs neither: its kernels are compiled, and paragraph's C++ vendor kernels load the
+PyTorch library they call themselves, and only where a kernel runs one of PyTorch's forms.
+`runtime_only_tvm`, called by ``paragraph.load`` before TVM is first imported, imports TVM with
+``TVM_USE_RUNTIME_LIB=1`` and with PyTorch's Python package held back, which leaves 82 MiB. It
+changes nothing where TVM is imported already, or where ``PARAGRAPH_LEAN_LOAD=0``.
 
 The price: in such a process TVM's compiler is missing, so building a model
 (`paragraph.build`), a loaded program's lowered module and target, exporting it again, and

@@ -101,7 +101,7 @@ def test_every_program_kind_reloads_in_a_fresh_process(squeezenet, plain, tmp_pa
             print(name, json.dumps(exe.schedule.to_json()))
             print("timing", name, native.timing_kernels())
             exe.close()
-        # TVM's runtime alone, and no PyTorch: the C++ vendor kernels link what they call
+        # TVM's runtime alone, and no PyTorch module: the C++ vendor kernels load what they call
         print("lean", paragraph.lean.is_runtime_only(), "torch" in sys.modules)
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
