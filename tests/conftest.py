@@ -37,7 +37,7 @@ def with_native_libraries(cache: Path) -> Path:
     # (test_vendor.py gives every test a private one)
     built = [native._state.get("path") or native.library_path()]
     if kernels.module() is not None:  # built (or found) in this process
-        built.append(kernels._state["path"])
+        built += kernels.library_files()  # the kernels' and the ATen library
     (cache / "native").mkdir(parents=True, exist_ok=True)
     for lib in built:
         to = cache / "native" / lib.name

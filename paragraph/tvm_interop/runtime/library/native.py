@@ -211,6 +211,15 @@ def bind_team(cpus: list[int]) -> bool:
     return True
 
 
+def library_files() -> list[Path]:
+    """The files of the kernels this process loaded (the kernels' library and its ATen
+    library), to copy into another cache; none where it loaded none."""
+    path = _state.get("path")
+    if path is None:
+        return []
+    return [p for p in (_aten_path(path), path) if p.is_file()]
+
+
 def loaded() -> Any:
     """The kernels module if this process has loaded it already, else None (never builds or
     loads it: for helpers that only pay where vendor kernels run anyway)."""
