@@ -531,3 +531,49 @@ def test_an_artifact_of_own_forms_runs_without_libtorch(squeezenet, tmp_path):
     assert "aten 0 True False" in run.stdout, run.stdout
     np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.load(str(out) + ".aten.npy"), want, rtol=1e-4, atol=1e-5)
+
+
+BUILD_WITHOUT_TORCH_FORMS = """
+import sys
+import numpy as np
+import paragraph
+from paragraph import models
+
+mod = models.get("squeezenet1_1", reduced=True)
+exe = paragraph.build(mod, kernels="vendor", schedule="opara")
+x = exe.sample_inputs()[0]
+np.save(sys.argv[2], x, allow_pickle=False)
+np.save(sys.argv[3], exe.run(x)[0], allow_pickle=False)
+exe.export_library(sys.argv[1])  # after every kernel settled on a form (`_settle_forms`)
+from paragraph.tvm_interop.runtime.library import native
+maps = open("/proc/self/maps").read()
+print("built", native.timing_kernels(), "vendor_aten" in maps, native.revision()[0])
+"""
+
+
+def test_without_torch_forms_a_build_and_its_artifact_need_no_libtorch(tmp_path, fresh_cache):
+    """With ``PARAGRAPH_TORCH_FORMS=0`` a kernel with an own form never times PyTorch's: a build
+    (in a process of its own, which TVM's FFI gives PyTorch anyway) runs no form of the ATen
+    library, and its artifact, in a fresh process, runs without mapping libtorch_cpu and gives
+    the build's outputs."""
+    from paragraph.machine import cpu_flags
+    from paragraph.tvm_interop.runtime.library import native
+
+    if native.module() is None:
+        pytest.skip(f"the C++ vendor kernels are unavailable: {native.reason()}")
+    if not {"avx2", "fma"} <= (cpu_flags() or frozenset()):
+        pytest.skip("the own forms need AVX2 and FMA (without them PyTorch's are the only ones)")
+    art, x, want = tmp_path / "own.paragraph", tmp_path / "x.npy", tmp_path / "want.npy"
+    env = {**os.environ, "PARAGRAPH_TORCH_FORMS": "0"}
+    build = subprocess.run([sys.executable, "-c", BUILD_WITHOUT_TORCH_FORMS, str(art), str(x),
+                            str(want)], capture_output=True, text=True, timeout=600, env=env)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "built 0 False o" in build.stdout, build.stdout
+    script = tmp_path / "load.py"
+    script.write_text(TORCH_FREE_SCRIPT.split("exe.close()")[0])  # the own artifact's half
+    out = tmp_path / "out.npy"
+    run = subprocess.run([sys.executable, str(script), str(art), "-", str(x), str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "own 0 False False" in run.stdout, run.stdout
+    np.testing.assert_allclose(np.load(out), np.load(want), rtol=1e-4, atol=1e-5)

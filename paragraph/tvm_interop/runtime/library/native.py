@@ -75,13 +75,22 @@ def _serialized(files: Mapping[str, bytes]) -> bytes:
 @functools.cache
 def revision() -> str:
     """Which implementation of the CPU vendor kernels this process runs: the C++ kernels'
-    (every file of ``cpp/``) and the Python kernels' source, hashed (``n`` or ``p``: the C++
-    ones enabled or not). Vendor kernel costs are cached under it: a change to how a vendor
+    (every file of ``cpp/``) and the Python kernels' source, hashed (``n``: the C++ ones, ``o``:
+    the C++ ones with PyTorch's forms untimed, `torch_forms_timed`; ``p``: the Python ones). Vendor kernel costs are cached under it: a change to how a vendor
     kernel runs (packed weights shared between calls made the SRU's products 1.7x faster)
     voids their old times."""
     text = (_serialized(sources()) + Path(__file__).with_name("torch_kernels.py").read_bytes()
             + _MARGIN_FLAG.encode())
-    return ("p" if _switched_off() else "n") + hashlib.blake2b(text, digest_size=6).hexdigest()
+    # PARAGRAPH_TORCH_FORMS=0 (`torch_forms_timed`, aten.h) changes which forms kernels run
+    kind = "p" if _switched_off() else ("o" if not torch_forms_timed() else "n")
+    return kind + hashlib.blake2b(text, digest_size=6).hexdigest()
+
+
+def torch_forms_timed() -> bool:
+    """Whether the C++ kernels' timing may choose PyTorch's forms (oneDNN, MKL) where a kernel
+    has an own form: not with ``PARAGRAPH_TORCH_FORMS=0``, which keeps libtorch (~105 MiB
+    resident) out of a process, and a loaded artifact built so, wherever own forms exist."""
+    return os.environ.get("PARAGRAPH_TORCH_FORMS") != "0"
 
 
 def _switched_off() -> bool:

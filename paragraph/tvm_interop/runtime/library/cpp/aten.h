@@ -52,15 +52,35 @@ const AtenForms& aten() {
 // the ATen library's forms where it is loaded already, else null (nothing loads it)
 const AtenForms* aten_if_loaded() { return aten_table.load(); }
 
-// the form ``make`` makes of the ATen library's, made on its first call: its index among the
-// kernel's forms stays where it was (an artifact's choices name forms by index), and a kernel
-// that never runs it never loads the library. Copies share the one form made.
-Form deferred(std::function<Form(const AtenForms&)> make) {
-  auto made = std::make_shared<Form>();
-  return [make = std::move(make), made]() {
+// A form of the ATen library's, made on its first call: its index among the kernel's forms
+// stays where it was (an artifact's choices name forms by index), and a kernel that never runs
+// it never loads the library. Copies share the one form made. A type of its own, so that
+// `Fastest` tells PyTorch's forms from the own ones (`is_aten`).
+struct DeferredAten {
+  std::function<Form(const AtenForms&)> make;
+  std::shared_ptr<Form> made;
+  void operator()() const {
     if (!*made) *made = make(aten());
     (*made)();
-  };
+  }
+};
+
+Form deferred(std::function<Form(const AtenForms&)> make) {
+  return DeferredAten{std::move(make), std::make_shared<Form>()};
+}
+
+bool is_aten(const Form& form) { return form.target<DeferredAten>() != nullptr; }
+
+// whether a kernel's timing may choose one of PyTorch's forms where it has an own one: not
+// with PARAGRAPH_TORCH_FORMS=0 (read once), so that a program built so runs, and its artifact
+// loads, without libtorch (~105 MiB resident) wherever an own form exists, at the speed the
+// own forms have there (docs/performance.md, memory)
+inline bool torch_forms_timed() {
+  static const bool ok = [] {
+    const char* value = std::getenv("PARAGRAPH_TORCH_FORMS");
+    return !(value && std::string(value) == "0");
+  }();
+  return ok;
 }
 
 // o = act(o) in place, PyTorch's (the own AVX2 forms leave GELU's erf form to it)

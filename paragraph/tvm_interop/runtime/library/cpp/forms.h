@@ -51,6 +51,7 @@ struct Fastest {
   int64_t threads;
   int chosen = -1;
   std::vector<std::vector<double>> samples;
+  std::vector<bool> untimed;  // forms left out of the timing (PyTorch's, `torch_forms_timed`)
   bool timing = true;  // counted in timing_kernels until a form is chosen
 
   Fastest() { ++timing_kernels; }
@@ -78,18 +79,25 @@ struct Fastest {
       forms[chosen]();
       return;
     }
-    if (samples.empty()) samples.resize(forms.size());
+    if (samples.empty()) {
+      samples.resize(forms.size());
+      untimed.assign(forms.size(), false);
+      if (!torch_forms_timed() && !std::all_of(forms.begin(), forms.end(), is_aten))
+        for (size_t j = 0; j < forms.size(); ++j) untimed[j] = is_aten(forms[j]);
+    }
     size_t i = 0;
-    for (size_t j = 1; j < samples.size(); ++j)
-      if (samples[j].size() < samples[i].size()) i = j;
+    while (untimed[i]) ++i;  // (one form at least is timed)
+    for (size_t j = i + 1; j < samples.size(); ++j)
+      if (!untimed[j] && samples[j].size() < samples[i].size()) i = j;
     auto start = std::chrono::steady_clock::now();
     forms[i]();
     samples[i].push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    for (const auto& s : samples)
-      if (static_cast<int>(s.size()) <= kTrials) return;
+    for (size_t j = 0; j < samples.size(); ++j)
+      if (!untimed[j] && static_cast<int>(samples[j].size()) <= kTrials) return;
     double best_time = 0;
     for (size_t j = 0; j < samples.size(); ++j) {
+      if (untimed[j]) continue;
       std::vector<double> s(samples[j].begin() + 1, samples[j].end());
       std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
       // a later form must win by a margin: forms within the host's noise of each other were
@@ -116,6 +124,7 @@ struct Fastest {
     for (size_t j = 0; j < forms.size(); ++j)
       if (static_cast<int>(j) != chosen) forms[j] = Form();
     samples.clear();
+    untimed.clear();
     sweep_packed<View>();
     if (const AtenForms* aten = aten_if_loaded()) aten->sweep_packed();
   }
