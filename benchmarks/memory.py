@@ -16,15 +16,20 @@ process of its own, its peak resident memory read from ``/proc/self/status`` (``
   (TVM's runtime alone, `paragraph.lean`);
 * ``paragraph_load_full``: the same with ``PARAGRAPH_LEAN_LOAD=0`` (TVM whole, with its
   compiler and PyTorch), as every load was before 2026-12-01;
+* ``paragraph_build_own`` and ``paragraph_load_own``: build and load again with
+  ``PARAGRAPH_TORCH_FORMS=0`` (no kernel with an own form times PyTorch's, so the load needs
+  no libtorch wherever own forms exist);
 * ``imports``: the baselines, ``import onnxruntime``, ``import paragraph``, ``import tvm``
   and TVM's runtime alone.
 
 The inputs are made once, in this process, and read from a file by the steps (making them
 imports onnx, 30 MiB that neither side needs).
 
-Sizes: the ONNX file, the model's weights (the initializers' bytes), the artifact and each of
-its members. Timing is not the point: a row records the load average but is not refused for
-it. Written atomically after each model.
+Each step also says whether it mapped libtorch_cpu, and a load its runs' median milliseconds
+(one process each, so only a rough figure: speed is `corpus.py`'s). Sizes: the ONNX file, the
+model's weights (the initializers' bytes), the artifact and each of its members. Timing is not
+the point: a row records the load average but is not refused for it. Written atomically after
+each model.
 """
 
 from __future__ import annotations
@@ -53,7 +58,10 @@ _PEAK = ("import json\n"
          "def _peak():\n"
          "    for line in open('/proc/self/status'):\n"
          "        if line.startswith('VmHWM:'):\n"
-         "            return int(line.split()[1]) / 1024\n")
+         "            return int(line.split()[1]) / 1024\n"
+         "def _torch():\n"
+         "    return 'libtorch_cpu' in open('/proc/self/maps').read()\n"
+         "_ms = []\n")
 
 STEPS = {
     "import_onnxruntime": "import onnxruntime\n",
@@ -66,7 +74,9 @@ STEPS = {
         x = np.load(INPUTS)
         feed = dict(zip([i.name for i in s.get_inputs()], [x[k] for k in sorted(x.files)]))
         for _ in range(RUNS):
+            start = time.perf_counter()
             s.run(None, feed)
+            _ms.append((time.perf_counter() - start) * 1e3)
         """),
     "paragraph_build": textwrap.dedent("""
         import paragraph
@@ -80,21 +90,32 @@ STEPS = {
         x = np.load(INPUTS)
         x = [x[k] for k in sorted(x.files)]
         for _ in range(RUNS):
+            start = time.perf_counter()
             exe.run(*x)
+            _ms.append((time.perf_counter() - start) * 1e3)
         """),
 }
 # the load step again with TVM imported whole (its compiler, and PyTorch through TVM FFI)
 FULL = {"paragraph_load_full": "paragraph_load"}
+# the build and load steps again with PyTorch's forms untimed (PARAGRAPH_TORCH_FORMS=0), on
+# an artifact of their own
+OWN = {"paragraph_build_own": "paragraph_build", "paragraph_load_own": "paragraph_load"}
+STEP_OF = {**FULL, **OWN}
 
 def step(name: str, onnx: Path, artifact: Path, runs: int, cache: Path, timeout: float
          ) -> dict:
     """Run step ``name`` in a fresh process; its peak MiB and seconds (or its error)."""
     inputs = artifact.with_suffix(".inputs.npz") if artifact.name else artifact
-    code = (_PEAK + f"ONNX, ARTIFACT, INPUTS, RUNS = {str(onnx)!r}, {str(artifact)!r}, "
-            f"{str(inputs)!r}, {runs}\n" + STEPS[FULL.get(name, name)]
-            + "print(json.dumps({'peak_mib': round(_peak(), 1)}))\n")
+    if name in OWN:
+        artifact = artifact.with_suffix(".own.paragraph")
+    code = ("import time\n" + _PEAK
+            + f"ONNX, ARTIFACT, INPUTS, RUNS = {str(onnx)!r}, {str(artifact)!r}, "
+            f"{str(inputs)!r}, {runs}\n" + STEPS[STEP_OF.get(name, name)]
+            + "print(json.dumps({'peak_mib': round(_peak(), 1), 'libtorch': _torch(), "
+            "'run_ms': round(sorted(_ms)[len(_ms) // 2], 2) if _ms else None}))\n")
     env = {**os.environ, "PARAGRAPH_CACHE_DIR": str(cache),
            "PARAGRAPH_LEAN_LOAD": "0" if name in FULL else "1",
+           "PARAGRAPH_TORCH_FORMS": "0" if name in OWN else "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
                                           os.environ.get("PYTHONPATH", "")])}
     start = time.monotonic()
@@ -129,8 +150,10 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> dict:
                  "weights_mb": round(weights_bytes(onnx) / 2**20, 2)}
     # the inputs made here, once: a step that made them would import onnx (30 MiB) first
     np.savez(artifact.with_suffix(".inputs.npz"), *corpus_models.example_inputs(onnx))
-    for s in ("onnxruntime", "paragraph_build", "paragraph_load", "paragraph_load_full"):
-        if s.startswith("paragraph_load") and not artifact.exists():
+    for s in ("onnxruntime", "paragraph_build", "paragraph_load", "paragraph_load_full",
+              "paragraph_build_own", "paragraph_load_own"):
+        made = artifact.with_suffix(".own.paragraph") if s in OWN else artifact
+        if s.startswith("paragraph_load") and not made.exists():
             row[s] = {"error": "no artifact: the build failed"}
             continue
         row[s] = step(s, onnx, artifact, args.runs, cache, args.timeout)
@@ -147,6 +170,9 @@ def bench_model(name: str, args: argparse.Namespace, workdir: Path) -> dict:
     full = row["paragraph_load_full"].get("peak_mib")
     if ort and full:
         row["load_full_vs_onnxruntime"] = round(full / ort, 2)
+    own = row["paragraph_load_own"].get("peak_mib")
+    if ort and own:
+        row["load_own_vs_onnxruntime"] = round(own / ort, 2)
     return row
 
 

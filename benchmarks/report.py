@@ -698,6 +698,7 @@ def memory_table(r: dict) -> list[str]:
     def mib(step: str) -> str:
         return str(imports.get(step, {}).get("peak_mib", "-"))
 
+    own_rows = any("paragraph_load_own" in m for m in r["models"])
     out = [f"Peak resident MiB of a fresh process on the {r['machine']['cores']}-core "
            f"{r['machine']['cpu']} ({_date(r)}): ONNX Runtime's default session and "
            f"{r['runs']} runs; `paragraph.load` of the artifact and {r['runs']} runs, with "
@@ -706,26 +707,44 @@ def memory_table(r: dict) -> list[str]:
            f"and a fresh cost database. A bare `import onnxruntime` is "
            f"{mib('import_onnxruntime')} MiB, `import paragraph` {mib('import_paragraph')}, "
            f"`import tvm` {mib('import_tvm')} (its compiler, and PyTorch through TVM FFI), "
-           f"TVM's runtime alone {mib('import_tvm_runtime')}.", "",
+           f"TVM's runtime alone {mib('import_tvm_runtime')}."
+           + (" *Own forms*: built and loaded with `PARAGRAPH_TORCH_FORMS=0`; *torch*: the "
+              "load mapped libtorch_cpu (a kernel's chosen form is PyTorch's). The run "
+              "milliseconds are medians of each load's runs, one process each (a rough "
+              "figure: speed is the corpus table's)." if own_rows else ""), "",
            "| model | weights MB | artifact MB (x weights) | ONNX Runtime | paragraph load "
-           "(x ORT) | load, TVM whole (x ORT) | paragraph build |",
-           "|---|---|---|---|---|---|---|"]
+           "(x ORT) | load, TVM whole (x ORT) | paragraph build |"
+           + (" load, own forms (x ORT) | run ms: ORT / load / own forms |" if own_rows else ""),
+           "|---|---|---|---|---|---|---|" + ("---|---|" if own_rows else "")]
 
     def peak(m: dict, step: str) -> str:
         v = m.get(step, {}).get("peak_mib")
         return "failed" if v is None else f"{v:,.0f}"
 
-    def times(m: dict, key: str) -> str:
-        return f" ({m[key]:.1f}x)" if key in m else ""
+    def times(m: dict, key: str, step: str = "") -> str:
+        torch = ", torch" if m.get(step, {}).get("libtorch") else ""
+        return f" ({m[key]:.1f}x{torch})" if key in m else ""
+
+    def ms(m: dict, step: str) -> str:
+        v = m.get(step, {}).get("run_ms")
+        return "-" if v is None else f"{v:.1f}"
 
     for m in r["models"]:
         art = (f"{m['artifact_mb']:.1f} ({m['artifact_vs_weights']:.2f}x)"
                if "artifact_mb" in m else "-")
         full = (f"{peak(m, 'paragraph_load_full')}{times(m, 'load_full_vs_onnxruntime')}"
                 if "paragraph_load_full" in m else "-")
-        out.append(f"| {m['model']} | {m['weights_mb']:.1f} | {art} | {peak(m, 'onnxruntime')} "
-                   f"| {peak(m, 'paragraph_load')}{times(m, 'load_vs_onnxruntime')} | {full} "
-                   f"| {peak(m, 'paragraph_build')} |")
+        line = (f"| {m['model']} | {m['weights_mb']:.1f} | {art} | {peak(m, 'onnxruntime')} "
+                f"| {peak(m, 'paragraph_load')}"
+                f"{times(m, 'load_vs_onnxruntime', 'paragraph_load')} | {full} "
+                f"| {peak(m, 'paragraph_build')} |")
+        if own_rows:
+            own = (f"{peak(m, 'paragraph_load_own')}"
+                   f"{times(m, 'load_own_vs_onnxruntime', 'paragraph_load_own')}"
+                   if "paragraph_load_own" in m else "-")
+            line += (f" {own} | {ms(m, 'onnxruntime')} / {ms(m, 'paragraph_load')} / "
+                     f"{ms(m, 'paragraph_load_own')} |")
+        out.append(line)
     return out
 
 

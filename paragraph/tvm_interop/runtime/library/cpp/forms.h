@@ -42,9 +42,10 @@ std::atomic<int64_t> timing_kernels{0};
 // has fewer), neither timed nor looked up in `chosen_forms` (see `ForceForm`)
 std::atomic<int64_t> forced_form{-1};
 
-// One kernel with several forms on the same buffers, in order of preference: the first calls
-// alternate between them, timed, then the fastest by median runs, a later form only where it
-// is 3% faster than the earlier ones (see `torch_kernels._Fastest`).
+// One kernel with several forms on the same buffers, in order of preference (the own forms
+// before PyTorch's, `is_aten`, whatever their index): the first calls alternate between them,
+// timed, then the fastest by median runs, a later form only where it is `kMargin` faster than
+// the earlier ones (see `torch_kernels._Fastest`).
 struct Fastest {
   std::vector<Form> forms;
   std::string key;
@@ -95,9 +96,15 @@ struct Fastest {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     for (size_t j = 0; j < samples.size(); ++j)
       if (!untimed[j] && static_cast<int>(samples[j].size()) <= kTrials) return;
+    // the own forms before PyTorch's, each in its order: a form of PyTorch's is chosen only
+    // where it wins by the margin, as it loads libtorch (~105 MiB resident) into a process that
+    // runs own forms alone otherwise (a deployed artifact's)
+    std::vector<size_t> order;
+    for (int aten_pass = 0; aten_pass < 2; ++aten_pass)
+      for (size_t j = 0; j < forms.size(); ++j)
+        if (!untimed[j] && is_aten(forms[j]) == (aten_pass == 1)) order.push_back(j);
     double best_time = 0;
-    for (size_t j = 0; j < samples.size(); ++j) {
-      if (untimed[j]) continue;
+    for (size_t j : order) {
       std::vector<double> s(samples[j].begin() + 1, samples[j].end());
       std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
       // a later form must win by a margin: forms within the host's noise of each other were

@@ -326,9 +326,10 @@ ffi::Function Pool2d(ffi::Tensor out_t, ffi::Tensor x_t, ffi::Array<int64_t> par
                      x_buffer.size(3) == out_buffer.size(3) &&
                      (!scale.defined() || (plain_float(scale) && plain_float(shift)));
   const bool own_ok = own_avx512() && plain;
-  // without AVX-512: ATen's and the own windows in AVX2, the faster by timing (no epilogue)
-  const bool avx2_ok = !own_ok && plain && !scale.defined() && !relu &&
-                       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // without AVX-512: ATen's and the own windows in AVX2 (with the epilogue), the faster by
+  // timing
+  const bool avx2_ok = !own_ok && plain && __builtin_cpu_supports("avx2") &&
+                       __builtin_cpu_supports("fma");
 #else
   const bool own_ok = false, avx2_ok = false;
 #endif

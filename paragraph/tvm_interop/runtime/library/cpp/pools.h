@@ -198,7 +198,25 @@ struct Pool {
 #endif
 
 #ifdef PARAGRAPH_AVX512
-  // `rows` in AVX2 (form 4: where the own AVX-512 forms do not run), no epilogue
+  // `epilogue` in AVX2 (form 4's): an Inception pool moved after its 1x1 convolution takes
+  // that convolution's batch norm and relu, and without it the pool was PyTorch's alone
+  // (which loaded libtorch for Inception-v3's three such pools)
+  __attribute__((target("avx2,fma"))) void epilogue_avx2(int64_t r0, int64_t r1) const {
+    float* o = out + r0 * ow * c;
+    for (int64_t i = 0; i < (r1 - r0) * ow; ++i, o += c) {
+      for (int64_t k = 0; k < c; k += 8) {
+        const __m256i m = tail_mask8(c - k);
+        __m256 v = _mm256_maskload_ps(o + k, m);
+        if (scale != nullptr)
+          v = _mm256_fmadd_ps(v, _mm256_maskload_ps(scale + k, m),
+                              _mm256_maskload_ps(shift + k, m));
+        if (relu) v = apply_linear_act8(v, Act::kRelu);  // (a NaN stays NaN)
+        _mm256_maskstore_ps(o + k, m, v);
+      }
+    }
+  }
+
+  // `rows` in AVX2 (form 4: where the own AVX-512 forms do not run), its epilogue apart
   __attribute__((target("avx2"))) void rows_avx2(int64_t r0, int64_t r1) const {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t img = r / oh, hs = (r % oh) * sh - pt;
@@ -454,7 +472,7 @@ struct Pool {
   bool streams() const { return is_max && (kh + sh - 1) / sh <= kStreamRows; }
 
   // form 0: windows (`rows`), 1: sliding sums (`slide`), 2: the input's order (`stream`),
-  // 3: columns carried (`carry`), 4: windows in AVX2 (`rows_avx2`, without an epilogue)
+  // 3: columns carried (`carry`), 4: windows in AVX2 (`rows_avx2`, `epilogue_avx2`)
   void operator()(int64_t threads, int form = 0) const {
 #ifdef PARAGRAPH_AVX512
     split_rows(n * oh, n * oh * ow * c * 4, threads, [this, form](int64_t r0, int64_t r1) {
@@ -473,7 +491,11 @@ struct Pool {
         } else {
           rows(rb, re);
         }
-        if (has_epilogue()) epilogue(rb, re);
+        if (has_epilogue() && form == 4) {
+          epilogue_avx2(rb, re);
+        } else if (has_epilogue()) {
+          epilogue(rb, re);
+        }
       }
     });
 #endif
