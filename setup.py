@@ -29,8 +29,8 @@ setup(
     ],
     extras_require={
         # tornado: TVM's RPC tracker (the tests start one; clients and servers need none)
-        "dev": ["pytest==9.2.0", "hypothesis==6.170.15", "ruff==0.17.5", "mypy==2.4.1",
-                "tornado==6.6.1"],
+        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "hypothesis==6.170.15", "ruff==0.17.5",
+                "mypy==2.4.1", "tornado==6.6.1"],
         "rpc": ["tornado==6.6.1"],
         "onnx": ["onnx==1.23.2", "onnxruntime==1.31.1"],
         "torch": ["torch==2.13.0"],
