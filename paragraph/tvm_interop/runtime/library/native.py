@@ -76,9 +76,10 @@ def _serialized(files: Mapping[str, bytes]) -> bytes:
 def revision() -> str:
     """Which implementation of the CPU vendor kernels this process runs: the C++ kernels'
     (every file of ``cpp/``) and the Python kernels' source, hashed (``n``: the C++ ones, ``o``:
-    the C++ ones with PyTorch's forms untimed, `torch_forms_timed`; ``p``: the Python ones). Vendor kernel costs are cached under it: a change to how a vendor
-    kernel runs (packed weights shared between calls made the SRU's products 1.7x faster)
-    voids their old times."""
+    the C++ ones with PyTorch's forms untimed, `torch_forms_timed`; ``p``: the Python ones).
+    Vendor kernel costs are cached under it: a change to how a vendor kernel runs (packed
+    weights shared between calls made the SRU's products 1.7x faster) voids their old
+    times."""
     text = (_serialized(sources()) + Path(__file__).with_name("torch_kernels.py").read_bytes()
             + _MARGIN_FLAG.encode())
     # PARAGRAPH_TORCH_FORMS=0 (`torch_forms_timed`, aten.h) changes which forms kernels run
