@@ -34,6 +34,7 @@ from paragraph.schedule import Schedule
 from paragraph.timing import Timing, time_calls
 from paragraph.tvm_interop.runtime import artifact as runtime_artifact
 from paragraph.tvm_interop.runtime.executor import CPUExecutor, CUDAExecutor, make_executor
+from paragraph.tvm_interop.runtime.library import native as native_kernels
 from paragraph.tvm_interop.runtime.memory import MemoryPlan, plan_memory
 from paragraph.tvm_interop.runtime.program import KernelProgram, compiler_needed
 
@@ -155,20 +156,17 @@ class ParallelExecutable:
 
     def _settle_forms(self) -> None:
         """Run the program (on sample inputs) until none of its C++ vendor kernels is still
-        timing its forms, at most `SETTLE_RUNS` times, so that the artifact records a form for
-        each: a kernel bound with a thread count the planner's runs did not settle (MobileNetV2's
-        two-thread stream) timed every form again at load, PyTorch's among them, and loading
-        libtorch for them cost 105 MiB (`runtime.library.native`)."""
-        from paragraph.tvm_interop.measure.device import SETTLE_RUNS
-        from paragraph.tvm_interop.runtime.library import native
-
-        if not self.program.sources().get("vendor") or native.loaded() is None:
+        timing its forms (at most as many runs as their timing takes), so that the artifact
+        records a form for each: a kernel bound with a thread count the planner's runs did not
+        settle (MobileNetV2's two-thread stream) timed every form again at load, PyTorch's among
+        them, and loading libtorch for them cost 105 MiB (`runtime.library.native`)."""
+        if not self.program.sources().get("vendor") or native_kernels.loaded() is None:
             return
         args = tuple(self.sample_inputs())
         with self._lock:
             executor = self.executor
-            for _ in range(SETTLE_RUNS):
-                if native.timing_kernels() == 0:
+            for _ in range(native_kernels.timing_calls() + 1):
+                if native_kernels.timing_kernels() == 0:
                     break
                 executor.run(*args, copy_outputs=False)
 

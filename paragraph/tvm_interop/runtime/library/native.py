@@ -255,6 +255,14 @@ def timing_kernels() -> int | None:
     return None if m is None else int(m["paragraph_vendor_timing_kernels"]())
 
 
+def timing_calls() -> int:
+    """How many calls the C++ vendor kernels bound so far in this process may spend timing
+    their forms before each runs its chosen one (the most forms of any, each timed its trials);
+    0 where the C++ kernels are unavailable."""
+    m = module()
+    return 0 if m is None else int(m["paragraph_vendor_timing_calls"]())
+
+
 @contextmanager
 def forced_form(index: int) -> Iterator[int]:
     """Inside the block, every vendor kernel that has not chosen its form yet (one bound
