@@ -26,10 +26,10 @@ The inputs are made once, in this process, and read from a file by the steps (ma
 imports onnx, 30 MiB that neither side needs).
 
 Each step also says whether it mapped libtorch_cpu, and a load its runs' median milliseconds
-(one process each, so only a rough figure: speed is `corpus.py`'s). Sizes: the ONNX file, the
-model's weights (the initializers' bytes), the artifact and each of its members. Timing is not
-the point: a row records the load average but is not refused for it. Written atomically after
-each model.
+(one process each and not refused under load: not a speed figure, which is `corpus.py`'s).
+Sizes: the ONNX file, the model's weights (the initializers' bytes), the artifact and each of
+its members. Timing is not the point: a row records the load average but is not refused for
+it. Written atomically after each model.
 """
 
 from __future__ import annotations

@@ -709,13 +709,12 @@ def memory_table(r: dict) -> list[str]:
            f"`import tvm` {mib('import_tvm')} (its compiler, and PyTorch through TVM FFI), "
            f"TVM's runtime alone {mib('import_tvm_runtime')}."
            + (" *Own forms*: built and loaded with `PARAGRAPH_TORCH_FORMS=0`; *torch*: the "
-              "load mapped libtorch_cpu (a kernel's chosen form is PyTorch's). The run "
-              "milliseconds are medians of each load's runs, one process each (a rough "
-              "figure: speed is the corpus table's)." if own_rows else ""), "",
+              "load mapped libtorch_cpu (a kernel's chosen form is PyTorch's)."
+              if own_rows else ""), "",
            "| model | weights MB | artifact MB (x weights) | ONNX Runtime | paragraph load "
            "(x ORT) | load, TVM whole (x ORT) | paragraph build |"
-           + (" load, own forms (x ORT) | run ms: ORT / load / own forms |" if own_rows else ""),
-           "|---|---|---|---|---|---|---|" + ("---|---|" if own_rows else "")]
+           + (" load, own forms (x ORT) |" if own_rows else ""),
+           "|---|---|---|---|---|---|---|" + ("---|" if own_rows else "")]
 
     def peak(m: dict, step: str) -> str:
         v = m.get(step, {}).get("peak_mib")
@@ -724,10 +723,6 @@ def memory_table(r: dict) -> list[str]:
     def times(m: dict, key: str, step: str = "") -> str:
         torch = ", torch" if m.get(step, {}).get("libtorch") else ""
         return f" ({m[key]:.1f}x{torch})" if key in m else ""
-
-    def ms(m: dict, step: str) -> str:
-        v = m.get(step, {}).get("run_ms")
-        return "-" if v is None else f"{v:.1f}"
 
     for m in r["models"]:
         art = (f"{m['artifact_mb']:.1f} ({m['artifact_vs_weights']:.2f}x)"
@@ -742,8 +737,7 @@ def memory_table(r: dict) -> list[str]:
             own = (f"{peak(m, 'paragraph_load_own')}"
                    f"{times(m, 'load_own_vs_onnxruntime', 'paragraph_load_own')}"
                    if "paragraph_load_own" in m else "-")
-            line += (f" {own} | {ms(m, 'onnxruntime')} / {ms(m, 'paragraph_load')} / "
-                     f"{ms(m, 'paragraph_load_own')} |")
+            line += f" {own} |"
         out.append(line)
     return out
 
