@@ -2122,8 +2122,6 @@ def check_own_epilogues(act: str, avx2: bool = False) -> None:
         _forced(module, key, form, module["paragraph_vendor_linear"],
                 *(tvm_ffi.from_dlpack(t) for t in (out, a, w, values)), act, 2)
         check(out[0, 0], values, f"{key} form {form}")
-    if avx2:
-        return
     # the own batched product by identities: finite values (an infinity times 0 is NaN)
     finite = values[values.isfinite()][:320].reshape(1, 2, 16, 10)
     eye = torch.eye(16).expand(1, 2, 16, 16).contiguous()
@@ -2142,23 +2140,22 @@ _AVX2_EPILOGUES_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, "tests")
     from test_vendor import EPILOGUES, check_own_epilogues
     for act in EPILOGUES:
-        if act != "gelu":  # (PyTorch's, after the own AVX2 forms)
-            check_own_epilogues(act, avx2=True)
-    print("checked", len(EPILOGUES) - 1)
+        check_own_epilogues(act, avx2=True)
+    print("checked", len(EPILOGUES))
 """)
 
 
 def test_the_own_avx2_epilogues_are_exact_and_keep_nan(tmp_path):
     """`test_the_own_epilogues_are_exact_and_keep_nan` on the own AVX2 forms (the GEMM, the
-    implicit GEMM, the Winograd forms, the depthwise form, a linear layer's GEMM), in a process
-    without AVX-512 (``PARAGRAPH_CPU_ISA=avx2``): every activation in their epilogues or over
-    the tile or row they just stored (`act_rows8`) within 1e-6 of its exact value, at ties,
-    past the exponential's range, at infinities, and a NaN kept. GELU's erf form is
-    PyTorch's after those forms (`test_the_own_avx2_forms_compute_what_pytorch_does`)."""
+    implicit GEMM, the Winograd forms, the depthwise form, a linear layer's GEMM, the batched
+    product), in a process without AVX-512 (``PARAGRAPH_CPU_ISA=avx2``): every activation,
+    GELU's erf form included, in their epilogues or over the tile or row they just stored
+    (`act_rows8`) within 1e-6 of its exact value, at ties, past the exponential's range, at
+    infinities, and a NaN kept."""
     if not {"avx2", "fma"} <= _cpu_flags():
         pytest.skip("the CPU has no AVX2 and FMA")
     run = _run_held_to_avx2(_AVX2_EPILOGUES_SCRIPT, tmp_path)
-    assert run.stdout.split()[-2:] == ["checked", str(len(EPILOGUES) - 1)]
+    assert run.stdout.split()[-2:] == ["checked", str(len(EPILOGUES))]
 
 
 def test_an_unknown_activation_is_refused():
@@ -2681,6 +2678,21 @@ _AVX2_FORMS_SCRIPT = textwrap.dedent("""
         out = T(np.zeros((rows, n), "f4"))
         run(m["paragraph_vendor_linear"](out, T(a), T(w), None, "relu", 2))
         check(out.numpy(), np.maximum(a @ w, 0))
+    # products of two activations (the own batched product, AVX2's): row tails of its blocks
+    # of 24 and tiles of 6, column tails of its strips of 16, a batch of heads on two threads,
+    # and a product of two matrices as a batch of one, with a bias and GELU
+    for a_shape, b_shape, bias, act in [
+            ((1, 12, 50, 64), (1, 12, 64, 50), False, ""), ((2, 3, 29, 7), (2, 3, 7, 37), False,
+                                                            "relu"),
+            ((1, 1, 1, 33), (1, 1, 33, 5), False, "gelu"), ((31, 40), (40, 70), True, "gelu"),
+            ((1, 5, 16), (16, 3), False, "silu")]:
+        a = rng.standard_normal(a_shape).astype("f4")
+        bm = (rng.standard_normal(b_shape) / np.sqrt(a_shape[-1])).astype("f4")
+        b = rng.standard_normal(b_shape[-1]).astype("f4") if bias else None
+        y = acts[act](torch.tensor(a) @ torch.tensor(bm) + (torch.tensor(b) if bias else 0))
+        out = T(np.zeros(tuple(y.shape), "f4"))
+        run(m["paragraph_vendor_product"](out, T(a), T(bm), T(b) if bias else None, act, 2))
+        check(out.numpy(), y.numpy())
     # pools with uneven padding (top, left, bottom, right): PyTorch's form pads a copy first
     x = rng.standard_normal((1, 9, 10, 20)).astype("f4")
     xt = torch.tensor(x).permute(0, 3, 1, 2)
@@ -2729,8 +2741,9 @@ def test_the_own_avx2_forms_compute_what_pytorch_does(tmp_path):
     """Without AVX-512 (a Zen 3, or ``PARAGRAPH_CPU_ISA=avx2``) the own AVX2 forms run: the
     implicit-GEMM convolution (strides, dilation, uneven padding, residual, tails, an NCHW
     input), the depthwise one (every border, tail, stride and epilogue), the GEMM of 1x1
-    convolutions and linear layers (row and column tails, one row), softmax and layer norm
-    (tails, a masked run, a residual), each equal to PyTorch's;
+    convolutions and linear layers (row and column tails, one row), the batched product of two
+    activations (row, column and batch tails; a 2-D product with a bias and GELU), softmax and
+    layer norm (tails, a masked run, a residual), each equal to PyTorch's;
     their packed weights show that they, not oneDNN's forms, ran. And the pools, PyTorch's
     there, take uneven padding (they refused it)."""
     # the kernels this process built, not built again in the test's private cache: the

@@ -1,9 +1,9 @@
 // The ATen library as the kernels see it: its path, given by Python at load
-// (`SetAtenLibrary`, exported by kernels.cc), the library loaded on first need (`aten`), a form
-// of it at its place among a kernel's forms, made on its first call (`deferred`), and PyTorch's
-// activations in place (`activate`). A process whose kernels run only own forms never maps
-// libtorch_cpu (~105 MiB resident: a deployed artifact's chosen forms); one that times every
-// form (a fresh build) loads it at the first call of such a form.
+// (`SetAtenLibrary`, exported by kernels.cc), the library loaded on first need (`aten`), and a
+// form of it at its place among a kernel's forms, made on its first call (`deferred`). A process
+// whose kernels run only own forms never maps libtorch_cpu (~105 MiB resident: a deployed
+// artifact's chosen forms); one that times every form (a fresh build) loads it at the first
+// call of such a form.
 //
 // Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -81,11 +81,6 @@ inline bool torch_forms_timed() {
     return !(value && std::string(value) == "0");
   }();
   return ok;
-}
-
-// o = act(o) in place, PyTorch's (the own AVX2 forms leave GELU's erf form to it)
-void activate(const View& o, Act act) {
-  if (act != Act::kNone) aten().activate(o, act);
 }
 
 }  // namespace

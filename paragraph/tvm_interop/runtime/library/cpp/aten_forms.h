@@ -56,7 +56,7 @@ struct AtenForms {
   // ATen's add and layer norm over the last axis of x (+ res) into out
   Form (*layer_norm)(const View& out, const View& x, const View& gamma, const View& beta,
                      const OptView& res, double eps, int64_t threads);
-  // PyTorch's activation of o in place (the own forms leave GELU's erf form to it)
+  // PyTorch's activation of o in place (after the own AVX2 GEMM: `packed_gemm_avx2_torch_gelu`)
   void (*activate)(const View& o, Act act);
   // the packed weights: those no form holds any more dropped, the keys of those left
   void (*sweep_packed)();

@@ -3,10 +3,9 @@
 // itself (`own_avx512`) and the kernels were oneDNN's and MKL's alone. On a Zen 3 host
 // MobileNetV2 ran 0.64x ONNX Runtime's speed that way, its depthwise convolutions 1.8-2.7x
 // slower than ONNX Runtime's (`own_depthwise_avx2`). The activations of `apply_linear_act8`
-// in registers, the others (`act_rows8`) over each tile or row just stored but GELU's erf
-// form, PyTorch's after the kernel (`act_after8`); the grouped convolution's forms
-// (`GroupedConvAvx2`, which have no AVX-512 siblings and run on any CPU with AVX2) leave all
-// of those to PyTorch after the kernel (`activate`).
+// in registers, the others (`act_rows8`) over each tile or row just stored; the grouped
+// convolution's forms (`GroupedConvAvx2`, which have no AVX-512 siblings and run on any CPU
+// with AVX2) apply those over their whole output after the kernel (`act_all8`).
 //
 // Included only by kernels.cc, the kernels' translation unit: its definitions lie in
 // kernels.cc's anonymous namespace, after those of the headers it includes.
@@ -102,11 +101,17 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256d gelu_tanh_arg4
   return _mm256_max_pd(_mm256_set1_pd(-200.0), _mm256_min_pd(_mm256_set1_pd(200.0), d));
 }
 
-// `act_transcendental` on 8 lanes: sigmoid, silu and gelu_tanh as there (the same functions,
-// within the same ~5e-7), any other activation v unchanged. Not GELU's erf form: its erfc
-// (a degree-9 polynomial, an exponential and a division) over a linear layer's tiles took
-// 3x the time of PyTorch's GELU after the call (ViT-B/16's 197 x 3072), which the own AVX2
-// forms leave it to (`act_after8`)
+// v clamped to [lo, hi], a NaN kept (as `clamp_keep_nan`)
+__attribute__((target("avx2"), always_inline)) inline __m256 clamp_keep_nan8(__m256 v, float lo,
+                                                                             float hi) {
+  return _mm256_max_ps(_mm256_set1_ps(lo), _mm256_min_ps(_mm256_set1_ps(hi), v));
+}
+
+// `act_transcendental` on 8 lanes: sigmoid, silu, gelu_tanh and GELU's erf form as there (the
+// same functions, within the same ~5e-7), any other activation v unchanged. (GELU's erf form
+// was PyTorch's after the own AVX2 forms once: applied tile by tile it took 3x the time of
+// PyTorch's pass; over each row block once stored, as the others, it is within ~10% of it, and
+// PyTorch's pass mapped libtorch, ~105 MiB, into a process that runs own forms alone)
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 act_transcendental8(__m256 x,
                                                                                      Act act) {
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -124,12 +129,31 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m256 act_transcenden
       return _mm256_div_ps(
           x, _mm256_add_ps(one, exp_ps8(_mm256_set_m128(h1, h0), _mm256_set_m128(l1, l0))));
     }
+    case Act::kGelu: {  // as `act_transcendental`'s (Numerical Recipes' erfcc)
+      const __m256 xc = clamp_keep_nan8(x, -16.0f, 16.0f), half = _mm256_set1_ps(0.5f);
+      const __m256 z = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), xc),
+                                     _mm256_set1_ps(0.70710678118654752f));
+      const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(z, half, one));
+      __m256 p = _mm256_set1_ps(0.17087277f);
+      for (float c : {-0.82215223f, 1.48851587f, -1.13520398f, 0.27886807f, -0.18628806f,
+                      0.09678418f, 0.37409196f, 1.00002368f, -1.26551223f})
+        p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
+      const __m256 hi = _mm256_mul_ps(xc, xc), lo = _mm256_fmsub_ps(xc, xc, hi);
+      const __m256 erfc = _mm256_mul_ps(
+          t, exp_ps8(_mm256_mul_ps(hi, _mm256_set1_ps(-0.5f)), _mm256_fnmadd_ps(lo, half, p)));
+      const __m256 tail = _mm256_mul_ps(erfc, half);
+      const __m256 negative = _mm256_cmp_ps(xc, zero, _CMP_LT_OQ);
+      return _mm256_mul_ps(x, _mm256_blendv_ps(_mm256_sub_ps(one, tail), tail, negative));
+    }
     default:
       return x;
   }
 }
 
-// A(x) in place for the n floats at p + r * ld of each of ``rows`` rows, two vectors at a time
+// A(x) in place for the n floats at p + r * ld of each of ``rows`` rows, four vectors at a
+// time: each function is one long chain of dependent steps (GELU's erf form, a division, nine
+// FMAs and an exponential), and with two chains at a time it ran at their latency, 1.8x the
+// time of PyTorch's pass
 template <Act A>
 __attribute__((target("avx2,fma"), always_inline)) inline void act_rows8_of(float* p,
                                                                             int64_t rows,
@@ -137,6 +161,16 @@ __attribute__((target("avx2,fma"), always_inline)) inline void act_rows8_of(floa
                                                                             int64_t n) {
   for (int64_t r = 0; r < rows; ++r, p += ld) {
     int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+      const __m256 v0 = act_transcendental8(_mm256_loadu_ps(p + j), A);
+      const __m256 v1 = act_transcendental8(_mm256_loadu_ps(p + j + 8), A);
+      const __m256 v2 = act_transcendental8(_mm256_loadu_ps(p + j + 16), A);
+      const __m256 v3 = act_transcendental8(_mm256_loadu_ps(p + j + 24), A);
+      _mm256_storeu_ps(p + j, v0);
+      _mm256_storeu_ps(p + j + 8, v1);
+      _mm256_storeu_ps(p + j + 16, v2);
+      _mm256_storeu_ps(p + j + 24, v3);
+    }
     for (; j + 16 <= n; j += 16) {
       const __m256 v0 = act_transcendental8(_mm256_loadu_ps(p + j), A);
       const __m256 v1 = act_transcendental8(_mm256_loadu_ps(p + j + 8), A);
@@ -151,9 +185,9 @@ __attribute__((target("avx2,fma"), always_inline)) inline void act_rows8_of(floa
 }
 
 // act(x) in place over rows, as activations.h's `act_rows`, on 8 lanes: for the activations
-// not `in_registers` but GELU's erf form, applied by the own AVX2 forms to what they just
-// stored, while it is in L1 (PyTorch's pass over the whole output after the call, as before,
-// read it back from L3 or memory)
+// not `in_registers`, applied by the own AVX2 forms to what they just stored, while it is in
+// L1 (PyTorch's pass over the whole output after the call, as before, read it back from L3 or
+// memory)
 __attribute__((target("avx2,fma"), noinline)) void act_rows8(float* p, int64_t rows,
                                                              int64_t ld, int64_t n, Act act) {
   switch (act) {
@@ -163,15 +197,23 @@ __attribute__((target("avx2,fma"), noinline)) void act_rows8(float* p, int64_t r
       return act_rows8_of<Act::kSilu>(p, rows, ld, n);
     case Act::kGeluTanh:
       return act_rows8_of<Act::kGeluTanh>(p, rows, ld, n);
+    case Act::kGelu:
+      return act_rows8_of<Act::kGelu>(p, rows, ld, n);
     default:
       return;
   }
 }
 
-// the activation the own AVX2 forms leave to PyTorch after the call (GELU's erf form: see
-// `act_transcendental8`) applied to ``o``
-inline void act_after8(View o, Act act) {
-  if (act == Act::kGelu) activate(o, act);
+// act(o) in place over the whole of a contiguous o, for an activation not `in_registers`, its
+// elements split over the threads (the grouped convolution's forms, which store whole tiles
+// of several groups)
+void act_all8(const View& o, Act act, int64_t threads) {
+  float* p = o.data_ptr<float>();
+  const int64_t n = o.numel(), team = n >= (int64_t{1} << 15) ? threads : 1;
+  parallel(team, [&](int64_t t, int64_t nt) {
+    const int64_t begin = n * t / nt / 16 * 16, end = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
+    if (end > begin) act_rows8(p + begin, 1, 0, end - begin, act);
+  });
 }
 
 // A depthwise convolution (groups = input = output channels) on NHWC float32 buffers, out =
@@ -340,7 +382,6 @@ std::optional<Form> own_depthwise_avx2(const View& out_buffer, const View& x_buf
   return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() mutable {
     conv.w = packed->data();
     conv(threads);
-    act_after8(out_buffer, act);
   });
 }
 
@@ -480,9 +521,30 @@ std::optional<Form> packed_gemm_avx2(View out2, View rows, const View& w,
                    bias ? bias->data_ptr<float>() : nullptr,
                    res2 ? res2->data_ptr<float>() : nullptr, out2.data_ptr<float>(), m, k, n,
                    act}(threads);
-    act_after8(out2, act);
   });
 }
+// the own AVX2 GEMM's form followed by PyTorch's pass of GELU's erf form over its output: a
+// form of PyTorch's (it loads libtorch), beside the own GEMM with the own GELU, the faster by
+// timing. The own erf form (a division, nine FMAs and an exponential) took about 2 ns an
+// element on a Zen 3 core, PyTorch's about 1: over ViT-B/16's 197 x 3072 outputs, on two
+// threads, 0.6 ms against 0.3 of a 6 ms product. None for any other activation.
+std::optional<Form> packed_gemm_avx2_torch_gelu(View out2, View rows, const View& w,
+                                                int64_t sn, int64_t sk,
+                                                std::optional<View> bias,
+                                                std::optional<View> res2, Act act,
+                                                int64_t threads) {
+  if (act != Act::kGelu) return std::nullopt;
+  auto plain = packed_gemm_avx2(out2, rows, w, sn, sk, bias, res2, Act::kNone, threads);
+  if (!plain) return std::nullopt;
+  return deferred([plain = *plain, out2](const AtenForms& aten) -> Form {
+    const AtenForms* table = &aten;  // the library's, loaded for the process's life
+    return [plain, out2, table]() {
+      plain();
+      table->activate(out2, Act::kGelu);
+    };
+  });
+}
+
 // a convolution's tile with AVX2: MR output pixels (pixel r's window origin at rows[r]) by
 // one 16-column panel, accumulated tap by tap (tap t: kc inputs at rows[r] + taps[t] against
 // the panel's next kc rows), as the AVX-512 `conv_tile`
@@ -614,9 +676,109 @@ std::optional<Form> own_conv_avx2(const View& out_buffer, const View& x_buffer,
     conv.x = padded ? padded_input(x_buffer, pads[0], pads[1], pads[2], pads[3], threads)
                     : x_buffer.data_ptr<float>();
     conv(threads);
-    act_after8(out_buffer, act);
   });
 }
+// R rows x 16 columns (from j; Full: all 16 real, else the lanes of m0 and m1) of one product
+// C = act(A @ B + bias) of row-major float32 matrices, all of K accumulated in 2R registers:
+// a broadcast of A's element and two loads of B's row per step, no packing (B's rows are read
+// where they lie), as the AVX-512 `bmm_tile`
+template <int R, bool Full>
+__attribute__((target("avx2,fma"))) void bmm_tile8(const float* a, const float* b, float* c,
+                                                   int64_t k_len, int64_t n, int64_t j,
+                                                   __m256i m0, __m256i m1, const float* bias,
+                                                   Act act) {
+  __m256 acc0[R], acc1[R];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  const float* bj = b + j;
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < k_len; ++k, bj += n) {
+    const __m256 b0 = Full ? _mm256_loadu_ps(bj) : _mm256_maskload_ps(bj, m0);
+    const __m256 b1 = Full ? _mm256_loadu_ps(bj + 8) : _mm256_maskload_ps(bj + 8, m1);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * k_len + k);
+      acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
+    }
+  }
+  __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
+  if (bias) {
+    bias0 = Full ? _mm256_loadu_ps(bias + j) : _mm256_maskload_ps(bias + j, m0);
+    bias1 = Full ? _mm256_loadu_ps(bias + j + 8) : _mm256_maskload_ps(bias + j + 8, m1);
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    const __m256 v0 = apply_linear_act8(_mm256_add_ps(acc0[r], bias0), act);
+    const __m256 v1 = apply_linear_act8(_mm256_add_ps(acc1[r], bias1), act);
+    if (Full) {
+      _mm256_storeu_ps(c + r * n + j, v0);
+      _mm256_storeu_ps(c + r * n + j + 8, v1);
+    } else {
+      _mm256_maskstore_ps(c + r * n + j, m0, v0);
+      _mm256_maskstore_ps(c + r * n + j + 8, m1, v1);
+    }
+  }
+  if (!in_registers(act)) act_rows8(c + j, R, n, std::min<int64_t>(16, n - j), act);
+}
+
+using BmmTile8 = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, __m256i,
+                          __m256i, const float*, Act);
+// by [Full][rows - 1]
+constexpr BmmTile8 kBmmTiles8[2][6] = {
+    {&bmm_tile8<1, false>, &bmm_tile8<2, false>, &bmm_tile8<3, false>, &bmm_tile8<4, false>,
+     &bmm_tile8<5, false>, &bmm_tile8<6, false>},
+    {&bmm_tile8<1, true>, &bmm_tile8<2, true>, &bmm_tile8<3, true>, &bmm_tile8<4, true>,
+     &bmm_tile8<5, true>, &bmm_tile8<6, true>}};
+
+// rows of one product per task with AVX2: four tiles of 6 rows, each 16-column strip of B read
+// from L1 by all of them
+constexpr int64_t kBmmRows8 = 24;
+
+// ``rows`` rows (at most kBmmRows8; a, c at the first) of one product, all columns, strip by
+// strip of 16 columns, tiles of 6 rows (the last fewer)
+__attribute__((target("avx2,fma"))) void bmm_rows8(const float* a, const float* b, float* c,
+                                                   int64_t rows, int64_t k_len, int64_t n,
+                                                   const float* bias, Act act) {
+  for (int64_t j = 0; j < n; j += 16) {
+    const bool full = n - j >= 16;
+    const __m256i m0 = tail_mask8(n - j), m1 = tail_mask8(std::max<int64_t>(n - j - 8, 0));
+    for (int64_t i = 0; i < rows; i += kMR8)
+      kBmmTiles8[full][std::min(kMR8, rows - i) - 1](a + i * k_len, b, c + i * n, k_len, n, j,
+                                                      m0, m1, bias, act);
+  }
+}
+
+// the own batched product o3 = act(a3 @ b3 + bias) with AVX2 (attention's scores and context,
+// and a product of two activations as a batch of one), as the AVX-512 `own_bmm`: each block of
+// rows of each product one task, the tasks split over the threads, the activation applied as
+// each tile is stored. None where the CPU allows the AVX-512 form (or lacks AVX2) or a tensor
+// is not contiguous float32. PyTorch's (MKL's) was the only form without AVX-512, so that
+// DistilBERT's and GPT-2's artifacts mapped libtorch, ~105 MiB, for their attention alone.
+std::optional<Form> own_bmm_avx2(View o3, View a3, View b3, std::optional<View> bias, Act act,
+                                 int64_t threads) {
+  if (!own_avx2() || !plain_float(o3) || !plain_float(a3) || !plain_float(b3) ||
+      (bias && (!plain_float(*bias) || bias->numel() != b3.size(2))) || o3.numel() == 0 ||
+      a3.size(2) == 0)
+    return std::nullopt;
+  return Form([o3, a3, b3, bias, act, threads]() {
+    const int64_t batch = a3.size(0), m = a3.size(1), k_len = a3.size(2), n = b3.size(2);
+    const int64_t blocks = (m + kBmmRows8 - 1) / kBmmRows8, tasks = batch * blocks;
+    const float *a = a3.data_ptr<float>(), *b = b3.data_ptr<float>();
+    const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+    float* c = o3.data_ptr<float>();
+    // below 2^18 multiply-adds (a few microseconds) the calling thread alone
+    const int64_t nt = batch * m * n * k_len >= (int64_t{1} << 18) ? threads : 1;
+    parallel(nt, [&](int64_t t, int64_t count) {
+      for (int64_t task = tasks * t / count; task < tasks * (t + 1) / count; ++task) {
+        const int64_t q = task / blocks, i = task % blocks * kBmmRows8;
+        bmm_rows8(a + (q * m + i) * k_len, b + q * k_len * n, c + (q * m + i) * n,
+                  std::min(kBmmRows8, m - i), k_len, n, bp, act);
+      }
+    });
+  });
+}
+
 // whether the CPU runs AVX2 and FMA code (the own grouped forms', which have no AVX-512
 // siblings and compete with oneDNN's by timing on any such CPU), read once
 inline bool cpu_avx2_fma() {
@@ -847,10 +1009,7 @@ std::optional<Form> own_grouped_conv_avx2(const View& out_buffer,
       exact();
       return;
     }
-    if (!in_registers(act)) {  // PyTorch's, over the whole output
-      View o = out_buffer;
-      activate(o, act);
-    }
+    if (!in_registers(act)) act_all8(out_buffer, act, threads);  // over the whole output
   });
 }
 #endif

@@ -233,6 +233,11 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
       forms.push_back(*own);
   }
   if (auto own = own_gemv(out2, rows, w, bias, fused, threads)) forms.push_back(*own);
+  // (last: the forms before it keep their indices, which artifacts name)
+  if (w.is_contiguous())
+    if (auto gelu = packed_gemm_avx2_torch_gelu(out2, rows, w, 1, n, bias, std::nullopt, fused,
+                                                threads))
+      forms.push_back(*gelu);
 #endif
   return fastest_of(std::move(forms),
                     "linear" + std::to_string(threads) + act_s + shape_key({rows, w}) +
@@ -242,7 +247,8 @@ ffi::Function Linear(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor w_t,
 
 // a product of two activations: (..., K) @ (K, N) as one GEMM over the flattened rows, or a
 // batched product (B..., M, K) @ (B..., K, N) (attention's scores and context): MKL in place,
-// and for the batched product the own kernel beside it, the faster by timing
+// and the own batched product beside it (AVX-512's or AVX2's; the GEMM as a batch of one), the
+// faster by timing
 ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
                       ffi::Optional<ffi::Tensor> bias_t, ffi::String act, int64_t threads) {
   View out = to_view(out_t), a = to_view(a_t), b = to_view(b_t);
@@ -252,15 +258,31 @@ ffi::Function Product(ffi::Tensor out_t, ffi::Tensor a_t, ffi::Tensor b_t,
   std::string act_s(act);
   const Act fused = act_of(act_s);
   if (b.dim() == 2) {
-    Form mm = gemm(out.view({-1, b.size(1)}), a.reshape({-1, a.size(-1)}), b, bias,
-                   std::nullopt, fused, threads);
-    return single_form(mm, threads);
+    View a2 = a.reshape({-1, a.size(-1)}), o2 = out.view({-1, b.size(1)});
+    Form mm = gemm(o2, a2, b, bias, std::nullopt, fused, threads);
+    // the own batched product's, as a batch of one (MKL's alone mapped libtorch without
+    // AVX-512)
+    View a3 = a2.view({1, a2.size(0), a2.size(1)}), b3 = b.view({1, b.size(0), b.size(1)});
+    View o3 = o2.view({1, o2.size(0), o2.size(1)});
+    std::optional<Form> own;
+#ifdef PARAGRAPH_AVX512
+    if (!bias) own = own_bmm(o3, a3, b3, fused, threads);
+    if (!own) own = own_bmm_avx2(o3, a3, b3, bias, fused, threads);
+#endif
+    if (!own) return single_form(mm, threads);
+    return fastest_of({mm, *own},
+                      "mm" + std::to_string(threads) + act_s + shape_key({a2, b}) +
+                          (bias ? "b" : ""),
+                      threads);
   }
   View a3 = a.reshape({-1, a.size(-2), a.size(-1)});
   View b3 = b.reshape({-1, b.size(-2), b.size(-1)});
   View o3 = out.view({-1, out.size(-2), out.size(-1)});
   Form mkl = deferred([=](const AtenForms& aten) { return aten.bmm(o3, a3, b3, fused, threads); });
   auto own = own_bmm(o3, a3, b3, fused, threads);  // the activation in its tiles' stores
+#ifdef PARAGRAPH_AVX512
+  if (!own) own = own_bmm_avx2(o3, a3, b3, std::nullopt, fused, threads);
+#endif
   if (!own) return wrap(mkl);
   return fastest_of({mkl, *own}, "bmm" + std::to_string(threads) + act_s + shape_key({a3, b3}),
                     threads);

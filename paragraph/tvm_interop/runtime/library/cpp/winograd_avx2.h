@@ -68,8 +68,7 @@ __attribute__((target("avx2"), always_inline)) inline void store8(float* p, bool
 
 // D = 2: F(m x m, r x r) over m x m tiles; D = 1: F(m, r) along the kernel's one long axis (a
 // 1 x r kernel: tiles of m pixels of a row; r x 1: of a column). As `Winograd`, the
-// activations that are not piecewise-linear over each tile's pixels after its stores (GELU's
-// erf form after the call: `act_after8`)
+// activations that are not piecewise-linear over each tile's pixels after its stores
 template <typename F, int D>
 struct WinogradAvx2 {
   static constexpr int kM = F::m, kA = F::a;
@@ -277,7 +276,6 @@ std::optional<Form> own_winograd_avx2(const View& out_buffer, const View& x_buff
   return Form([conv, packed, x_buffer, out_buffer, bias, res_buffer, act, threads]() mutable {
     conv.u = packed->data();
     conv(threads);
-    act_after8(out_buffer, act);
   });
 }
 #endif
